@@ -1,0 +1,254 @@
+//! Runtime configuration, in code and from the environment.
+//!
+//! | variable          | meaning                                   | default            |
+//! |-------------------|-------------------------------------------|--------------------|
+//! | `HYFI_PROCS`      | server threads (processors) on this node  | all CPUs available |
+//! | `HYFI_PIN`        | pin server thread *p* to the *p*-th CPU   | `1`                |
+//! | `HYFI_STACK_SIZE` | filthread stack size (`512K`, `4M`, ...)  | `1M`               |
+//! | `HYFI_PRUNE`      | pruning of fork-join filaments            | `1`                |
+//!
+//! Values in code override nothing: [`Config::from_env`] starts from the
+//! defaults and applies the variables that are set; builder calls made after
+//! it win.
+
+use crate::error::Error;
+
+/// Smallest filthread stack accepted (bytes).
+pub const MIN_STACK_SIZE: usize = 64 * 1024;
+/// Largest filthread stack accepted (bytes); stacks are reserved lazily, so
+/// only touched pages cost memory.
+pub const MAX_STACK_SIZE: usize = 1 << 30;
+/// Default filthread stack size (bytes).
+pub const DEFAULT_STACK_SIZE: usize = 1 << 20;
+
+/// How a runtime is set up. Build one with [`Config::new`] or
+/// [`Config::from_env`] and the builder methods.
+///
+/// ```
+/// let cfg = hyfi_core::Config::new().procs(2).pin(false);
+/// assert_eq!(cfg.get_procs(), Some(2));
+/// ```
+#[derive(Clone, Debug)]
+pub struct Config {
+    procs: Option<usize>,
+    procs_source: &'static str,
+    pin: bool,
+    stack_size: usize,
+    prune: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Config {
+    /// Defaults: every CPU available to the process, pinned, 1 MiB filthread
+    /// stacks, pruning on.
+    pub fn new() -> Self {
+        Config {
+            procs: None,
+            procs_source: "Config::procs",
+            pin: true,
+            stack_size: DEFAULT_STACK_SIZE,
+            prune: true,
+        }
+    }
+
+    /// The defaults, overridden by the `HYFI_*` variables that are set.
+    pub fn from_env() -> Result<Self, Error> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Like [`Config::from_env`], reading variables through `get` (for tests
+    /// and for launchers that pass settings another way).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, Error> {
+        let mut cfg = Config::new();
+        if let Some(v) = get("HYFI_PROCS") {
+            let n: usize = v.trim().parse().map_err(|_| Error::BadEnv {
+                var: "HYFI_PROCS",
+                value: v.clone(),
+                expected: "a whole number of processors, at least 1",
+            })?;
+            cfg.procs = Some(n);
+            cfg.procs_source = "HYFI_PROCS";
+        }
+        if let Some(v) = get("HYFI_PIN") {
+            cfg.pin = parse_bool(&v).ok_or(Error::BadEnv {
+                var: "HYFI_PIN",
+                value: v.clone(),
+                expected: "1/0, true/false, yes/no or on/off",
+            })?;
+        }
+        if let Some(v) = get("HYFI_PRUNE") {
+            cfg.prune = parse_bool(&v).ok_or(Error::BadEnv {
+                var: "HYFI_PRUNE",
+                value: v.clone(),
+                expected: "1/0, true/false, yes/no or on/off",
+            })?;
+        }
+        if let Some(v) = get("HYFI_STACK_SIZE") {
+            cfg.stack_size = parse_size(&v).ok_or(Error::BadEnv {
+                var: "HYFI_STACK_SIZE",
+                value: v.clone(),
+                expected: "a size in bytes, optionally with K, M or G (e.g. 512K, 4M)",
+            })?;
+        }
+        Ok(cfg)
+    }
+
+    /// Number of processors (server threads) on this node.
+    pub fn procs(mut self, n: usize) -> Self {
+        self.procs = Some(n);
+        self.procs_source = "Config::procs";
+        self
+    }
+
+    /// Pin server thread *p* to the *p*-th CPU of the process's affinity mask.
+    pub fn pin(mut self, on: bool) -> Self {
+        self.pin = on;
+        self
+    }
+
+    /// Filthread stack size in bytes (rounded up to whole pages, plus a guard page).
+    pub fn stack_size(mut self, bytes: usize) -> Self {
+        self.stack_size = bytes;
+        self
+    }
+
+    /// Pruning of fork-join filaments: once every processor has work, forks
+    /// become plain calls. On by default; off makes every fork real.
+    pub fn prune(mut self, on: bool) -> Self {
+        self.prune = on;
+        self
+    }
+
+    /// Processors asked for, `None` meaning all available.
+    pub fn get_procs(&self) -> Option<usize> {
+        self.procs
+    }
+    /// Whether server threads are pinned.
+    pub fn get_pin(&self) -> bool {
+        self.pin
+    }
+    /// Filthread stack size in bytes.
+    pub fn get_stack_size(&self) -> usize {
+        self.stack_size
+    }
+    /// Whether pruning is on.
+    pub fn get_prune(&self) -> bool {
+        self.prune
+    }
+
+    /// Checks the configuration against this machine and returns the CPUs the
+    /// server threads run on (one per processor; meaningful when pinned).
+    pub(crate) fn resolve(&self) -> Result<(usize, Vec<usize>), Error> {
+        let cpus = allowed_cpus();
+        let procs = self.procs.unwrap_or(cpus.len().max(1));
+        if procs == 0 {
+            return Err(Error::ZeroProcs {
+                source_name: self.procs_source,
+            });
+        }
+        if self.pin && procs > cpus.len() {
+            return Err(Error::TooManyProcs {
+                requested: procs,
+                available: cpus.len(),
+            });
+        }
+        if !(MIN_STACK_SIZE..=MAX_STACK_SIZE).contains(&self.stack_size) {
+            return Err(Error::BadStackSize {
+                requested: self.stack_size,
+                min: MIN_STACK_SIZE,
+                max: MAX_STACK_SIZE,
+            });
+        }
+        let chosen = (0..procs).map(|p| cpus[p % cpus.len().max(1)]).collect();
+        Ok((procs, chosen))
+    }
+}
+
+/// CPUs in this process's affinity mask, in increasing order.
+pub(crate) fn allowed_cpus() -> Vec<usize> {
+    use nix::sched::{sched_getaffinity, CpuSet};
+    use nix::unistd::Pid;
+    match sched_getaffinity(Pid::from_raw(0)) {
+        Ok(set) => (0..CpuSet::count())
+            .filter(|&c| set.is_set(c).unwrap_or(false))
+            .collect(),
+        Err(_) => (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect(),
+    }
+}
+
+fn parse_bool(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+fn parse_size(v: &str) -> Option<usize> {
+    let t = v.trim();
+    let (num, mult) = match t.char_indices().last()? {
+        (i, 'k' | 'K') => (&t[..i], 1usize << 10),
+        (i, 'm' | 'M') => (&t[..i], 1 << 20),
+        (i, 'g' | 'G') => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    num.trim().parse::<usize>().ok()?.checked_mul(mult)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn env_values_parse() {
+        let c = Config::from_lookup(env(&[
+            ("HYFI_PROCS", "3"),
+            ("HYFI_PIN", "off"),
+            ("HYFI_STACK_SIZE", "512K"),
+            ("HYFI_PRUNE", "0"),
+        ]))
+        .unwrap();
+        assert_eq!(c.get_procs(), Some(3));
+        assert!(!c.get_pin());
+        assert_eq!(c.get_stack_size(), 512 * 1024);
+        assert!(!c.get_prune());
+    }
+
+    #[test]
+    fn bad_env_values_name_the_variable() {
+        let e = Config::from_lookup(env(&[("HYFI_PROCS", "two")])).unwrap_err();
+        assert!(e.to_string().contains("HYFI_PROCS=\"two\""), "{e}");
+        let e = Config::from_lookup(env(&[("HYFI_PIN", "maybe")])).unwrap_err();
+        assert!(e.to_string().contains("HYFI_PIN"), "{e}");
+        let e = Config::from_lookup(env(&[("HYFI_STACK_SIZE", "12Q")])).unwrap_err();
+        assert!(e.to_string().contains("HYFI_STACK_SIZE"), "{e}");
+    }
+
+    #[test]
+    fn zero_and_too_many_procs_are_errors() {
+        let e = Config::from_lookup(env(&[("HYFI_PROCS", "0")]))
+            .unwrap()
+            .resolve()
+            .unwrap_err();
+        assert!(matches!(e, Error::ZeroProcs { source_name: "HYFI_PROCS" }), "{e}");
+        let many = allowed_cpus().len() + 1;
+        let e = Config::new().procs(many).pin(true).resolve().unwrap_err();
+        assert!(e.to_string().contains("HYFI_PIN=0"), "{e}");
+        assert!(Config::new().procs(many).pin(false).resolve().is_ok());
+    }
+
+    #[test]
+    fn stack_size_bounds() {
+        let e = Config::new().stack_size(1000).resolve().unwrap_err();
+        assert!(e.to_string().contains("HYFI_STACK_SIZE"), "{e}");
+    }
+}

@@ -1,0 +1,137 @@
+//! The one error type of hyfi-core. Every message says what happened and what
+//! to change.
+
+use std::io;
+
+/// What went wrong in the single-node runtime.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Zero processors were asked for.
+    #[error("invalid configuration: {source_name} asks for 0 processors; ask for at least 1")]
+    ZeroProcs {
+        /// Where the value came from (`HYFI_PROCS` or `Config::procs`).
+        source_name: &'static str,
+    },
+
+    /// More processors than the machine lets this process use, with pinning on.
+    #[error(
+        "invalid configuration: {requested} processors requested but this process may run on \
+         only {available} CPUs; with pinning on (HYFI_PIN=1 / Config::pin(true)) each server \
+         thread needs a CPU of its own. Ask for at most {available}, or set HYFI_PIN=0 to \
+         oversubscribe"
+    )]
+    TooManyProcs {
+        /// Processors asked for.
+        requested: usize,
+        /// CPUs in this process's affinity mask.
+        available: usize,
+    },
+
+    /// An environment variable that hyfi reads holds a value it cannot use.
+    #[error("invalid configuration: {var}={value:?} is not valid: expected {expected}")]
+    BadEnv {
+        /// The variable's name.
+        var: &'static str,
+        /// What it held.
+        value: String,
+        /// What it should hold.
+        expected: &'static str,
+    },
+
+    /// A filthread stack size outside the supported range.
+    #[error(
+        "invalid configuration: filthread stack size {requested} bytes is outside \
+         {min}..={max}; set HYFI_STACK_SIZE or Config::stack_size within that range"
+    )]
+    BadStackSize {
+        /// Bytes asked for.
+        requested: usize,
+        /// Smallest supported.
+        min: usize,
+        /// Largest supported.
+        max: usize,
+    },
+
+    /// The OS refused to start a server thread.
+    #[error("could not start server thread {proc}: {source}; lower HYFI_PROCS or check ulimit -u")]
+    Spawn {
+        /// Processor index.
+        proc: usize,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Pinning a server thread to its CPU failed.
+    #[error(
+        "could not pin server thread {proc} to CPU {cpu}: {source}; set HYFI_PIN=0 to run unpinned"
+    )]
+    Pin {
+        /// Processor index.
+        proc: usize,
+        /// CPU it was to be pinned to.
+        cpu: usize,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// A filament (or post-phase code, or a fork-join closure) panicked.
+    #[error("a filament panicked on node {node}, processor {proc} ({during}): {message}")]
+    FilamentPanic {
+        /// Node on which it ran.
+        node: usize,
+        /// Processor on which it ran.
+        proc: usize,
+        /// What was running: "phase 1 filament", "phase 0 post-phase", "fork-join".
+        during: String,
+        /// The panic message.
+        message: String,
+    },
+
+    /// `start`/`run` was called from inside a filament of the same runtime,
+    /// which would deadlock.
+    #[error(
+        "Runtime::start/run called from inside a filament of the same runtime; \
+         nest parallelism with Ctx::join instead"
+    )]
+    Nested,
+
+    /// A phase program with no phases.
+    #[error("the program has no phases; add one with Program::phase before Runtime::start")]
+    EmptyProgram,
+
+    /// A pool array built for a different runtime shape.
+    #[error(
+        "phase {phase}: its pool array has {pool_procs} processors but the runtime has {procs}; \
+         build it with PoolArray::new(&runtime, ..)"
+    )]
+    PoolShape {
+        /// Phase index.
+        phase: usize,
+        /// Processors the pool array was made for.
+        pool_procs: usize,
+        /// Processors the runtime has.
+        procs: usize,
+    },
+
+    /// A reduction used with a runtime other than the one that created it.
+    #[error("reduction variable belongs to another runtime; create it with this runtime's Runtime::reduction")]
+    ForeignReduction,
+
+    /// The cross-node layer failed (a lost peer, a refused connection, ...).
+    #[error("cross-node step failed: {0}")]
+    Link(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Extracts the message of a panic payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(panic payload is not a string)".to_string()
+    }
+}

@@ -1,0 +1,392 @@
+//! Fork-join filaments: `join`, its n-way form, pruning, and the jobs and
+//! latches they are made of.
+//!
+//! `ctx.join(a, b)` puts `b` on this processor's deque, runs `a`, then takes
+//! `b` back and runs it, unless another processor stole it; then the joining
+//! filthread suspends until the thief sets `b`'s latch, and the server thread
+//! runs other work meanwhile. It never blocks the OS thread.
+//!
+//! **Pruning** (paper §4.4): once every processor has work, forks become plain
+//! calls. Each processor has a `fork_wanted` flag, read with one relaxed load
+//! per join; it is set when some processor goes idle, when a thief took this
+//! processor's last job, and when this processor takes its own job back; it is
+//! cleared after a real fork when nobody is idle. So a busy node keeps one
+//! stealable job (the shallowest) on each deque and forks nothing else.
+//!
+//! **Deep recursion**: before running a branch inline, a join checks the free
+//! stack; below a red zone it runs the branch on a fresh pooled stack segment,
+//! so recursion through joins is bounded by memory, not by the stack size.
+//!
+//! ```
+//! use hyfi_core::{Config, Ctx, Runtime};
+//!
+//! fn fib(ctx: &Ctx, n: u64) -> u64 {
+//!     if n < 2 { return n; }
+//!     let (a, b) = ctx.join(|c| fib(c, n - 1), |c| fib(c, n - 2));
+//!     a + b
+//! }
+//! let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+//! assert_eq!(rt.run(|ctx| fib(ctx, 20)).unwrap(), 6765);
+//! ```
+
+use std::any::Any;
+use std::cell::UnsafeCell;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crate::filthread::{self, Waker};
+use crate::stack::{enter_guard, StackBounds};
+use crate::worker::Ctx;
+
+/// A type-erased pointer to a job and the function that runs it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct JobRef {
+    ptr: *const (),
+    exec: unsafe fn(*const (), &Ctx),
+}
+
+// SAFETY: a JobRef is handed to exactly one thread (the deque guarantees it)
+// and points at a job whose closure and result are Send.
+unsafe impl Send for JobRef {}
+
+impl PartialEq for JobRef {
+    /// Jobs are identified by their address alone.
+    fn eq(&self, o: &Self) -> bool {
+        std::ptr::eq(self.ptr, o.ptr)
+    }
+}
+
+impl JobRef {
+    /// Runs the job.
+    ///
+    /// # Safety
+    /// The job must still be alive and not yet executed.
+    pub(crate) unsafe fn execute(self, ctx: &Ctx) {
+        (self.exec)(self.ptr, ctx)
+    }
+}
+
+const UNSET: u8 = 0;
+const WAITING: u8 = 1;
+const SET: u8 = 2;
+
+/// Signals that a job has finished, waking the joiner if it suspended.
+pub(crate) struct Latch {
+    state: AtomicU8,
+    waker: UnsafeCell<Option<Waker>>,
+}
+
+impl Latch {
+    pub(crate) fn new() -> Self {
+        Latch {
+            state: AtomicU8::new(UNSET),
+            waker: UnsafeCell::new(None),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn probe(&self) -> bool {
+        self.state.load(Ordering::Acquire) == SET
+    }
+
+    /// Sets the latch.
+    ///
+    /// # Safety
+    /// `this` must be alive on entry. Once the state is `SET`, the joiner may
+    /// proceed and free the latch, so nothing here touches it afterwards,
+    /// except in the `WAITING` case where the joiner is suspended until the
+    /// waker we take is woken.
+    pub(crate) unsafe fn set(this: *const Latch) {
+        let prev = (*this).state.swap(SET, Ordering::AcqRel);
+        if prev == WAITING {
+            let w = (*(*this).waker.get()).take();
+            if let Some(w) = w {
+                w.wake();
+            }
+        }
+    }
+
+    /// Waits for the latch: suspends the calling filthread (or blocks the
+    /// thread, off a filthread).
+    pub(crate) fn wait(&self) {
+        if self.probe() {
+            return;
+        }
+        filthread::suspend(|w| {
+            // SAFETY: only the joiner writes the slot, before publishing
+            // WAITING; the setter reads it only after observing WAITING.
+            unsafe { *self.waker.get() = Some(w) };
+            match self
+                .state
+                .compare_exchange(UNSET, WAITING, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => true,
+                Err(_) => {
+                    // Already set: nobody will read the slot; reclaim it.
+                    unsafe { (*self.waker.get()).take() };
+                    false
+                }
+            }
+        });
+        debug_assert!(self.probe());
+    }
+}
+
+/// A job that lives in the joining filthread's stack frame.
+struct StackJob<F, R> {
+    func: UnsafeCell<Option<F>>,
+    result: UnsafeCell<Option<Result<R, Box<dyn Any + Send>>>>,
+    latch: Latch,
+}
+
+impl<F, R> StackJob<F, R>
+where
+    F: FnOnce(&Ctx) -> R + Send,
+    R: Send,
+{
+    fn new(f: F) -> Self {
+        StackJob {
+            func: UnsafeCell::new(Some(f)),
+            result: UnsafeCell::new(None),
+            latch: Latch::new(),
+        }
+    }
+
+    fn as_job_ref(&self) -> JobRef {
+        JobRef {
+            ptr: self as *const Self as *const (),
+            exec: Self::execute,
+        }
+    }
+
+    unsafe fn execute(this: *const (), ctx: &Ctx) {
+        let this = &*(this as *const Self);
+        let f = (*this.func.get())
+            .take()
+            .expect("hyfi: fork-join job executed twice");
+        let r = catch_unwind(AssertUnwindSafe(|| ctx.call_inline(f)));
+        *this.result.get() = Some(r);
+        Latch::set(&this.latch);
+    }
+
+    fn into_result(self) -> R {
+        match self.result.into_inner() {
+            Some(Ok(r)) => r,
+            Some(Err(p)) => resume_unwind(p),
+            None => unreachable!("hyfi: joined a job that did not run"),
+        }
+    }
+}
+
+/// A job on the heap: the root of a fork-join run.
+pub(crate) struct HeapJob<F> {
+    func: F,
+}
+
+impl<F: FnOnce(&Ctx) + Send> HeapJob<F> {
+    /// Boxes `f` as a job that frees itself when run.
+    pub(crate) fn into_job_ref(f: F) -> JobRef {
+        let b = Box::new(HeapJob { func: f });
+        JobRef {
+            ptr: Box::into_raw(b) as *const (),
+            exec: Self::execute,
+        }
+    }
+
+    unsafe fn execute(this: *const (), ctx: &Ctx) {
+        let b = Box::from_raw(this as *mut Self);
+        (b.func)(ctx)
+    }
+}
+
+#[inline(always)]
+fn stack_pointer() -> usize {
+    let sp: usize;
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: reads the stack pointer register; no memory is touched.
+    unsafe {
+        std::arch::asm!("mov {}, rsp", out(reg) sp, options(nomem, nostack, preserves_flags))
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: as above.
+    unsafe {
+        std::arch::asm!("mov {}, sp", out(reg) sp, options(nomem, nostack, preserves_flags))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let x = 0u8;
+        sp = std::hint::black_box(&x) as *const u8 as usize;
+    }
+    sp
+}
+
+impl Ctx {
+    /// Runs `a` and `b`, potentially in parallel, and returns both results
+    /// (a fork-join filament pair: fork `b`, run `a`, join `b`).
+    ///
+    /// With pruning on and every processor busy this is two plain calls. If
+    /// `b` was stolen, the filthread suspends until it is done and this
+    /// processor runs other work meanwhile. A panic in either closure
+    /// propagates to the caller after both have finished.
+    #[inline]
+    pub fn join<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
+    where
+        A: FnOnce(&Ctx) -> RA + Send,
+        B: FnOnce(&Ctx) -> RB + Send,
+        RA: Send,
+        RB: Send,
+    {
+        if self.prune && !self.ws().fork_wanted.load(Ordering::Relaxed) {
+            let ra = self.call_inline(a);
+            let rb = self.call_inline(b);
+            return (ra, rb);
+        }
+        self.join_real(a, b)
+    }
+
+    #[inline(never)]
+    fn join_real<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
+    where
+        A: FnOnce(&Ctx) -> RA + Send,
+        B: FnOnce(&Ctx) -> RB + Send,
+        RA: Send,
+        RB: Send,
+    {
+        let job_b = StackJob::new(b);
+        let job_ref = job_b.as_job_ref();
+        self.deque.push(job_ref);
+        self.stats.forks.set(self.stats.forks.get() + 1);
+        let sh = &*self.shared;
+        if sh.idle.load(Ordering::SeqCst) == 0 {
+            // Everyone is busy and this deque now holds work: prune.
+            self.ws().fork_wanted.store(false, Ordering::Relaxed);
+        } else {
+            sh.notify_idle();
+        }
+
+        let ra = catch_unwind(AssertUnwindSafe(|| self.call_inline(a)));
+
+        // Take b back, or wait for whoever stole it.
+        loop {
+            if job_b.latch.probe() {
+                break;
+            }
+            match self.deque.pop() {
+                Some(j) if j == job_ref => {
+                    if self.multi {
+                        self.ws().fork_wanted.store(true, Ordering::Relaxed);
+                    }
+                    // SAFETY: we popped our own job back: nobody else has it.
+                    let f = unsafe { (*job_b.func.get()).take() }
+                        .expect("hyfi: own job already taken");
+                    let ra = match ra {
+                        Ok(v) => v,
+                        Err(p) => resume_unwind(p),
+                    };
+                    return (ra, self.call_inline(f));
+                }
+                // A job of a frame below ours (cannot happen with the deque
+                // discipline, but running it is always correct).
+                // SAFETY: jobs in our deque are alive (see unsafe_execute).
+                Some(j) => unsafe { j.execute(self) },
+                None => {
+                    job_b.latch.wait();
+                    break;
+                }
+            }
+        }
+        let ra = match ra {
+            Ok(v) => v,
+            Err(p) => {
+                // b has finished (the latch is set); drop its result.
+                drop(job_b);
+                resume_unwind(p)
+            }
+        };
+        (ra, job_b.into_result())
+    }
+
+    /// Runs `n` filaments `f(ctx, 0..n)` as fork-join filaments and returns
+    /// their results in index order (the n-way form of [`Ctx::join`]).
+    ///
+    /// ```
+    /// use hyfi_core::{Config, Runtime};
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+    /// let v = rt.run(|ctx| ctx.join_n(5, |_, i| i * i)).unwrap();
+    /// assert_eq!(v, vec![0, 1, 4, 9, 16]);
+    /// ```
+    pub fn join_n<R, F>(&self, n: usize, f: F) -> Vec<R>
+    where
+        R: Send,
+        F: Fn(&Ctx, usize) -> R + Sync,
+    {
+        let mut out: Vec<Option<R>> = (0..n).map(|_| None).collect();
+        fn rec<R: Send, F: Fn(&Ctx, usize) -> R + Sync>(
+            ctx: &Ctx,
+            slots: &mut [Option<R>],
+            base: usize,
+            f: &F,
+        ) {
+            match slots.len() {
+                0 => {}
+                1 => slots[0] = Some(f(ctx, base)),
+                len => {
+                    let mid = len / 2;
+                    let (l, r) = slots.split_at_mut(mid);
+                    ctx.join(|c| rec(c, l, base, f), |c| rec(c, r, base + mid, f));
+                }
+            }
+        }
+        rec(self, &mut out, 0, &f);
+        out.into_iter()
+            .map(|r| r.expect("hyfi: join_n slot not filled"))
+            .collect()
+    }
+
+    /// Calls `f` here, first moving to a fresh stack segment if this one is
+    /// nearly full.
+    #[inline(always)]
+    pub(crate) fn call_inline<R>(&self, f: impl FnOnce(&Ctx) -> R) -> R {
+        if stack_pointer() < self.bounds.get().red {
+            return self.call_on_new_segment(f);
+        }
+        f(self)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn call_on_new_segment<R>(&self, f: impl FnOnce(&Ctx) -> R) -> R {
+        let taken = self.stacks.borrow_mut().take();
+        let mut stack = match taken {
+            Ok(s) => s,
+            // No memory for a segment: go on and let the guard page report it.
+            Err(_) => return f(self),
+        };
+        struct Restore<'a> {
+            ctx: &'a Ctx,
+            bounds: StackBounds,
+            guard: usize,
+        }
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                enter_guard(self.guard);
+                self.ctx.bounds.set(self.bounds);
+            }
+        }
+        let nb = StackBounds::of(&stack);
+        let restore = Restore {
+            ctx: self,
+            bounds: self.bounds.replace(nb),
+            guard: enter_guard(nb.guard),
+        };
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            corosensei::on_stack(&mut stack, || f(self))
+        }));
+        drop(restore);
+        self.stacks.borrow_mut().give(stack);
+        match r {
+            Ok(v) => v,
+            Err(p) => resume_unwind(p),
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! # hyfi-core: filaments on one node
+//!
+//! The single-node runtime of hyfi, after the HyFi paper (Lowenthal and
+//! Subramanian, 2002), §2–3: one **server thread** per processor, pinned to
+//! its core; **filthreads** (stackful coroutines on pooled, guarded stacks)
+//! multiplexed on each; and two kinds of very light threads, **filaments**:
+//!
+//! * **Iterative filaments** run in *phases*. Each processor has one or more
+//!   *pools* of filaments per phase; after all have run, one processor runs
+//!   the phase's *post-phase* code, which may reduce *reduction variables*
+//!   and decides whether to go on. See [`Program`], [`PoolArray`],
+//!   [`Reduction`].
+//! * **Fork-join filaments** split work recursively with [`Ctx::join`];
+//!   idle processors steal, and forks become plain calls (*pruning*) once
+//!   every processor is busy. See [`Runtime::run`].
+//!
+//! Jacobi iteration, the paper's Figure 1–2 program, checked against a
+//! sequential loop:
+//!
+//! ```
+//! use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime, SharedMatrix};
+//!
+//! let n = 34;
+//! let eps = 1e-3;
+//! let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+//! let init = |i: usize, j: usize| -> f64 { if i == 0 || j == 0 || i == n - 1 || j == n - 1 { 1.0 } else { 0.0 } };
+//! // Two grids: in iteration k, `old` is grids[k % 2] and `new` the other.
+//! let grids = [SharedMatrix::from_fn(n, n, init), SharedMatrix::from_fn(n, n, init)];
+//! let maxdiff = rt.reduction(0.0f64);
+//! let mut iters = 0;
+//!
+//! let mut prog = Program::new();
+//! prog.phase(
+//!     // One filament per interior point; rows in blocks over the processors.
+//!     PoolArray::block_rows(&rt, 1..n - 1, 1..n - 1, 1),
+//!     |ctx, (i, j)| {
+//!         let k = ctx.iteration() as usize;
+//!         let (old, new) = (&grids[k % 2], &grids[(k + 1) % 2]);
+//!         let v = (old.get(i - 1, j) + old.get(i + 1, j) + old.get(i, j - 1) + old.get(i, j + 1)) * 0.25;
+//!         new.set(i, j, v);
+//!         let d = (v - old.get(i, j)).abs();
+//!         maxdiff.update(ctx, |m| m.max(d));
+//!     },
+//!     |post| {
+//!         iters += 1;
+//!         let m = post.reduce(&maxdiff, Op::Max); // filReduce(maxdiff, MAX)
+//!         post.set(&maxdiff, 0.0);
+//!         if m < eps { Control::Done } else { Control::Continue }
+//!     },
+//! );
+//! rt.start(&mut prog)?;
+//! drop(prog);
+//!
+//! // The same computation, sequentially.
+//! let (mut old, mut new) = (vec![0.0f64; n * n], vec![0.0f64; n * n]);
+//! for i in 0..n { for j in 0..n { old[i * n + j] = init(i, j); new[i * n + j] = init(i, j); } }
+//! let mut seq_iters = 0;
+//! loop {
+//!     let mut m = 0.0f64;
+//!     for i in 1..n - 1 { for j in 1..n - 1 {
+//!         let v = (old[(i - 1) * n + j] + old[(i + 1) * n + j] + old[i * n + j - 1] + old[i * n + j + 1]) * 0.25;
+//!         new[i * n + j] = v;
+//!         m = m.max((v - old[i * n + j]).abs());
+//!     } }
+//!     seq_iters += 1;
+//!     std::mem::swap(&mut old, &mut new);
+//!     if m < eps { break; }
+//! }
+//! assert_eq!(iters, seq_iters);
+//! assert_eq!(grids[iters % 2].to_vec(), old); // bit for bit
+//! # Ok::<(), hyfi_core::Error>(())
+//! ```
+//!
+//! The cross-node layer plugs in through [`NodeLink`]; a filthread waits for
+//! anything (a page, a message) through [`filthread::suspend`].
+
+#![warn(missing_docs)]
+
+mod config;
+mod error;
+pub mod filthread;
+mod fork;
+mod node;
+mod phase;
+mod pool;
+mod reduce;
+mod runtime;
+mod shared;
+mod sleep;
+mod stack;
+mod stats;
+mod worker;
+
+pub use config::{Config, DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
+pub use error::Error;
+pub use node::{LinkError, NodeLink, SingleNode};
+pub use phase::{Control, PostPhase, Program};
+pub use pool::{block, Index, Pool, PoolArray};
+pub use reduce::{Arith, Op, Reduction};
+pub use runtime::Runtime;
+pub use shared::{Element, Row, SharedMatrix, SharedVec};
+pub use stats::{ProcStats, Stats};
+pub use worker::Ctx;

@@ -1,0 +1,244 @@
+//! Iterative filaments: phases, post-phase code, and programs (sequences of
+//! phases).
+//!
+//! A *phase* is filament code plus *post-phase* code. Every filament of the
+//! phase (spread over the processors' pools) runs once; then, after a
+//! barrier, one processor per node runs the post-phase code, which may reduce
+//! reduction variables and returns [`Control::Continue`] or [`Control::Done`].
+//! A [`Program`] holds one or more phases run in turn (a loop body with
+//! several barriers, as LU's pivot and elimination); it ends when any
+//! post-phase returns `Done`.
+//!
+//! ```
+//! use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime};
+//!
+//! let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+//! let total = rt.reduction(0u64);
+//! let mut rounds = 0;
+//! let mut grand = 0;
+//! let mut prog = Program::new();
+//! prog.phase(
+//!     PoolArray::block(&rt, 0..1000, 1),
+//!     |ctx, i| total.update(ctx, |s| s + i as u64),
+//!     |post| {
+//!         let s = post.reduce(&total, Op::Sum); // every copy now holds s
+//!         assert_eq!(s, 499_500);
+//!         post.set(&total, 0);
+//!         grand += s;
+//!         rounds += 1;
+//!         if rounds == 3 { Control::Done } else { Control::Continue }
+//!     },
+//! );
+//! rt.start(&mut prog).unwrap();
+//! drop(prog);
+//! assert_eq!(grand, 3 * 499_500);
+//! ```
+
+use std::sync::Mutex;
+
+use crate::error::Error;
+use crate::pool::{Index, PoolArray};
+use crate::reduce::{Arith, LinkAbort, Op, Reduction};
+use crate::runtime::Shared;
+use crate::worker::Ctx;
+
+/// What post-phase code decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// Run the next phase of the program (the first again after the last).
+    Continue,
+    /// End the program: [`Runtime::start`](crate::Runtime::start) returns.
+    Done,
+}
+
+/// A phase with its types erased, as the server threads see it.
+pub(crate) trait PhaseBody: Sync {
+    fn procs(&self) -> usize;
+    fn pools_of(&self, proc: usize) -> usize;
+    fn run_pool(&self, ctx: &Ctx, k: usize);
+    fn post(&self, post: &mut PostPhase<'_>) -> Control;
+}
+
+struct PhaseImpl<I: Index, F, G> {
+    pools: PoolArray<I>,
+    filament: F,
+    post: Mutex<G>,
+}
+
+impl<I, F, G> PhaseBody for PhaseImpl<I, F, G>
+where
+    I: Index,
+    F: Fn(&Ctx, I) + Sync,
+    G: FnMut(&mut PostPhase<'_>) -> Control + Send,
+{
+    fn procs(&self) -> usize {
+        self.pools.procs()
+    }
+    fn pools_of(&self, _proc: usize) -> usize {
+        self.pools.pools_per_proc()
+    }
+    fn run_pool(&self, ctx: &Ctx, k: usize) {
+        let pool = self.pools.get(ctx.proc(), k);
+        let f = &self.filament;
+        pool.for_each(|i| f(ctx, i));
+        ctx.count_filaments(pool.len() as u64);
+    }
+    fn post(&self, post: &mut PostPhase<'_>) -> Control {
+        let mut g = self.post.lock().unwrap_or_else(|e| e.into_inner());
+        (*g)(post)
+    }
+}
+
+/// A sequence of phases (`filCreatePhase` for each), run by
+/// [`Runtime::start`](crate::Runtime::start).
+///
+/// Filament and post-phase closures may borrow from the caller's stack:
+/// `start` returns only after they have all finished.
+#[derive(Default)]
+pub struct Program<'a> {
+    phases: Vec<Box<dyn PhaseBody + 'a>>,
+}
+
+impl<'a> Program<'a> {
+    /// An empty program.
+    pub fn new() -> Self {
+        Program { phases: Vec::new() }
+    }
+
+    /// Appends a phase: `pools` hold its filaments, `filament(ctx, index)` is
+    /// the filament code, `post` the post-phase code.
+    pub fn phase<I, F, G>(&mut self, pools: PoolArray<I>, filament: F, post: G) -> &mut Self
+    where
+        I: Index,
+        F: Fn(&Ctx, I) + Sync + 'a,
+        G: FnMut(&mut PostPhase<'_>) -> Control + Send + 'a,
+    {
+        self.phases.push(Box::new(PhaseImpl {
+            pools,
+            filament,
+            post: Mutex::new(post),
+        }));
+        self
+    }
+
+    /// Number of phases.
+    pub fn len(&self) -> usize {
+        self.phases.len()
+    }
+    /// Whether the program has no phase.
+    pub fn is_empty(&self) -> bool {
+        self.phases.is_empty()
+    }
+
+    pub(crate) fn bodies(&self, procs: usize) -> Result<Vec<&(dyn PhaseBody + 'a)>, Error> {
+        if self.phases.is_empty() {
+            return Err(Error::EmptyProgram);
+        }
+        for (i, p) in self.phases.iter().enumerate() {
+            if p.procs() != procs {
+                return Err(Error::PoolShape {
+                    phase: i,
+                    pool_procs: p.procs(),
+                    procs,
+                });
+            }
+        }
+        Ok(self.phases.iter().map(|b| &**b).collect())
+    }
+}
+
+/// What post-phase code may do: reduce reduction variables, read and reset
+/// their private copies, and ask where it is. It runs on one processor per
+/// node while the others wait at the phase's barrier.
+pub struct PostPhase<'s> {
+    shared: &'s Shared,
+    phase: usize,
+    iteration: u64,
+}
+
+impl<'s> PostPhase<'s> {
+    pub(crate) fn new(shared: &'s Shared, phase: usize, iteration: u64) -> Self {
+        PostPhase {
+            shared,
+            phase,
+            iteration,
+        }
+    }
+
+    /// Index of the phase in its program.
+    pub fn phase(&self) -> usize {
+        self.phase
+    }
+    /// How many times this phase's post-phase code ran before (0 the first time).
+    pub fn iteration(&self) -> u64 {
+        self.iteration
+    }
+    /// Number of nodes.
+    pub fn num_nodes(&self) -> usize {
+        self.shared.link.num_nodes()
+    }
+    /// This node's index.
+    pub fn node(&self) -> usize {
+        self.shared.link.my_node()
+    }
+    /// Processors per node.
+    pub fn procs_per_node(&self) -> usize {
+        self.shared.procs
+    }
+
+    fn check<T: bytemuck::Pod + Send + Sync>(&self, r: &Reduction<T>) {
+        if r.check(self.shared.id).is_err() {
+            panic!("{}", Error::ForeignReduction);
+        }
+    }
+
+    /// `filReduce`: combines every private copy of `r` on every node with
+    /// `op` (on the node in processor order, then across nodes in node
+    /// order), stores the result in every copy and returns it.
+    pub fn reduce<T: Arith>(&mut self, r: &Reduction<T>, op: Op) -> T {
+        self.reduce_with(r, move |a, b| op.apply(a, b))
+    }
+
+    /// Like [`PostPhase::reduce`] with a user-supplied associative `combine`.
+    pub fn reduce_with<T, C>(&mut self, r: &Reduction<T>, combine: C) -> T
+    where
+        T: bytemuck::Pod + Send + Sync,
+        C: Fn(T, T) -> T,
+    {
+        self.check(r);
+        // SAFETY (reads/writes below): post-phase code runs while every other
+        // server thread of the node waits at the barrier, whose SeqCst
+        // counter orders their last writes before these accesses.
+        let mut acc = unsafe { r.read(0) };
+        for p in 1..self.shared.procs {
+            acc = combine(acc, unsafe { r.read(p) });
+        }
+        let res = self.shared.link.allreduce(
+            bytemuck::bytes_of_mut(&mut acc),
+            &mut |a: &mut [u8], b: &[u8]| {
+                let x: T = bytemuck::pod_read_unaligned(a);
+                let y: T = bytemuck::pod_read_unaligned(b);
+                a.copy_from_slice(bytemuck::bytes_of(&combine(x, y)));
+            },
+        );
+        if let Err(e) = res {
+            std::panic::panic_any(LinkAbort(Error::Link(e)));
+        }
+        unsafe { r.write_all(acc) };
+        acc
+    }
+
+    /// Processor 0's copy of `r` (every copy's, after a reduce).
+    pub fn get<T: bytemuck::Pod + Send + Sync>(&self, r: &Reduction<T>) -> T {
+        self.check(r);
+        // SAFETY: as in reduce_with.
+        unsafe { r.read(0) }
+    }
+
+    /// Sets every private copy of `r` (e.g. `maxdiff = 0` for the next iteration).
+    pub fn set<T: bytemuck::Pod + Send + Sync>(&mut self, r: &Reduction<T>, v: T) {
+        self.check(r);
+        // SAFETY: as in reduce_with.
+        unsafe { r.write_all(v) }
+    }
+}

@@ -1,0 +1,172 @@
+//! Reduction variables (paper §3.4): one private copy per processor, combined
+//! by post-phase code with [`PostPhase::reduce`](crate::PostPhase::reduce).
+//!
+//! Filaments read and write their processor's copy through the [`Ctx`] they
+//! are given, with no synchronization: a copy belongs to one server thread,
+//! and copies sit on separate cache lines. A reduce combines the copies in
+//! processor order on the node, then across nodes in node order, and writes
+//! the result back into every copy, so a given configuration reproduces its
+//! result bit for bit.
+
+use std::cell::UnsafeCell;
+
+use crossbeam_utils::CachePadded;
+
+use crate::error::Error;
+use crate::worker::Ctx;
+
+/// A reduction variable of plain-data type `T`.
+pub struct Reduction<T> {
+    rt: u64,
+    copies: Box<[CachePadded<UnsafeCell<T>>]>,
+}
+
+// SAFETY: copy `p` is accessed only by server thread `p` (through a Ctx,
+// whose processor index and runtime are checked), or by post-phase code and
+// the Runtime while every server thread is quiescent at a barrier or idle
+// between programs. T: Send lets the value move between those threads.
+unsafe impl<T: Send> Sync for Reduction<T> {}
+unsafe impl<T: Send> Send for Reduction<T> {}
+
+impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
+    pub(crate) fn new(rt: u64, procs: usize, init: T) -> Self {
+        Reduction {
+            rt,
+            copies: (0..procs)
+                .map(|_| CachePadded::new(UnsafeCell::new(init)))
+                .collect(),
+        }
+    }
+
+    pub(crate) fn check(&self, rt: u64) -> Result<(), Error> {
+        if rt == self.rt {
+            Ok(())
+        } else {
+            Err(Error::ForeignReduction)
+        }
+    }
+
+    #[inline(always)]
+    fn slot(&self, ctx: &Ctx) -> *mut T {
+        if ctx.rt_id != self.rt {
+            foreign();
+        }
+        self.copies[ctx.proc()].get()
+    }
+
+    /// This processor's copy (`filGetVal`).
+    #[inline(always)]
+    pub fn get(&self, ctx: &Ctx) -> T {
+        // SAFETY: see the Sync impl: only this server thread touches its copy now.
+        unsafe { *self.slot(ctx) }
+    }
+
+    /// Sets this processor's copy.
+    #[inline(always)]
+    pub fn set(&self, ctx: &Ctx, v: T) {
+        // SAFETY: as in `get`.
+        unsafe { *self.slot(ctx) = v }
+    }
+
+    /// Replaces this processor's copy `v` by `f(v)`.
+    #[inline(always)]
+    pub fn update(&self, ctx: &Ctx, f: impl FnOnce(T) -> T) {
+        let s = self.slot(ctx);
+        // SAFETY: as in `get`; the value is read out before `f` runs, so no
+        // reference into the copy is alive while user code runs.
+        unsafe { *s = f(*s) }
+    }
+
+    /// # Safety
+    /// No server thread may be accessing the copies.
+    pub(crate) unsafe fn read(&self, p: usize) -> T {
+        *self.copies[p].get()
+    }
+
+    /// # Safety
+    /// As for `read`.
+    pub(crate) unsafe fn write_all(&self, v: T) {
+        for c in self.copies.iter() {
+            *c.get() = v;
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn foreign() -> ! {
+    panic!("{}", Error::ForeignReduction)
+}
+
+impl<T: bytemuck::Pod + std::fmt::Debug> std::fmt::Debug for Reduction<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reduction")
+            .field("copies", &self.copies.len())
+            .finish()
+    }
+}
+
+/// A failed node-level step inside post-phase code, carried out by unwinding.
+pub(crate) struct LinkAbort(pub(crate) Error);
+
+/// The built-in reduction operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Sum.
+    Sum,
+    /// Product.
+    Product,
+    /// Maximum.
+    Max,
+    /// Minimum.
+    Min,
+}
+
+impl Op {
+    /// Applies the operator.
+    #[inline]
+    pub fn apply<T: Arith>(self, a: T, b: T) -> T {
+        match self {
+            Op::Sum => a.add(b),
+            Op::Product => a.mul(b),
+            Op::Max => a.max(b),
+            Op::Min => a.min(b),
+        }
+    }
+}
+
+/// Numbers the built-in [`Op`]s work on.
+pub trait Arith: bytemuck::Pod + Send + Sync + PartialOrd {
+    /// a + b (wrapping for integers).
+    fn add(self, o: Self) -> Self;
+    /// a × b (wrapping for integers).
+    fn mul(self, o: Self) -> Self;
+    /// The larger.
+    fn max(self, o: Self) -> Self;
+    /// The smaller.
+    fn min(self, o: Self) -> Self;
+}
+
+macro_rules! arith_int {
+    ($($t:ty)*) => {$(
+        impl Arith for $t {
+            fn add(self, o: Self) -> Self { self.wrapping_add(o) }
+            fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
+            fn max(self, o: Self) -> Self { Ord::max(self, o) }
+            fn min(self, o: Self) -> Self { Ord::min(self, o) }
+        }
+    )*};
+}
+arith_int!(i8 i16 i32 i64 i128 isize u8 u16 u32 u64 u128 usize);
+
+macro_rules! arith_float {
+    ($($t:ty)*) => {$(
+        impl Arith for $t {
+            fn add(self, o: Self) -> Self { self + o }
+            fn mul(self, o: Self) -> Self { self * o }
+            fn max(self, o: Self) -> Self { <$t>::max(self, o) }
+            fn min(self, o: Self) -> Self { <$t>::min(self, o) }
+        }
+    )*};
+}
+arith_float!(f32 f64);

@@ -1,0 +1,450 @@
+//! The runtime: server threads and the commands they run (a program of
+//! phases, or a fork-join run).
+//!
+//! ```
+//! use hyfi_core::{Config, Runtime};
+//! let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+//! assert_eq!(rt.procs(), 2);
+//! assert_eq!(rt.num_nodes(), 1);
+//! let sum: u64 = rt.run(|ctx| ctx.join_n(100, |_, i| i as u64).iter().sum()).unwrap();
+//! assert_eq!(sum, 4950);
+//! ```
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+
+use crossbeam_deque::{Injector, Stealer, Worker};
+use crossbeam_queue::SegQueue;
+use crossbeam_utils::CachePadded;
+
+use crate::config::Config;
+use crate::error::{panic_message, Error};
+use crate::fork::{HeapJob, JobRef};
+use crate::node::{NodeLink, SingleNode};
+use crate::phase::{PhaseBody, Program};
+use crate::reduce::Reduction;
+use crate::sleep::Parker;
+use crate::stats::{ProcStats, Stats};
+use crate::worker::{self, Ctx};
+
+/// `next` value meaning "the program is finished".
+pub(crate) const DONE: usize = usize::MAX;
+
+static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What every server thread shares with the others.
+pub(crate) struct WorkerShared {
+    parker: OnceLock<Parker>,
+    pub(crate) wakeups: SegQueue<u64>,
+    pub(crate) fork_wanted: AtomicBool,
+}
+
+impl WorkerShared {
+    pub(crate) fn set_parker(&self) {
+        let _ = self.parker.set(Parker::current());
+    }
+    pub(crate) fn parker(&self) -> &Parker {
+        self.parker.get().expect("hyfi: server thread not started")
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct ProgramPtr(pub(crate) *const ProgramRun);
+// SAFETY: the pointee is Sync and outlives the command (see Runtime::start).
+unsafe impl Send for ProgramPtr {}
+
+#[derive(Clone, Copy)]
+pub(crate) enum Command {
+    Idle,
+    Program(ProgramPtr),
+    ForkJoin,
+    Shutdown,
+}
+
+pub(crate) struct Shared {
+    pub(crate) id: u64,
+    pub(crate) procs: usize,
+    pub(crate) cfg: Config,
+    pub(crate) link: Arc<dyn NodeLink>,
+    pub(crate) workers: Vec<CachePadded<WorkerShared>>,
+    pub(crate) stealers: Vec<Stealer<JobRef>>,
+    pub(crate) injector: Injector<JobRef>,
+    /// Server threads looking for fork-join work.
+    pub(crate) idle: CachePadded<AtomicUsize>,
+    pub(crate) fj_done: AtomicBool,
+    pub(crate) epoch: AtomicU64,
+    command: Mutex<Command>,
+    finished: AtomicUsize,
+    caller: Mutex<Option<Arc<Parker>>>,
+    pub(crate) stats: Vec<Mutex<ProcStats>>,
+}
+
+impl Shared {
+    pub(crate) fn command(&self) -> Command {
+        *self.command.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes filthread `id` of processor `proc` runnable.
+    pub(crate) fn wake(&self, proc: usize, id: u64) {
+        let w = &self.workers[proc];
+        w.wakeups.push(id);
+        w.parker().notify();
+    }
+
+    /// Wakes idle server threads after new work appeared.
+    pub(crate) fn notify_idle(&self) {
+        for w in &self.workers {
+            if let Some(p) = w.parker.get() {
+                p.notify();
+            }
+        }
+    }
+
+    pub(crate) fn finish_one(&self) {
+        if self.finished.fetch_add(1, Ordering::SeqCst) + 1 == self.procs {
+            if let Some(p) = self
+                .caller
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+            {
+                p.notify();
+            }
+        }
+    }
+
+    /// Hands `cmd` to every server thread and waits until all have finished it.
+    fn dispatch(&self, cmd: Command) {
+        let caller = Arc::new(Parker::current());
+        *self.caller.lock().unwrap_or_else(|e| e.into_inner()) = Some(caller.clone());
+        self.finished.store(0, Ordering::SeqCst);
+        *self.command.lock().unwrap_or_else(|e| e.into_inner()) = cmd;
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.notify_idle();
+        if matches!(cmd, Command::Shutdown) {
+            return;
+        }
+        caller.wait_until(|| self.finished.load(Ordering::SeqCst) == self.procs);
+        *self.command.lock().unwrap_or_else(|e| e.into_inner()) = Command::Idle;
+    }
+}
+
+/// One execution of a [`Program`]: its phases and the barrier state.
+pub(crate) struct ProgramRun {
+    phases: Vec<&'static dyn PhaseBody>,
+    pub(crate) iterations: Vec<AtomicU64>,
+    pub(crate) arrived: CachePadded<AtomicUsize>,
+    pub(crate) gen: CachePadded<AtomicU64>,
+    pub(crate) next: AtomicUsize,
+    abort: AtomicBool,
+    error: Mutex<Option<Error>>,
+    node: usize,
+}
+
+impl ProgramRun {
+    pub(crate) fn phases(&self) -> &[&'static dyn PhaseBody] {
+        &self.phases
+    }
+    pub(crate) fn aborted(&self) -> bool {
+        self.abort.load(Ordering::Relaxed)
+    }
+    /// Records the first error and stops the program at the next barrier.
+    pub(crate) fn fail(&self, e: Error) {
+        let mut slot = self.error.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+        self.abort.store(true, Ordering::SeqCst);
+    }
+    pub(crate) fn fail_panic(&self, proc: usize, during: String, p: Box<dyn std::any::Any + Send>) {
+        let e = match p.downcast::<crate::reduce::LinkAbort>() {
+            Ok(link) => link.0,
+            Err(p) => Error::FilamentPanic {
+                node: self.node,
+                proc,
+                during,
+                message: panic_message(&*p),
+            },
+        };
+        self.fail(e);
+    }
+}
+
+/// A node's runtime: one server thread per processor, and the entry points
+/// [`Runtime::start`] (iterative filaments) and [`Runtime::run`] (fork-join).
+///
+/// Dropping it stops and joins the server threads.
+pub struct Runtime {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    start_lock: Mutex<()>,
+}
+
+impl Runtime {
+    /// Starts a single-node runtime.
+    pub fn new(cfg: Config) -> Result<Self, Error> {
+        Self::with_link(cfg, Arc::new(SingleNode))
+    }
+
+    /// Starts a single-node runtime configured from the `HYFI_*` variables.
+    pub fn from_env() -> Result<Self, Error> {
+        Self::new(Config::from_env()?)
+    }
+
+    /// Starts a runtime whose node-level steps (barrier, cross-node
+    /// reduction) go through `link`: how the cluster layer plugs in.
+    pub fn with_link(cfg: Config, link: Arc<dyn NodeLink>) -> Result<Self, Error> {
+        let (procs, cpus) = cfg.resolve()?;
+        crate::stack::install_overflow_handler(cfg.get_stack_size());
+        let deques: Vec<Worker<JobRef>> = (0..procs).map(|_| Worker::new_lifo()).collect();
+        let shared = Arc::new(Shared {
+            id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
+            procs,
+            link,
+            workers: (0..procs)
+                .map(|_| {
+                    CachePadded::new(WorkerShared {
+                        parker: OnceLock::new(),
+                        wakeups: SegQueue::new(),
+                        fork_wanted: AtomicBool::new(procs > 1),
+                    })
+                })
+                .collect(),
+            stealers: deques.iter().map(|d| d.stealer()).collect(),
+            injector: Injector::new(),
+            idle: CachePadded::new(AtomicUsize::new(0)),
+            fj_done: AtomicBool::new(false),
+            epoch: AtomicU64::new(0),
+            command: Mutex::new(Command::Idle),
+            finished: AtomicUsize::new(0),
+            caller: Mutex::new(None),
+            stats: (0..procs).map(|_| Mutex::new(ProcStats::default())).collect(),
+            cfg: cfg.clone(),
+        });
+        let mut rt = Runtime {
+            shared: shared.clone(),
+            threads: Vec::with_capacity(procs),
+            start_lock: Mutex::new(()),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        for (proc, deque) in deques.into_iter().enumerate() {
+            let start = worker::Start {
+                shared: shared.clone(),
+                proc,
+                cpu: cfg.get_pin().then(|| cpus[proc]),
+                deque,
+                ready: tx.clone(),
+            };
+            let h = std::thread::Builder::new()
+                .name(format!("hyfi-server-{proc}"))
+                .stack_size(16 << 20)
+                .spawn(move || worker::main(start))
+                .map_err(|source| Error::Spawn { proc, source })?;
+            rt.threads.push(h);
+        }
+        drop(tx);
+        for _ in 0..procs {
+            match rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(Error::Spawn {
+                        proc: 0,
+                        source: std::io::Error::other("a server thread died while starting"),
+                    })
+                }
+            }
+        }
+        Ok(rt)
+    }
+
+    /// Processors (server threads) on this node.
+    pub fn procs(&self) -> usize {
+        self.shared.procs
+    }
+    /// Processors on each node (`filNumProcessorsPerNode`); the same as [`Runtime::procs`].
+    pub fn procs_per_node(&self) -> usize {
+        self.shared.procs
+    }
+    /// Number of nodes (`filNumNodes`).
+    pub fn num_nodes(&self) -> usize {
+        self.shared.link.num_nodes()
+    }
+    /// This node's index (`filMyNode`).
+    pub fn node(&self) -> usize {
+        self.shared.link.my_node()
+    }
+    /// The configuration the runtime was started with.
+    pub fn config(&self) -> &Config {
+        &self.shared.cfg
+    }
+
+    /// A reduction variable: one private copy per processor, each starting at
+    /// `init` (`filCreateReduction`).
+    pub fn reduction<T: bytemuck::Pod + Send + Sync>(&self, init: T) -> Reduction<T> {
+        Reduction::new(self.shared.id, self.shared.procs, init)
+    }
+
+    /// The value of processor 0's copy of `r` (after a reduce, every copy's).
+    /// Waits for a running program to end.
+    pub fn get<T: bytemuck::Pod + Send + Sync>(&self, r: &Reduction<T>) -> Result<T, Error> {
+        let _g = self.start_lock.lock().unwrap_or_else(|e| e.into_inner());
+        r.check(self.shared.id)?;
+        // SAFETY: no program runs (we hold the start lock), so no server
+        // thread touches the copies.
+        Ok(unsafe { r.read(0) })
+    }
+
+    /// Sets every private copy of `r`. Waits for a running program to end.
+    pub fn set<T: bytemuck::Pod + Send + Sync>(&self, r: &Reduction<T>, v: T) -> Result<(), Error> {
+        let _g = self.start_lock.lock().unwrap_or_else(|e| e.into_inner());
+        r.check(self.shared.id)?;
+        // SAFETY: as in `get`.
+        unsafe { r.write_all(v) };
+        Ok(())
+    }
+
+    fn check_not_nested(&self) -> Result<(), Error> {
+        match worker::try_current_ctx() {
+            Some(c) if c.shared.id == self.shared.id => Err(Error::Nested),
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs a program of iterative filaments (`filStart`): every phase in
+    /// turn, each followed by its post-phase code, until a post-phase returns
+    /// [`Control::Done`](crate::Control::Done).
+    ///
+    /// A panic in a filament or in post-phase code ends the program at the
+    /// next barrier and is returned as [`Error::FilamentPanic`].
+    pub fn start(&self, program: &mut Program<'_>) -> Result<(), Error> {
+        self.check_not_nested()?;
+        let _g = self.start_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let phases = program.bodies(self.shared.procs)?;
+        let n = phases.len();
+        let run = ProgramRun {
+            // SAFETY: lifetime erasure. The bodies borrow from `program`,
+            // which outlives this call, and `dispatch` returns only after
+            // every server thread has finished with them.
+            phases: phases
+                .into_iter()
+                .map(|p| unsafe {
+                    std::mem::transmute::<&dyn PhaseBody, &'static dyn PhaseBody>(p)
+                })
+                .collect(),
+            iterations: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            arrived: CachePadded::new(AtomicUsize::new(0)),
+            gen: CachePadded::new(AtomicU64::new(0)),
+            next: AtomicUsize::new(0),
+            abort: AtomicBool::new(false),
+            error: Mutex::new(None),
+            node: self.node(),
+        };
+        self.shared
+            .dispatch(Command::Program(ProgramPtr(&run as *const ProgramRun)));
+        match run.error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs a fork-join computation: `root` on one processor, its joins
+    /// spread over all of them by stealing. Returns `root`'s result.
+    ///
+    /// A panic anywhere in the computation is returned as
+    /// [`Error::FilamentPanic`] once every filament has stopped.
+    pub fn run<R, F>(&self, root: F) -> Result<R, Error>
+    where
+        F: FnOnce(&Ctx) -> R + Send,
+        R: Send,
+    {
+        self.check_not_nested()?;
+        let _g = self.start_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let sh = &*self.shared;
+        sh.fj_done.store(false, Ordering::SeqCst);
+        let mut slot: Option<Result<R, (usize, String)>> = None;
+        let slot_ptr = SlotPtr(&mut slot as *mut _);
+        let shared = self.shared.clone();
+        let job = move |ctx: &Ctx| {
+            let slot_ptr = slot_ptr;
+            let r = catch_unwind(AssertUnwindSafe(|| root(ctx)))
+                .map_err(|p| (ctx.proc(), panic_message(&*p)));
+            // SAFETY: `run` waits for the command to finish before reading
+            // the slot, and only this job writes it.
+            unsafe { *slot_ptr.0 = Some(r) };
+            shared.fj_done.store(true, Ordering::SeqCst);
+            shared.notify_idle();
+        };
+        let job: Box<dyn FnOnce(&Ctx) + Send + '_> = Box::new(job);
+        // SAFETY: lifetime erasure; the job runs and is freed before
+        // `dispatch` returns, while everything it borrows is alive.
+        let job: Box<dyn FnOnce(&Ctx) + Send + 'static> = unsafe { std::mem::transmute(job) };
+        sh.injector.push(HeapJob::into_job_ref(job));
+        sh.dispatch(Command::ForkJoin);
+        match slot {
+            Some(Ok(r)) => Ok(r),
+            Some(Err((proc, message))) => Err(Error::FilamentPanic {
+                node: self.node(),
+                proc,
+                during: "fork-join".into(),
+                message,
+            }),
+            None => unreachable!("hyfi: fork-join run ended without its root"),
+        }
+    }
+
+    /// Counters per processor, accumulated since the runtime started (or
+    /// since [`Runtime::reset_stats`]).
+    pub fn stats(&self) -> Stats {
+        Stats {
+            node: self.node(),
+            procs: self
+                .shared
+                .stats
+                .iter()
+                .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).clone())
+                .collect(),
+        }
+    }
+
+    /// Zeroes the counters.
+    pub fn reset_stats(&self) {
+        for s in &self.shared.stats {
+            *s.lock().unwrap_or_else(|e| e.into_inner()) = ProcStats::default();
+        }
+    }
+
+}
+
+struct SlotPtr<T>(*mut T);
+impl<T> Clone for SlotPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SlotPtr<T> {}
+// SAFETY: the slot is written by exactly one job and read after it ends.
+unsafe impl<T: Send> Send for SlotPtr<T> {}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        let _g = self.start_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.shared.dispatch(Command::Shutdown);
+        for h in self.threads.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("node", &self.node())
+            .field("nodes", &self.num_nodes())
+            .field("procs", &self.procs())
+            .field("config", &self.shared.cfg)
+            .finish()
+    }
+}

@@ -1,0 +1,482 @@
+//! Server threads: one OS thread per processor, pinned by default, started
+//! once and reused for every phase and every fork-join run.
+//!
+//! Each server thread owns a [`Ctx`] (what filaments see of it) and a
+//! scheduler over its filthreads: runnable ones first, then (iterative mode)
+//! the next pool of the phase, or (fork-join mode) its own deque, then
+//! stealing, then idling until woken.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_deque::{Steal, Worker};
+
+use crate::filthread::{Filthread, Ran, Yld};
+use crate::fork::JobRef;
+use crate::phase::{Control, PhaseBody, PostPhase};
+use crate::runtime::{Command, ProgramRun, Shared, WorkerShared, DONE};
+use crate::stack::{self, StackBounds, StackPool};
+use crate::stats::ProcStats;
+
+thread_local! {
+    static CTX: Cell<*const Ctx> = const { Cell::new(std::ptr::null()) };
+}
+
+/// The calling server thread's context. Panics off a server thread.
+pub(crate) fn current_ctx() -> &'static Ctx {
+    try_current_ctx().expect("hyfi: not on a server thread")
+}
+
+/// The calling server thread's context, if it is one.
+pub(crate) fn try_current_ctx() -> Option<&'static Ctx> {
+    let p = CTX.with(|c| c.get());
+    // SAFETY: the pointer is set by the server thread to its own boxed Ctx,
+    // which lives until that thread's main loop returns, after which no code
+    // that could call this runs on the thread; it is cleared before the box
+    // is dropped.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// What a filament sees of the processor running it: the architecture
+/// queries of the paper, fork-join ([`Ctx::join`]), and access to reduction
+/// variables' private copies.
+///
+/// A `&Ctx` is only ever lent to code running on its server thread; it is
+/// neither `Send` nor `Sync`.
+pub struct Ctx {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) rt_id: u64,
+    pub(crate) proc: usize,
+    pub(crate) node: usize,
+    pub(crate) nodes: usize,
+    /// More than one processor on the node (stealing is possible).
+    pub(crate) multi: bool,
+    pub(crate) prune: bool,
+    pub(crate) deque: Worker<JobRef>,
+    pub(crate) yielder: Cell<*const Yld>,
+    pub(crate) current: Cell<u64>,
+    pub(crate) iteration: Cell<u64>,
+    pub(crate) bounds: Cell<StackBounds>,
+    pub(crate) stacks: RefCell<StackPool>,
+    pub(crate) stats: LocalStats,
+    next_id: Cell<u64>,
+    rng: Cell<u64>,
+}
+
+/// Counters kept in plain cells by the owning server thread.
+#[derive(Default)]
+pub(crate) struct LocalStats {
+    pub(crate) filaments: Cell<u64>,
+    pub(crate) forks: Cell<u64>,
+    pub(crate) steal_attempts: Cell<u64>,
+    pub(crate) steals: Cell<u64>,
+    pub(crate) suspensions: Cell<u64>,
+    pub(crate) filthreads: Cell<u64>,
+    pub(crate) idle_ns: Cell<u64>,
+    pub(crate) phases: Cell<u64>,
+}
+
+impl LocalStats {
+    fn drain(&self) -> ProcStats {
+        ProcStats {
+            filaments: self.filaments.take(),
+            forks: self.forks.take(),
+            steal_attempts: self.steal_attempts.take(),
+            steals: self.steals.take(),
+            suspensions: self.suspensions.take(),
+            filthreads: self.filthreads.take(),
+            idle_ns: self.idle_ns.take(),
+            phases: self.phases.take(),
+            stacks_mapped: 0,
+        }
+    }
+}
+
+impl Ctx {
+    /// This processor's index on its node, `0..procs_per_node()` (`filMyProcessor`).
+    #[inline]
+    pub fn proc(&self) -> usize {
+        self.proc
+    }
+    /// This node's index, `0..num_nodes()` (`filMyNode`).
+    #[inline]
+    pub fn node(&self) -> usize {
+        self.node
+    }
+    /// Number of nodes (`filNumNodes`).
+    #[inline]
+    pub fn num_nodes(&self) -> usize {
+        self.nodes
+    }
+    /// Processors on each node (`filNumProcessorsPerNode`).
+    #[inline]
+    pub fn procs_per_node(&self) -> usize {
+        self.shared.procs
+    }
+    /// In iterative filaments: how many times the running phase has
+    /// completed before (0 during its first execution). Lets filaments pick
+    /// the current grid of a double-buffered computation, or LU's step `k`.
+    #[inline]
+    pub fn iteration(&self) -> u64 {
+        self.iteration.get()
+    }
+    /// Global index of this processor: `node * procs_per_node + proc`.
+    #[inline]
+    pub fn global_proc(&self) -> usize {
+        self.node * self.shared.procs + self.proc
+    }
+
+    #[inline]
+    pub(crate) fn ws(&self) -> &WorkerShared {
+        &self.shared.workers[self.proc]
+    }
+
+    pub(crate) fn count_filaments(&self, n: u64) {
+        self.stats.filaments.set(self.stats.filaments.get() + n);
+    }
+
+    fn next_id(&self) -> u64 {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        id
+    }
+
+    fn rand(&self) -> u64 {
+        // xorshift64*: victim selection only.
+        let mut x = self.rng.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.set(x);
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Takes a job from another processor of this node (or the injector).
+    pub(crate) fn steal(&self) -> Option<JobRef> {
+        let sh = &self.shared;
+        loop {
+            match sh.injector.steal() {
+                Steal::Success(j) => return Some(j),
+                Steal::Retry => continue,
+                Steal::Empty => break,
+            }
+        }
+        let p = sh.procs;
+        if p == 1 {
+            return None;
+        }
+        self.stats.steal_attempts.set(self.stats.steal_attempts.get() + 1);
+        let start = (self.rand() as usize) % p;
+        for k in 0..p {
+            let v = (start + k) % p;
+            if v == self.proc {
+                continue;
+            }
+            loop {
+                match sh.stealers[v].steal() {
+                    Steal::Success(j) => {
+                        // The victim may have nothing left to give: ask it to
+                        // make its next fork a real one.
+                        sh.workers[v].fork_wanted.store(true, Ordering::Relaxed);
+                        self.stats.steals.set(self.stats.steals.get() + 1);
+                        return Some(j);
+                    }
+                    Steal::Retry => continue,
+                    Steal::Empty => break,
+                }
+            }
+        }
+        None
+    }
+}
+
+/// Filthreads of one server thread that are not running.
+struct Sched {
+    ready: VecDeque<Filthread>,
+    suspended: HashMap<u64, Filthread>,
+}
+
+impl Sched {
+    fn drain_wakeups(&mut self, ctx: &Ctx) {
+        while let Some(id) = ctx.ws().wakeups.pop() {
+            if let Some(ft) = self.suspended.remove(&id) {
+                self.ready.push_back(ft);
+            }
+        }
+    }
+
+    fn run(&mut self, ctx: &Ctx, ft: Filthread) {
+        match ft.resume(ctx) {
+            Ran::Suspended(ft) => {
+                self.suspended.insert(ft.id, ft);
+            }
+            Ran::Finished(stack) => ctx.stacks.borrow_mut().give(stack),
+        }
+    }
+
+    /// Runs `body` on a new filthread from the stack pool. If no stack can be
+    /// had, `body` runs on the server thread's own stack: waits inside it
+    /// then block the thread instead of switching, which is slower but
+    /// correct.
+    fn spawn(&mut self, ctx: &Ctx, body: impl FnOnce(&Ctx) + 'static) {
+        let stack = ctx.stacks.borrow_mut().take();
+        match stack {
+            Ok(stack) => {
+                ctx.stats.filthreads.set(ctx.stats.filthreads.get() + 1);
+                let ft = Filthread::new(ctx.next_id(), stack, body);
+                self.run(ctx, ft);
+            }
+            Err(e) => {
+                tracing::warn!(proc = ctx.proc, "{e}; running on the server thread's stack");
+                body(ctx);
+            }
+        }
+    }
+
+    fn idle_wait(&self, ctx: &Ctx, mut ready: impl FnMut() -> bool) {
+        let t = Instant::now();
+        ctx.ws().parker().wait_until(|| !ctx.ws().wakeups.is_empty() || ready());
+        ctx.stats
+            .idle_ns
+            .set(ctx.stats.idle_ns.get() + t.elapsed().as_nanos() as u64);
+    }
+
+    /// Iterative mode: runs every pool of this processor for one phase.
+    fn run_phase(
+        &mut self,
+        ctx: &Ctx,
+        body: &'static dyn PhaseBody,
+        run: &'static ProgramRun,
+        phase: usize,
+    ) {
+        let pools = body.pools_of(ctx.proc);
+        let mut next = 0;
+        loop {
+            self.drain_wakeups(ctx);
+            if let Some(ft) = self.ready.pop_front() {
+                self.run(ctx, ft);
+                continue;
+            }
+            if next < pools && !run.aborted() {
+                let k = next;
+                next += 1;
+                self.spawn(ctx, move |ctx| {
+                    if let Err(p) = catch_unwind(AssertUnwindSafe(|| body.run_pool(ctx, k))) {
+                        run.fail_panic(ctx.proc, format!("phase {phase} filament"), p);
+                    }
+                });
+                continue;
+            }
+            if self.suspended.is_empty() {
+                return;
+            }
+            self.idle_wait(ctx, || false);
+        }
+    }
+
+    /// Fork-join mode: runs jobs until the root has finished and nothing of
+    /// this server thread is left suspended.
+    fn run_fork_join(&mut self, ctx: &Ctx) {
+        let sh = &*ctx.shared;
+        loop {
+            self.drain_wakeups(ctx);
+            if let Some(ft) = self.ready.pop_front() {
+                self.run(ctx, ft);
+                continue;
+            }
+            if let Some(job) = ctx.deque.pop() {
+                self.spawn(ctx, move |ctx| unsafe_execute(job, ctx));
+                continue;
+            }
+            if sh.fj_done.load(Ordering::SeqCst) && self.suspended.is_empty() {
+                return;
+            }
+            if let Some(job) = ctx.steal() {
+                self.spawn(ctx, move |ctx| unsafe_execute(job, ctx));
+                continue;
+            }
+            // Idle: say so (forks elsewhere become real), then wait for work.
+            sh.idle.fetch_add(1, Ordering::SeqCst);
+            if ctx.multi {
+                for w in sh.workers.iter() {
+                    w.fork_wanted.store(true, Ordering::Relaxed);
+                }
+            }
+            self.idle_wait(ctx, || {
+                sh.fj_done.load(Ordering::SeqCst)
+                    || !sh.injector.is_empty()
+                    || sh.stealers.iter().any(|s| !s.is_empty())
+            });
+            sh.idle.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn unsafe_execute(job: JobRef, ctx: &Ctx) {
+    // SAFETY: a JobRef in a deque or the injector points at a live job whose
+    // owner waits for its latch (or, for the root, for the run to end)
+    // before freeing it; each JobRef is popped or stolen exactly once.
+    unsafe { job.execute(ctx) }
+}
+
+/// Arguments a server thread starts with.
+pub(crate) struct Start {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) proc: usize,
+    pub(crate) cpu: Option<usize>,
+    pub(crate) deque: Worker<JobRef>,
+    pub(crate) ready: std::sync::mpsc::Sender<Result<(), crate::Error>>,
+}
+
+/// The body of server thread `proc`.
+pub(crate) fn main(start: Start) {
+    let Start {
+        shared,
+        proc,
+        cpu,
+        deque,
+        ready,
+    } = start;
+    if let Some(cpu) = cpu {
+        if let Err(e) = pin_to(cpu) {
+            let _ = ready.send(Err(crate::Error::Pin {
+                proc,
+                cpu,
+                source: e,
+            }));
+            return;
+        }
+    }
+    stack::ensure_altstack();
+    stack::set_proc(proc);
+    shared.workers[proc].set_parker();
+    let ctx = Box::new(Ctx {
+        proc,
+        node: shared.link.my_node(),
+        nodes: shared.link.num_nodes(),
+        multi: shared.procs > 1,
+        prune: shared.cfg.get_prune(),
+        deque,
+        yielder: Cell::new(std::ptr::null()),
+        current: Cell::new(0),
+        iteration: Cell::new(0),
+        bounds: Cell::new(StackBounds::default()),
+        stacks: RefCell::new(StackPool::new(shared.cfg.get_stack_size())),
+        stats: LocalStats::default(),
+        next_id: Cell::new(1),
+        rng: Cell::new(0x9e37_79b9_7f4a_7c15 ^ ((proc as u64 + 1) << 17)),
+        rt_id: shared.id,
+        shared: shared.clone(),
+    });
+    CTX.with(|c| c.set(&*ctx as *const Ctx));
+    let _ = ready.send(Ok(()));
+    drop(ready);
+
+    let mut sched = Sched {
+        ready: VecDeque::new(),
+        suspended: HashMap::new(),
+    };
+    let mut seen = 0u64;
+    loop {
+        let ws = ctx.ws();
+        ws.parker()
+            .wait_until(|| shared.epoch.load(Ordering::SeqCst) != seen);
+        seen = shared.epoch.load(Ordering::SeqCst);
+        let cmd = shared.command();
+        match cmd {
+            Command::Shutdown => break,
+            Command::Idle => continue,
+            Command::ForkJoin => sched.run_fork_join(&ctx),
+            Command::Program(run) => {
+                // SAFETY: `start` keeps the program alive and does not return
+                // until every server thread has reported finished.
+                let run: &'static ProgramRun = unsafe { &*run.0 };
+                run_program(&ctx, &mut sched, run);
+            }
+        }
+        let mut s = ctx.stats.drain();
+        s.stacks_mapped = std::mem::take(&mut ctx.stacks.borrow_mut().created);
+        shared.stats[proc].lock().unwrap_or_else(|e| e.into_inner()).add(&s);
+        shared.finish_one();
+    }
+    CTX.with(|c| c.set(std::ptr::null()));
+}
+
+/// Iterative mode: phases until a post-phase says done.
+fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
+    let phases = run.phases();
+    let p = ctx.shared.procs;
+    let mut cur = 0usize;
+    let mut gen = 0u64;
+    loop {
+        let body: &'static dyn PhaseBody = phases[cur];
+        ctx.iteration
+            .set(run.iterations[cur].load(Ordering::SeqCst));
+        sched.run_phase(ctx, body, run, cur);
+        ctx.stats.phases.set(ctx.stats.phases.get() + 1);
+        let next = if ctx.proc == 0 {
+            // Master: wait for the others, then the node-level step, then the
+            // post-phase code, then release everyone with the decision.
+            let parker = ctx.ws().parker();
+            parker.wait_until(|| run.arrived.load(Ordering::SeqCst) == p - 1);
+            run.arrived.store(0, Ordering::SeqCst);
+            let next = post_phase(ctx, run, cur, body, phases.len());
+            run.next.store(next, Ordering::SeqCst);
+            run.gen.store(gen + 1, Ordering::SeqCst);
+            for w in ctx.shared.workers.iter().skip(1) {
+                w.parker().notify();
+            }
+            next
+        } else {
+            if run.arrived.fetch_add(1, Ordering::SeqCst) + 1 == p - 1 {
+                ctx.shared.workers[0].parker().notify();
+            }
+            let parker = ctx.ws().parker();
+            parker.wait_until(|| run.gen.load(Ordering::SeqCst) != gen);
+            run.next.load(Ordering::SeqCst)
+        };
+        gen += 1;
+        if next == DONE {
+            return;
+        }
+        cur = next;
+    }
+}
+
+fn post_phase(
+    ctx: &Ctx,
+    run: &'static ProgramRun,
+    cur: usize,
+    body: &dyn PhaseBody,
+    nphases: usize,
+) -> usize {
+    if run.aborted() {
+        return DONE;
+    }
+    if let Err(e) = ctx.shared.link.barrier() {
+        run.fail(crate::Error::Link(e));
+        return DONE;
+    }
+    let iteration = run.iterations[cur].fetch_add(1, Ordering::Relaxed);
+    let mut post = PostPhase::new(&ctx.shared, cur, iteration);
+    match catch_unwind(AssertUnwindSafe(|| body.post(&mut post))) {
+        Ok(Control::Continue) => (cur + 1) % nphases,
+        Ok(Control::Done) => DONE,
+        Err(p) => {
+            run.fail_panic(ctx.proc, format!("phase {cur} post-phase"), p);
+            DONE
+        }
+    }
+}
+
+fn pin_to(cpu: usize) -> std::io::Result<()> {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    use nix::unistd::Pid;
+    let mut set = CpuSet::new();
+    set.set(cpu).map_err(std::io::Error::from)?;
+    sched_setaffinity(Pid::from_raw(0), &set).map_err(std::io::Error::from)
+}
