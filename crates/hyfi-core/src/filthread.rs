@@ -75,13 +75,13 @@ impl Filthread {
 
     /// Runs the filthread until it suspends or finishes.
     pub(crate) fn resume(mut self, ctx: &Ctx) -> Ran {
-        let prev_bounds = ctx.bounds.replace(self.bounds);
+        let prev_bounds = ctx.set_bounds(self.bounds);
         let prev_guard = enter_guard(self.bounds.guard);
         ctx.current.set(self.id);
         let r = self.co.resume(());
         ctx.current.set(0);
         enter_guard(prev_guard);
-        ctx.bounds.set(prev_bounds);
+        ctx.set_bounds(prev_bounds);
         ctx.yielder.set(std::ptr::null());
         match r {
             CoroutineResult::Yield(()) => Ran::Suspended(self),
@@ -191,7 +191,7 @@ fn suspend_current(ctx: &Ctx) {
     // segment, so restore exactly what was current at the suspension.
     ctx.yielder.set(y);
     ctx.current.set(id);
-    ctx.bounds.set(bounds);
+    ctx.set_bounds(bounds);
     enter_guard(bounds.guard);
 }
 

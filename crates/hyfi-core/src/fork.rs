@@ -236,10 +236,13 @@ impl Ctx {
         RA: Send,
         RB: Send,
     {
-        if self.prune && !self.ws().fork_wanted.load(Ordering::Relaxed) {
-            let ra = self.call_inline(a);
-            let rb = self.call_inline(b);
-            return (ra, rb);
+        // SAFETY: `fork_wanted` points into `self.shared`, alive as long as self.
+        let wanted = unsafe { (*self.fork_wanted).load(Ordering::Relaxed) };
+        if self.prune && !wanted {
+            if stack_pointer() < self.red.get() {
+                return self.call_on_new_segment(|c| (a(c), b(c)));
+            }
+            return (a(self), b(self));
         }
         self.join_real(a, b)
     }
@@ -347,7 +350,7 @@ impl Ctx {
     /// nearly full.
     #[inline(always)]
     pub(crate) fn call_inline<R>(&self, f: impl FnOnce(&Ctx) -> R) -> R {
-        if stack_pointer() < self.bounds.get().red {
+        if stack_pointer() < self.red.get() {
             return self.call_on_new_segment(f);
         }
         f(self)
@@ -370,13 +373,13 @@ impl Ctx {
         impl Drop for Restore<'_> {
             fn drop(&mut self) {
                 enter_guard(self.guard);
-                self.ctx.bounds.set(self.bounds);
+                self.ctx.set_bounds(self.bounds);
             }
         }
         let nb = StackBounds::of(&stack);
         let restore = Restore {
             ctx: self,
-            bounds: self.bounds.replace(nb),
+            bounds: self.set_bounds(nb),
             guard: enter_guard(nb.guard),
         };
         let r = catch_unwind(AssertUnwindSafe(|| {

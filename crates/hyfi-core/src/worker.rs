@@ -50,6 +50,10 @@ pub(crate) fn try_current_ctx() -> Option<&'static Ctx> {
 pub struct Ctx {
     pub(crate) shared: Arc<Shared>,
     pub(crate) rt_id: u64,
+    /// This processor's `fork_wanted` flag (in `shared`, which this Ctx keeps alive).
+    pub(crate) fork_wanted: *const std::sync::atomic::AtomicBool,
+    /// Address below which a join moves to a new stack segment (0: never).
+    pub(crate) red: Cell<usize>,
     pub(crate) proc: usize,
     pub(crate) node: usize,
     pub(crate) nodes: usize,
@@ -128,6 +132,13 @@ impl Ctx {
     #[inline]
     pub fn global_proc(&self) -> usize {
         self.node * self.shared.procs + self.proc
+    }
+
+    /// Records the bounds of the stack now running; returns the previous.
+    #[inline]
+    pub(crate) fn set_bounds(&self, b: StackBounds) -> StackBounds {
+        self.red.set(b.red);
+        self.bounds.replace(b)
     }
 
     #[inline]
@@ -370,6 +381,8 @@ pub(crate) fn main(start: Start) {
         next_id: Cell::new(1),
         rng: Cell::new(0x9e37_79b9_7f4a_7c15 ^ ((proc as u64 + 1) << 17)),
         rt_id: shared.id,
+        fork_wanted: &shared.workers[proc].fork_wanted as *const _,
+        red: Cell::new(0),
         shared: shared.clone(),
     });
     CTX.with(|c| c.set(&*ctx as *const Ctx));
