@@ -1,1 +1,24 @@
+//! # hyfi — fine-grain parallelism for networks of multiprocessors
+//!
+//! Write a program once with *filaments* — iterative filaments in pools and
+//! phases, or fork-join filaments — and run it on one core or on all cores of
+//! a machine, after the HyFi package (Lowenthal & Subramanian, 2002).
+//!
+//! This crate is the one place a user imports from; it re-exports the
+//! single-node runtime [`hyfi_core`]. See the README for a tour and
+//! [`Program`], [`Ctx::join`] and [`Reduction`] for the two models.
+//!
+//! ```
+//! use hyfi::{Config, Ctx, Runtime};
+//!
+//! fn fib(ctx: &Ctx, n: u64) -> u64 {
+//!     if n < 2 { return n; }
+//!     let (a, b) = ctx.join(|c| fib(c, n - 1), |c| fib(c, n - 2));
+//!     a + b
+//! }
+//! let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+//! assert_eq!(rt.run(|ctx| fib(ctx, 25))?, 75_025);
+//! # Ok::<(), hyfi::Error>(())
+//! ```
+
 pub use hyfi_core::*;
