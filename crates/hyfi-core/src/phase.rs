@@ -62,7 +62,10 @@ pub(crate) trait PhaseBody: Sync {
 struct PhaseImpl<I: Index, F, G> {
     pools: PoolArray<I>,
     filament: F,
-    post: Mutex<G>,
+    // Boxed so that PhaseImpl itself holds no UnsafeCell: `&self` in
+    // `run_pool` is then `noalias readonly`, which lets the compiler keep
+    // what the filament captured by value in registers across the pool.
+    post: Box<Mutex<G>>,
 }
 
 impl<I, F, G> PhaseBody for PhaseImpl<I, F, G>
@@ -116,7 +119,7 @@ impl<'a> Program<'a> {
         self.phases.push(Box::new(PhaseImpl {
             pools,
             filament,
-            post: Mutex::new(post),
+            post: Box::new(Mutex::new(post)),
         }));
         self
     }

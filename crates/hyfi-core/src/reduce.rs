@@ -51,7 +51,10 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         if ctx.rt_id != self.rt {
             foreign();
         }
-        self.copies[ctx.proc()].get()
+        // SAFETY: the runtime that made this reduction has exactly
+        // `copies.len()` processors, and ctx belongs to it (checked above),
+        // so ctx.proc() < copies.len().
+        unsafe { self.copies.get_unchecked(ctx.proc()).get() }
     }
 
     /// This processor's copy (`filGetVal`).

@@ -141,14 +141,11 @@ impl<T: Element> SharedMatrix<T> {
     }
     #[inline(always)]
     fn at(&self, i: usize, j: usize) -> &T::Atom {
-        assert!(
-            i < self.rows && j < self.cols,
-            "hyfi: index ({i}, {j}) out of a {}×{} matrix",
-            self.rows,
-            self.cols
-        );
-        // In bounds by the assert; the slice index cannot fail.
-        &self.data[i * self.cols + j]
+        if i >= self.rows || j >= self.cols {
+            out_of_bounds(i, j, self.rows, self.cols);
+        }
+        // SAFETY: i < rows and j < cols, so i * cols + j < rows * cols = data.len().
+        unsafe { self.data.get_unchecked(i * self.cols + j) }
     }
     /// Element `(i, j)`.
     #[inline(always)]
@@ -172,6 +169,12 @@ impl<T: Element> SharedMatrix<T> {
     pub fn to_vec(&self) -> Vec<T> {
         self.data.iter().map(T::load).collect()
     }
+}
+
+#[cold]
+#[inline(never)]
+fn out_of_bounds(i: usize, j: usize, rows: usize, cols: usize) -> ! {
+    panic!("hyfi: index ({i}, {j}) out of a {rows}×{cols} matrix")
 }
 
 /// One row of a [`SharedMatrix`].

@@ -46,7 +46,26 @@ pub(crate) fn try_current_ctx() -> Option<&'static Ctx> {
 /// variables' private copies.
 ///
 /// A `&Ctx` is only ever lent to code running on its server thread; it is
-/// neither `Send` nor `Sync`.
+/// neither `Send` nor `Sync`, so it cannot be smuggled to another thread
+/// (which would let two threads touch one processor's private copies):
+///
+/// ```compile_fail,E0277
+/// fn needs_send<T: Send>(_: T) {}
+/// fn leak(ctx: &hyfi_core::Ctx) { needs_send(ctx) }
+/// ```
+///
+/// ```compile_fail,E0277
+/// let rt = hyfi_core::Runtime::new(hyfi_core::Config::new().procs(1).pin(false)).unwrap();
+/// rt.run(|ctx| std::thread::scope(|s| { s.spawn(|| ctx.proc()); })).unwrap();
+/// ```
+///
+/// Fork-join closures must be `Send`, since a stolen one runs elsewhere:
+///
+/// ```compile_fail,E0277
+/// let rt = hyfi_core::Runtime::new(hyfi_core::Config::new().procs(1).pin(false)).unwrap();
+/// let local = std::rc::Rc::new(1);
+/// rt.run(|ctx| ctx.join(|_| *local, |_| 2)).unwrap();
+/// ```
 pub struct Ctx {
     pub(crate) shared: Arc<Shared>,
     pub(crate) rt_id: u64,
