@@ -1,0 +1,144 @@
+//! Recursive Fibonacci with fork-join filaments and pruning (HyFi paper, §4.5).
+//!
+//! Computes `fib(n)` as `fib(n - 1) + fib(n - 2)`, the two calls a fork-join
+//! filament pair (`ctx.join`). Each call does almost nothing, so this
+//! measures the cost of a fork: with pruning (the default) forks become
+//! plain calls once every processor is busy, and idle processors steal the
+//! shallowest pending calls; with `--no-prune` every fork is real. With
+//! `--cutoff k`, calls with `n < k` run the sequential recursion directly
+//! (default 0: none, so the whole tree goes through `join` as in the paper).
+//!
+//! Run it with
+//!
+//! ```text
+//! cargo run --release --example fib -- --n 37 --procs 2
+//! cargo run --release --example fib -- --n 30 --procs 2 --no-prune
+//! ```
+//!
+//! It checks the result against an iterative `fib`, and prints the time, the
+//! value, the ratio to the plain sequential recursion timed in the same run,
+//! a verdict and the runtime's counters; it exits non-zero on failure.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use hyfi::{Config, Ctx, Runtime};
+
+/// Largest `n` whose Fibonacci number fits in a `u64`.
+pub const MAX_N: u64 = 93;
+
+/// `fib(n)` with both recursive calls a fork-join filament pair; below
+/// `cutoff` the sequential recursion.
+pub fn fib_hyfi(ctx: &Ctx, n: u64, cutoff: u64) -> u64 {
+    if n < 2 {
+        return n;
+    }
+    if n < cutoff {
+        return fib_seq(n);
+    }
+    let (a, b) = ctx.join(
+        |c| fib_hyfi(c, n - 1, cutoff),
+        |c| fib_hyfi(c, n - 2, cutoff),
+    );
+    a + b
+}
+
+/// The plain sequential recursion.
+pub fn fib_seq(n: u64) -> u64 {
+    if n < 2 {
+        return n;
+    }
+    fib_seq(n - 1) + fib_seq(n - 2)
+}
+
+/// The iterative `fib`, the reference value.
+pub fn fib_iter(n: u64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    // (fib(k - 1), fib(k)) for k = 1..=n; never computes fib(n + 1), which
+    // would overflow for n = MAX_N.
+    let (mut a, mut b) = (0u64, 1u64);
+    for _ in 1..n {
+        (a, b) = (b, a + b);
+    }
+    b
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Recursive Fibonacci with fork-join filaments (HyFi §4.5)")]
+struct Args {
+    /// Which Fibonacci number (at most 93; each +1 costs ~1.6x the time).
+    #[arg(long, default_value_t = 37)]
+    n: u64,
+    /// Processors [default: HYFI_PROCS, else every CPU].
+    #[arg(long)]
+    procs: Option<usize>,
+    /// Make every fork real (no pruning).
+    #[arg(long)]
+    no_prune: bool,
+    /// Below this n, call the sequential fib instead of forking (0: never).
+    #[arg(long, default_value_t = 0)]
+    cutoff: u64,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("fib: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let (n, cutoff) = (args.n, args.cutoff);
+    if n > MAX_N {
+        return Err(format!(
+            "--n {n} is too large: fib({n}) overflows u64 (at most {MAX_N})"
+        ));
+    }
+    let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
+    if let Some(p) = args.procs {
+        cfg = cfg.procs(p);
+    }
+    if args.no_prune {
+        cfg = cfg.prune(false);
+    }
+    let rt = Runtime::new(cfg).map_err(|e| e.to_string())?;
+    let prune = if rt.config().get_prune() { "on" } else { "off" };
+    println!("fib: n = {n}, cutoff {cutoff}");
+
+    let t = Instant::now();
+    let par = rt
+        .run(|ctx| fib_hyfi(ctx, n, cutoff))
+        .map_err(|e| e.to_string())?;
+    let t_par = t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let seq = fib_seq(std::hint::black_box(n));
+    let t_seq = t.elapsed().as_secs_f64();
+
+    let want = fib_iter(n);
+    println!("hyfi ({} procs, pruning {prune}): {t_par:.3} s", rt.procs());
+    println!(
+        "sequential recursion:     {t_seq:.3} s   (hyfi/sequential {:.2}, speedup {:.2})",
+        t_par / t_seq,
+        t_seq / t_par
+    );
+    println!("value      {par}");
+    println!();
+    print!("{}", rt.stats());
+    println!();
+    if par == want && seq == want {
+        println!("OK: fib({n}) = {want}, as the iterative fib");
+        Ok(())
+    } else {
+        Err(format!(
+            "FAILED: hyfi gave {par}, the sequential recursion {seq}, the iterative fib {want}"
+        ))
+    }
+}

@@ -1,0 +1,358 @@
+//! Adaptive quadrature with fork-join filaments (HyFi paper, §4.4).
+//!
+//! Computes the area under `f` on `[a, b]` by recursive bisection with the
+//! trapezoid rule: the area `whole` of an interval is compared with the sum of
+//! the areas of its two halves; if `|left + right - whole| <= tol` the
+//! interval is done (its area is `left + right`), otherwise both halves are
+//! refined as a fork-join filament pair (`ctx.join`). The tolerance is
+//! `--eps` (absolute) at the root and is halved at every level, so the
+//! accepted error estimates of all leaves add up to at most `eps`. Pruning
+//! turns the joins into plain calls once every processor is busy; idle
+//! processors steal the shallowest unexplored halves.
+//!
+//! Two integrands (`--func`):
+//!
+//! * `x6`: `f(x) = x^6` on `[1, 70]` as in the paper; exact `(b^7 - a^7) / 7`.
+//! * `spiky`: `f(x) = x^2 + H w^2 / ((x - c)^2 + w^2)` on `[0, 1]`, a smooth
+//!   parabola plus a Lorentzian peak of height `H = 1e4` and half-width
+//!   `w = 1e-4` at `c = 0.93`, so most of the subdivision lies in a sliver
+//!   near the right end; exact
+//!   `(b^3 - a^3) / 3 + H w (atan((b - c) / w) - atan((a - c) / w))`.
+//!
+//! Run it with
+//!
+//! ```text
+//! cargo run --release --example quad -- --func spiky --procs 2
+//! cargo run --release --example quad -- --func x6 --procs 1 --no-prune
+//! ```
+//!
+//! It checks that the hyfi result equals, bit for bit, a plain sequential
+//! recursion over the same tree (the tree and the order of the additions do
+//! not depend on which processor runs a branch), and that it lies within the
+//! tolerance of the exact integral. It prints the times, the value, the
+//! error, the number of intervals, a verdict and the runtime's counters, and
+//! exits non-zero on failure.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, ValueEnum};
+use hyfi::{Config, Ctx, Runtime};
+
+/// Height, half-width and centre of the `spiky` peak.
+const PEAK_H: f64 = 1e4;
+const PEAK_W: f64 = 1e-4;
+const PEAK_C: f64 = 0.93;
+
+/// The integrand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Func {
+    /// x^6 (the paper's x^{2w} with w = 3).
+    X6,
+    /// x^2 plus a narrow, tall Lorentzian peak near x = 0.93.
+    Spiky,
+}
+
+impl Func {
+    #[inline(always)]
+    pub fn eval(self, x: f64) -> f64 {
+        match self {
+            Func::X6 => {
+                let x3 = x * x * x;
+                x3 * x3
+            }
+            Func::Spiky => {
+                let d = x - PEAK_C;
+                x * x + PEAK_H * (PEAK_W * PEAK_W) / (d * d + PEAK_W * PEAK_W)
+            }
+        }
+    }
+
+    /// The integral over `[a, b]` in closed form.
+    pub fn exact(self, a: f64, b: f64) -> f64 {
+        match self {
+            Func::X6 => (b.powi(7) - a.powi(7)) / 7.0,
+            Func::Spiky => {
+                (b.powi(3) - a.powi(3)) / 3.0
+                    + PEAK_H
+                        * PEAK_W
+                        * (((b - PEAK_C) / PEAK_W).atan() - ((a - PEAK_C) / PEAK_W).atan())
+            }
+        }
+    }
+
+    /// Default interval and root tolerance: about 1 s sequentially (release).
+    pub fn defaults(self) -> (f64, f64, f64) {
+        match self {
+            Func::X6 => (1.0, 70.0, 1.5e-3),
+            Func::Spiky => (0.0, 1.0, 2e-11),
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Func::X6 => "x^6",
+            Func::Spiky => "x^2 + 1e4 * (1e-4)^2 / ((x - 0.93)^2 + (1e-4)^2)",
+        }
+    }
+}
+
+/// The result of a (sub)integration: the area and the number of intervals
+/// accepted (leaves of the recursion tree).
+#[derive(Clone, Copy, Debug)]
+pub struct Area {
+    pub value: f64,
+    pub intervals: u64,
+}
+
+impl Area {
+    /// Combines two halves. The fixed `left + right` order is what makes the
+    /// result independent of which processor ran which half.
+    #[inline(always)]
+    fn combine(self, right: Area) -> Area {
+        Area {
+            value: self.value + right.value,
+            intervals: self.intervals + right.intervals,
+        }
+    }
+}
+
+/// An interval still to integrate, with what its parent already computed.
+#[derive(Clone, Copy, Debug)]
+pub struct Piece {
+    a: f64,
+    b: f64,
+    fa: f64,
+    fb: f64,
+    /// Trapezoid area of `[a, b]`.
+    whole: f64,
+    /// Tolerance at this level.
+    tol: f64,
+}
+
+enum Step {
+    Done(Area),
+    Halves(Piece, Piece),
+}
+
+impl Piece {
+    /// The root interval.
+    pub fn root(f: Func, a: f64, b: f64, eps: f64) -> Piece {
+        let (fa, fb) = (f.eval(a), f.eval(b));
+        Piece {
+            a,
+            b,
+            fa,
+            fb,
+            whole: 0.5 * (fa + fb) * (b - a),
+            tol: eps,
+        }
+    }
+
+    /// One bisection step, shared by the parallel and the sequential
+    /// recursion so both build the same tree.
+    #[inline(always)]
+    fn step(self, f: Func) -> Step {
+        let Piece {
+            a,
+            b,
+            fa,
+            fb,
+            whole,
+            tol,
+        } = self;
+        let m = 0.5 * (a + b);
+        let fm = f.eval(m);
+        let left = 0.5 * (fa + fm) * (m - a);
+        let right = 0.5 * (fm + fb) * (b - m);
+        // A NaN estimate (a non-finite integrand) counts as converged, so the
+        // recursion ends and the check fails instead of recursing forever; an
+        // interval whose midpoint no longer moves is done too.
+        let diff = (left + right - whole).abs();
+        let converged = diff <= tol || diff.is_nan();
+        if converged || !(a < m && m < b) {
+            return Step::Done(Area {
+                value: left + right,
+                intervals: 1,
+            });
+        }
+        let tol = 0.5 * tol;
+        Step::Halves(
+            Piece {
+                a,
+                b: m,
+                fa,
+                fb: fm,
+                whole: left,
+                tol,
+            },
+            Piece {
+                a: m,
+                b,
+                fa: fm,
+                fb,
+                whole: right,
+                tol,
+            },
+        )
+    }
+}
+
+/// Adaptive quadrature of `f` on `[a, b]` with fork-join filaments.
+pub fn quad_hyfi(ctx: &Ctx, f: Func, a: f64, b: f64, eps: f64) -> Area {
+    quad_hyfi_piece(ctx, f, Piece::root(f, a, b, eps))
+}
+
+/// The recursion of [`quad_hyfi`]: both halves are a fork-join pair.
+pub fn quad_hyfi_piece(ctx: &Ctx, f: Func, p: Piece) -> Area {
+    match p.step(f) {
+        Step::Done(area) => area,
+        Step::Halves(l, r) => {
+            let (al, ar) = ctx.join(|c| quad_hyfi_piece(c, f, l), |c| quad_hyfi_piece(c, f, r));
+            al.combine(ar)
+        }
+    }
+}
+
+/// The same recursion as [`quad_hyfi`], as plain calls.
+pub fn quad_seq(f: Func, a: f64, b: f64, eps: f64) -> Area {
+    quad_seq_piece(f, Piece::root(f, a, b, eps))
+}
+
+/// The recursion of [`quad_seq`].
+pub fn quad_seq_piece(f: Func, p: Piece) -> Area {
+    match p.step(f) {
+        Step::Done(area) => area,
+        Step::Halves(l, r) => {
+            let al = quad_seq_piece(f, l);
+            let ar = quad_seq_piece(f, r);
+            al.combine(ar)
+        }
+    }
+}
+
+/// Error allowed against the exact integral: the requested tolerance, but
+/// not below what rounding over the whole sum can explain.
+pub fn allowed_error(eps: f64, exact: f64) -> f64 {
+    eps.max(1e-12 * exact.abs())
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Adaptive quadrature with fork-join filaments (HyFi §4.4)")]
+struct Args {
+    /// Integrand.
+    #[arg(long, value_enum, default_value_t = Func::X6)]
+    func: Func,
+    /// Left end [default: 1 for x6, 0 for spiky].
+    #[arg(long, allow_negative_numbers = true)]
+    a: Option<f64>,
+    /// Right end [default: 70 for x6, 1 for spiky].
+    #[arg(long, allow_negative_numbers = true)]
+    b: Option<f64>,
+    /// Absolute tolerance at the root, halved per level [default: 1.5e-3 for
+    /// x6, 2e-11 for spiky]. Smaller means more intervals; far below the
+    /// rounding error of the areas it will not finish.
+    #[arg(long)]
+    eps: Option<f64>,
+    /// Processors [default: HYFI_PROCS, else every CPU].
+    #[arg(long)]
+    procs: Option<usize>,
+    /// Make every fork real (no pruning).
+    #[arg(long)]
+    no_prune: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("quad: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let f = args.func;
+    let (da, db, deps) = f.defaults();
+    let (a, b, eps) = (
+        args.a.unwrap_or(da),
+        args.b.unwrap_or(db),
+        args.eps.unwrap_or(deps),
+    );
+    if !(a.is_finite() && b.is_finite() && a < b) {
+        return Err(format!("need finite a < b, got a = {a}, b = {b}"));
+    }
+    if !(eps.is_finite() && eps > 0.0) {
+        return Err(format!("need a finite eps > 0, got {eps}"));
+    }
+    let exact = f.exact(a, b);
+    if !exact.is_finite() || !f.eval(a).is_finite() || !f.eval(b).is_finite() {
+        return Err(format!(
+            "the integral of {} on [{a}, {b}] overflows f64; choose a smaller interval",
+            f.describe()
+        ));
+    }
+
+    let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
+    if let Some(p) = args.procs {
+        cfg = cfg.procs(p);
+    }
+    if args.no_prune {
+        cfg = cfg.prune(false);
+    }
+    let rt = Runtime::new(cfg).map_err(|e| e.to_string())?;
+    let prune = if rt.config().get_prune() { "on" } else { "off" };
+    println!(
+        "quad: f(x) = {} on [{a}, {b}], eps {eps:e} (absolute at the root, halved per level)",
+        f.describe()
+    );
+
+    let t = Instant::now();
+    let par = rt
+        .run(|ctx| quad_hyfi(ctx, f, a, b, eps))
+        .map_err(|e| e.to_string())?;
+    let t_par = t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let seq = quad_seq(f, a, b, eps);
+    let t_seq = t.elapsed().as_secs_f64();
+
+    let err = (par.value - exact).abs();
+    let allowed = allowed_error(eps, exact);
+    println!("hyfi ({} procs, pruning {prune}): {t_par:.3} s", rt.procs());
+    println!(
+        "sequential:               {t_seq:.3} s   (speedup {:.2})",
+        t_seq / t_par
+    );
+    println!("value      {:.17e}", par.value);
+    println!("exact      {exact:.17e}");
+    println!(
+        "error      {err:.3e} (relative {:.3e}, allowed {allowed:.3e})",
+        err / exact.abs()
+    );
+    println!("intervals  {}", par.intervals);
+
+    let mut failures = Vec::new();
+    if par.value.to_bits() != seq.value.to_bits() || par.intervals != seq.intervals {
+        failures.push(format!(
+            "hyfi result {:e} ({} intervals) differs from the sequential {:e} ({} intervals)",
+            par.value, par.intervals, seq.value, seq.intervals
+        ));
+    }
+    if err.is_nan() || err > allowed {
+        failures.push(format!(
+            "error {err:e} against the exact integral exceeds {allowed:e}"
+        ));
+    }
+    println!();
+    print!("{}", rt.stats());
+    println!();
+    if failures.is_empty() {
+        println!("OK: hyfi equals the sequential recursion bit for bit and is within {allowed:.1e} of the exact integral");
+        Ok(())
+    } else {
+        Err(format!("FAILED: {}", failures.join("; ")))
+    }
+}
