@@ -1,0 +1,322 @@
+//! Jacobi iteration with iterative filaments: the HyFi paper's Figures 1–2.
+//!
+//! An `n × n` grid has its top edge held at 1.0 and the other edges at 0.0.
+//! Each sweep sets every interior point to the average of its four
+//! neighbours from the previous sweep; the sweeps stop when the largest
+//! change (`maxdiff`) is below `--eps`, or after `--iters` sweeps.
+//!
+//! In hyfi terms: one phase whose filaments are the interior points (one
+//! filament per point, or with `--per-row` one per row), placed in pools by
+//! blocks of rows; `maxdiff` is a reduction variable combined with `Op::Max`
+//! by the post-phase code, which also decides whether to go on. The two grids
+//! are double-buffered: in sweep `k` (`ctx.iteration()`) the old grid is
+//! `grids[k % 2]`, so nothing has to be swapped.
+//!
+//! Run it with
+//!
+//! ```text
+//! cargo run --release --example jacobi -- --n 1024 --procs 2
+//! ```
+//!
+//! It then runs the same sweeps sequentially on plain `Vec<f64>`s and checks
+//! that both stopped after the same number of sweeps with the same grid, bit
+//! for bit (each point is computed by the same expression in both, and a
+//! maximum does not depend on the order it is taken in). It exits with
+//! status 1 if they differ, 2 if the runtime fails.
+
+use std::time::Instant;
+
+use clap::Parser;
+use hyfi::{Config, Control, Op, PoolArray, Program, Runtime, SharedMatrix};
+
+/// Jacobi iteration on an n×n grid with hyfi's iterative filaments.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "jacobi")]
+pub struct Args {
+    /// Grid size (points per side, edges included).
+    #[arg(long, default_value_t = 256, value_parser = at_least(3))]
+    pub n: usize,
+    /// Processors (server threads) [default: HYFI_PROCS, else all CPUs].
+    #[arg(long, value_parser = at_least(1))]
+    pub procs: Option<usize>,
+    /// Pools per processor (rows in blocks over them).
+    #[arg(long, default_value_t = 1, value_parser = at_least(1))]
+    pub pools_per_proc: usize,
+    /// Most sweeps to run.
+    #[arg(long, default_value_t = 100, value_parser = at_least(1))]
+    pub iters: usize,
+    /// Stop once no point changes by this much or more in a sweep.
+    #[arg(long, default_value_t = 1e-6)]
+    pub eps: f64,
+    /// One filament per row instead of one per point.
+    #[arg(long)]
+    pub per_row: bool,
+    /// Pin server threads to CPUs [default: HYFI_PIN, else on].
+    #[arg(long, overrides_with = "no_pin")]
+    pub pin: bool,
+    /// Do not pin server threads (allows more processors than CPUs).
+    #[arg(long, overrides_with = "pin")]
+    pub no_pin: bool,
+}
+
+/// A clap parser for whole numbers of at least `min`.
+fn at_least(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(min..)
+}
+
+impl Args {
+    /// The runtime configuration: the `HYFI_*` variables, overridden by
+    /// `--procs` and `--pin/--no-pin`.
+    pub fn config(&self) -> Result<Config, hyfi::Error> {
+        let mut cfg = Config::from_env()?;
+        if let Some(p) = self.procs {
+            cfg = cfg.procs(p);
+        }
+        if self.pin {
+            cfg = cfg.pin(true);
+        } else if self.no_pin {
+            cfg = cfg.pin(false);
+        }
+        Ok(cfg)
+    }
+}
+
+/// What a run computed.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// Sweeps done.
+    pub iters: usize,
+    /// Largest change in the last sweep.
+    pub maxdiff: f64,
+    /// Whether the sweeps stopped because `maxdiff < eps`.
+    pub converged: bool,
+    /// The final grid, row-major.
+    pub grid: Vec<f64>,
+    /// Seconds the sweeps took.
+    pub secs: f64,
+}
+
+impl Output {
+    /// `Ok` if `self` and `other` did the same sweeps and hold the same
+    /// grid, bit for bit; otherwise what differs first.
+    pub fn check_same(&self, other: &Output) -> Result<(), String> {
+        if self.iters != other.iters {
+            return Err(format!("{} sweeps against {}", self.iters, other.iters));
+        }
+        if self.maxdiff.to_bits() != other.maxdiff.to_bits() {
+            return Err(format!(
+                "maxdiff {:e} against {:e}",
+                self.maxdiff, other.maxdiff
+            ));
+        }
+        if self.grid.len() != other.grid.len() {
+            return Err(format!(
+                "{} points against {}",
+                self.grid.len(),
+                other.grid.len()
+            ));
+        }
+        let bad = self
+            .grid
+            .iter()
+            .zip(&other.grid)
+            .position(|(a, b)| a.to_bits() != b.to_bits());
+        match bad {
+            None => Ok(()),
+            Some(k) => {
+                let n = (self.grid.len() as f64).sqrt() as usize;
+                Err(format!(
+                    "point ({}, {}) is {:e} against {:e}",
+                    k / n.max(1),
+                    k % n.max(1),
+                    self.grid[k],
+                    other.grid[k]
+                ))
+            }
+        }
+    }
+}
+
+/// The starting grid: top edge hot, everything else cold.
+fn init(i: usize, _j: usize) -> f64 {
+    if i == 0 {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// The new value of an interior point. Both versions use this expression,
+/// so they round identically.
+#[inline(always)]
+fn average(up: f64, down: f64, left: f64, right: f64) -> f64 {
+    (up + down + left + right) * 0.25
+}
+
+/// The sweeps with iterative filaments on `rt`.
+pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, hyfi::Error> {
+    let n = args.n;
+    let inner = 1..n.saturating_sub(1);
+    let eps = args.eps;
+    let max_iters = args.iters;
+    // Both grids start with the edges, which no filament writes.
+    let grids = [
+        SharedMatrix::from_fn(n, n, init),
+        SharedMatrix::from_fn(n, n, init),
+    ];
+    let maxdiff = rt.reduction(0.0f64);
+    let (mut iters, mut last, mut converged) = (0usize, 0.0f64, false);
+
+    // Post-phase code (the paper's `check`): the sweep is complete on every
+    // processor; combine maxdiff, decide, and reset it for the next sweep.
+    let check = |post: &mut hyfi::PostPhase<'_>| {
+        iters += 1;
+        last = post.reduce(&maxdiff, Op::Max);
+        post.set(&maxdiff, 0.0);
+        converged = last < eps;
+        if converged || iters >= max_iters {
+            Control::Done
+        } else {
+            Control::Continue
+        }
+    };
+
+    let mut prog = Program::new();
+    if args.per_row {
+        prog.phase(
+            PoolArray::block(rt, inner.clone(), args.pools_per_proc),
+            |ctx, i| {
+                let k = ctx.iteration() as usize;
+                let (old, new) = (&grids[k % 2], &grids[(k + 1) % 2]);
+                let (up, mid, down, out) = (old.row(i - 1), old.row(i), old.row(i + 1), new.row(i));
+                // Keep the row's maximum locally; one update of the copy per row.
+                let mut m = 0.0f64;
+                for j in inner.clone() {
+                    let v = average(up.get(j), down.get(j), mid.get(j - 1), mid.get(j + 1));
+                    out.set(j, v);
+                    m = m.max((v - mid.get(j)).abs());
+                }
+                maxdiff.update(ctx, |d| d.max(m));
+            },
+            check,
+        );
+    } else {
+        prog.phase(
+            PoolArray::block_rows(rt, inner.clone(), inner.clone(), args.pools_per_proc),
+            |ctx, (i, j)| {
+                let k = ctx.iteration() as usize;
+                let (old, new) = (&grids[k % 2], &grids[(k + 1) % 2]);
+                let v = average(
+                    old.get(i - 1, j),
+                    old.get(i + 1, j),
+                    old.get(i, j - 1),
+                    old.get(i, j + 1),
+                );
+                new.set(i, j, v);
+                let d = (v - old.get(i, j)).abs();
+                maxdiff.update(ctx, |m| m.max(d));
+            },
+            check,
+        );
+    }
+
+    let t = Instant::now();
+    rt.start(&mut prog)?;
+    let secs = t.elapsed().as_secs_f64();
+    drop(prog);
+    Ok(Output {
+        iters,
+        maxdiff: last,
+        converged,
+        // After `iters` sweeps the newest grid is the one sweep `iters` would read.
+        grid: grids[iters % 2].to_vec(),
+        secs,
+    })
+}
+
+/// The same sweeps, sequentially, on plain vectors.
+pub fn run_seq(args: &Args) -> Output {
+    let n = args.n;
+    let inner = 1..n.saturating_sub(1);
+    let mut old: Vec<f64> = (0..n * n).map(|k| init(k / n, k % n)).collect();
+    let mut new = old.clone();
+    let mut iters = 0usize;
+    let t = Instant::now();
+    let (last, converged) = loop {
+        let mut m = 0.0f64;
+        for i in inner.clone() {
+            for j in inner.clone() {
+                let v = average(
+                    old[(i - 1) * n + j],
+                    old[(i + 1) * n + j],
+                    old[i * n + j - 1],
+                    old[i * n + j + 1],
+                );
+                new[i * n + j] = v;
+                m = m.max((v - old[i * n + j]).abs());
+            }
+        }
+        std::mem::swap(&mut old, &mut new);
+        iters += 1;
+        if m < args.eps || iters >= args.iters {
+            break (m, m < args.eps);
+        }
+    };
+    Output {
+        iters,
+        maxdiff: last,
+        converged,
+        grid: old,
+        secs: t.elapsed().as_secs_f64(),
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let rt = match args.config().and_then(Runtime::new) {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("jacobi: {e}");
+            std::process::exit(2);
+        }
+    };
+    let par = match run_hyfi(&rt, &args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("jacobi: {e}");
+            std::process::exit(2);
+        }
+    };
+    let seq = run_seq(&args);
+
+    let grain = if args.per_row { "row" } else { "point" };
+    println!(
+        "jacobi n={} procs={} pools/proc={} one filament per {grain}",
+        args.n,
+        rt.procs(),
+        args.pools_per_proc
+    );
+    println!(
+        "hyfi:       {:.4} s, {} sweeps, maxdiff {:.6e}{}",
+        par.secs,
+        par.iters,
+        par.maxdiff,
+        if par.converged {
+            " (converged)"
+        } else {
+            " (stopped at --iters)"
+        }
+    );
+    println!(
+        "sequential: {:.4} s, {} sweeps, maxdiff {:.6e}",
+        seq.secs, seq.iters, seq.maxdiff
+    );
+    print!("{}", rt.stats());
+    match par.check_same(&seq) {
+        Ok(()) => println!("OK: hyfi and sequential results are identical bit for bit"),
+        Err(what) => {
+            eprintln!("jacobi: MISMATCH between hyfi and sequential: {what}");
+            std::process::exit(1);
+        }
+    }
+}
