@@ -7,11 +7,13 @@
 //! runs other work meanwhile. It never blocks the OS thread.
 //!
 //! **Pruning** (paper §4.4): once every processor has work, forks become plain
-//! calls. Each processor has a `fork_wanted` flag, read with one relaxed load
-//! per join; it is set when some processor goes idle, when a thief took this
-//! processor's last job, and when this processor takes its own job back; it is
-//! cleared after a real fork when nobody is idle. So a busy node keeps one
-//! stealable job (the shallowest) on each deque and forks nothing else.
+//! calls. Each processor has a *fork wanted* state, folded with the stack
+//! check into one word (`Ctx::limit`) so that a pruned join costs one load and
+//! one compare. A fork is wanted when some processor goes idle, when a thief
+//! took this processor's last job, and when this processor takes its own job
+//! back; the want is cleared after a real fork when nobody is idle. So a busy
+//! node keeps one stealable job (the shallowest) on each deque and forks
+//! nothing else.
 //!
 //! **Deep recursion**: before running a branch inline, a join checks the free
 //! stack; below a red zone it runs the branch on a fresh pooled stack segment,
@@ -35,6 +37,7 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::filthread::{self, Waker};
+use crate::runtime::WANTED;
 use crate::stack::{enter_guard, StackBounds};
 use crate::worker::Ctx;
 
@@ -236,13 +239,14 @@ impl Ctx {
         RA: Send,
         RB: Send,
     {
-        // SAFETY: `fork_wanted` points into `self.shared`, alive as long as self.
-        let wanted = unsafe { (*self.fork_wanted).load(Ordering::Relaxed) };
-        if self.prune && !wanted {
-            if stack_pointer() < self.red.get() {
-                return self.call_on_new_segment(|c| (a(c), b(c)));
-            }
+        // One load and one compare: plain calls unless a fork is wanted or
+        // the stack is nearly full (see `Ctx::limit`).
+        let limit = self.limit.load(Ordering::Relaxed);
+        if stack_pointer() >= limit {
             return (a(self), b(self));
+        }
+        if limit != WANTED {
+            return self.call_on_new_segment(|c| (a(c), b(c)));
         }
         self.join_real(a, b)
     }
@@ -262,7 +266,7 @@ impl Ctx {
         let sh = &*self.shared;
         if sh.idle.load(Ordering::SeqCst) == 0 {
             // Everyone is busy and this deque now holds work: prune.
-            self.ws().fork_wanted.store(false, Ordering::Relaxed);
+            self.clear_want();
         } else {
             sh.notify_idle();
         }
@@ -277,7 +281,7 @@ impl Ctx {
             match self.deque.pop() {
                 Some(j) if j == job_ref => {
                     if self.multi {
-                        self.ws().fork_wanted.store(true, Ordering::Relaxed);
+                        self.want_fork();
                     }
                     // SAFETY: we popped our own job back: nobody else has it.
                     let f = unsafe { (*job_b.func.get()).take() }

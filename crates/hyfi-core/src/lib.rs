@@ -91,6 +91,11 @@ mod stack;
 mod stats;
 mod worker;
 
+/// Re-exported so reduction variables of your own `#[repr(C)]` types need
+/// no direct dependency: derive with
+/// `#[derive(Clone, Copy, hyfi::bytemuck::Pod, hyfi::bytemuck::Zeroable)]`
+/// and `#[bytemuck(crate = "hyfi::bytemuck")]`.
+pub use bytemuck;
 pub use config::{Config, DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
 pub use error::Error;
 pub use node::{LinkError, NodeLink, SingleNode};

@@ -11,7 +11,7 @@
 //! ```
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
@@ -32,13 +32,17 @@ use crate::worker::{self, Ctx};
 /// `next` value meaning "the program is finished".
 pub(crate) const DONE: usize = usize::MAX;
 
+/// `Ctx::limit` value meaning "make the next join a real fork".
+pub(crate) const WANTED: usize = usize::MAX;
+
 static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(1);
 
 /// What every server thread shares with the others.
 pub(crate) struct WorkerShared {
     parker: OnceLock<Parker>,
     pub(crate) wakeups: SegQueue<u64>,
-    pub(crate) fork_wanted: AtomicBool,
+    /// The server thread's `Ctx::limit` (null while it is not running).
+    limit: AtomicPtr<AtomicUsize>,
 }
 
 impl WorkerShared {
@@ -47,6 +51,19 @@ impl WorkerShared {
     }
     pub(crate) fn parker(&self) -> &Parker {
         self.parker.get().expect("hyfi: server thread not started")
+    }
+    pub(crate) fn publish_limit(&self, limit: *const AtomicUsize) {
+        self.limit.store(limit as *mut AtomicUsize, Ordering::Release);
+    }
+    /// Asks this processor to make its next join a real fork.
+    pub(crate) fn want_fork(&self) {
+        let p = self.limit.load(Ordering::Acquire);
+        if !p.is_null() {
+            // SAFETY: the pointer is published by the server thread to its
+            // own Ctx, which outlives every command; it is withdrawn before
+            // the Ctx is dropped, at shutdown, when no command runs.
+            unsafe { (*p).store(WANTED, Ordering::Relaxed) };
+        }
     }
 }
 
@@ -208,7 +225,7 @@ impl Runtime {
                     CachePadded::new(WorkerShared {
                         parker: OnceLock::new(),
                         wakeups: SegQueue::new(),
-                        fork_wanted: AtomicBool::new(procs > 1),
+                        limit: AtomicPtr::new(std::ptr::null_mut()),
                     })
                 })
                 .collect(),

@@ -9,7 +9,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,7 +18,7 @@ use crossbeam_deque::{Steal, Worker};
 use crate::filthread::{Filthread, Ran, Yld};
 use crate::fork::JobRef;
 use crate::phase::{Control, PhaseBody, PostPhase};
-use crate::runtime::{Command, ProgramRun, Shared, WorkerShared, DONE};
+use crate::runtime::{Command, ProgramRun, Shared, WorkerShared, DONE, WANTED};
 use crate::stack::{self, StackBounds, StackPool};
 use crate::stats::ProcStats;
 
@@ -69,8 +69,13 @@ pub(crate) fn try_current_ctx() -> Option<&'static Ctx> {
 pub struct Ctx {
     pub(crate) shared: Arc<Shared>,
     pub(crate) rt_id: u64,
-    /// This processor's `fork_wanted` flag (in `shared`, which this Ctx keeps alive).
-    pub(crate) fork_wanted: *const std::sync::atomic::AtomicBool,
+    /// The pruning test of a join in one word: a join makes plain calls iff
+    /// the stack pointer is at or above `limit`. It holds the red-zone
+    /// address `red` while no fork is wanted, and [`WANTED`] (above any
+    /// stack) when one is: another processor went idle or stole our last
+    /// job, or pruning is off. Other processors store `WANTED` into it
+    /// through [`WorkerShared::want_fork`]; the owner clears it.
+    pub(crate) limit: AtomicUsize,
     /// Address below which a join moves to a new stack segment (0: never).
     pub(crate) red: Cell<usize>,
     pub(crate) proc: usize,
@@ -157,7 +162,33 @@ impl Ctx {
     #[inline]
     pub(crate) fn set_bounds(&self, b: StackBounds) -> StackBounds {
         self.red.set(b.red);
+        let cur = self.limit.load(Ordering::Relaxed);
+        if cur != WANTED {
+            // Fails only if another processor just asked for a fork: keep that.
+            let _ = self
+                .limit
+                .compare_exchange(cur, b.red, Ordering::Relaxed, Ordering::Relaxed);
+        }
         self.bounds.replace(b)
+    }
+
+    /// Makes this processor's next join a real fork.
+    #[inline]
+    pub(crate) fn want_fork(&self) {
+        self.limit.store(WANTED, Ordering::Relaxed);
+    }
+
+    /// Back to pruning (plain calls) after a real fork, if pruning is on.
+    #[inline]
+    pub(crate) fn clear_want(&self) {
+        if self.prune {
+            let _ = self.limit.compare_exchange(
+                WANTED,
+                self.red.get(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
     }
 
     #[inline]
@@ -211,7 +242,7 @@ impl Ctx {
                     Steal::Success(j) => {
                         // The victim may have nothing left to give: ask it to
                         // make its next fork a real one.
-                        sh.workers[v].fork_wanted.store(true, Ordering::Relaxed);
+                        sh.workers[v].want_fork();
                         self.stats.steals.set(self.stats.steals.get() + 1);
                         return Some(j);
                     }
@@ -333,7 +364,7 @@ impl Sched {
             sh.idle.fetch_add(1, Ordering::SeqCst);
             if ctx.multi {
                 for w in sh.workers.iter() {
-                    w.fork_wanted.store(true, Ordering::Relaxed);
+                    w.want_fork();
                 }
             }
             self.idle_wait(ctx, || {
@@ -400,11 +431,16 @@ pub(crate) fn main(start: Start) {
         next_id: Cell::new(1),
         rng: Cell::new(0x9e37_79b9_7f4a_7c15 ^ ((proc as u64 + 1) << 17)),
         rt_id: shared.id,
-        fork_wanted: &shared.workers[proc].fork_wanted as *const _,
+        limit: AtomicUsize::new(if shared.procs > 1 || !shared.cfg.get_prune() {
+            WANTED
+        } else {
+            0
+        }),
         red: Cell::new(0),
         shared: shared.clone(),
     });
     CTX.with(|c| c.set(&*ctx as *const Ctx));
+    shared.workers[proc].publish_limit(&ctx.limit);
     let _ = ready.send(Ok(()));
     drop(ready);
 
@@ -435,6 +471,8 @@ pub(crate) fn main(start: Start) {
         shared.stats[proc].lock().unwrap_or_else(|e| e.into_inner()).add(&s);
         shared.finish_one();
     }
+    // No command runs now, so no other processor is asking for forks.
+    shared.workers[proc].publish_limit(std::ptr::null());
     CTX.with(|c| c.set(std::ptr::null()));
 }
 
