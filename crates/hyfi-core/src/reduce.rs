@@ -7,6 +7,36 @@
 //! processor order on the node, then across nodes in node order, and writes
 //! the result back into every copy, so a given configuration reproduces its
 //! result bit for bit.
+//!
+//! A reduction of a type of your own (here: the largest value and where it
+//! is, lowest index on ties, as a sequential scan would find it):
+//!
+//! ```
+//! use hyfi_core::{bytemuck, Config, Control, PoolArray, Program, Runtime};
+//!
+//! #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+//! #[bytemuck(crate = "hyfi_core::bytemuck")]
+//! #[repr(C)]
+//! struct ArgMax { value: f64, index: u64 }
+//!
+//! fn better(a: ArgMax, b: ArgMax) -> ArgMax {
+//!     if b.value > a.value || (b.value == a.value && b.index < a.index) { b } else { a }
+//! }
+//! let f = |i: usize| ((i * 37) % 101) as f64;
+//! let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+//! let best = rt.reduction(ArgMax { value: f64::MIN, index: u64::MAX });
+//! let mut found = None;
+//! let mut prog = Program::new();
+//! prog.phase(
+//!     PoolArray::block(&rt, 0..1000, 1),
+//!     |ctx, i| best.update(ctx, |b| better(b, ArgMax { value: f(i), index: i as u64 })),
+//!     |post| { found = Some(post.reduce_with(&best, better)); Control::Done },
+//! );
+//! rt.start(&mut prog).unwrap();
+//! drop(prog);
+//! let seq = (0..1000).fold(ArgMax { value: f64::MIN, index: u64::MAX }, |b, i| better(b, ArgMax { value: f(i), index: i as u64 }));
+//! assert_eq!(found, Some(seq));
+//! ```
 
 use std::cell::UnsafeCell;
 
