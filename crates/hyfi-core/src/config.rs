@@ -205,7 +205,12 @@ mod tests {
     use super::*;
 
     fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     #[test]
@@ -239,7 +244,15 @@ mod tests {
             .unwrap()
             .resolve()
             .unwrap_err();
-        assert!(matches!(e, Error::ZeroProcs { source_name: "HYFI_PROCS" }), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::ZeroProcs {
+                    source_name: "HYFI_PROCS"
+                }
+            ),
+            "{e}"
+        );
         let many = allowed_cpus().len() + 1;
         let e = Config::new().procs(many).pin(true).resolve().unwrap_err();
         assert!(e.to_string().contains("HYFI_PIN=0"), "{e}");

@@ -284,8 +284,8 @@ impl Ctx {
                         self.want_fork();
                     }
                     // SAFETY: we popped our own job back: nobody else has it.
-                    let f = unsafe { (*job_b.func.get()).take() }
-                        .expect("hyfi: own job already taken");
+                    let f =
+                        unsafe { (*job_b.func.get()).take() }.expect("hyfi: own job already taken");
                     let ra = match ra {
                         Ok(v) => v,
                         Err(p) => resume_unwind(p),

@@ -116,8 +116,7 @@ impl<I: Index> Pool<I> {
         self.len += s.len();
         if let Some(l) = self.segs.last_mut() {
             // Same single row, adjacent columns: widen.
-            if l.single_row() && s.single_row() && l.rows == s.rows && l.cols.end == s.cols.start
-            {
+            if l.single_row() && s.single_row() && l.rows == s.rows && l.cols.end == s.cols.start {
                 l.cols.end = s.cols.end;
                 self.merge_last_two();
                 return;
@@ -238,7 +237,9 @@ impl<I: Index> PoolArray<I> {
             per_proc,
             node: rt.node(),
             nodes: rt.num_nodes(),
-            pools: (0..rt.procs() * per_proc).map(|_| Pool::default()).collect(),
+            pools: (0..rt.procs() * per_proc)
+                .map(|_| Pool::default())
+                .collect(),
         }
     }
 
@@ -282,7 +283,11 @@ impl<I: Index> PoolArray<I> {
     /// This node's share of `range` in blocks: node, then processor, then
     /// pool (the paper's Figure 2 distribution, for any configuration).
     /// Calls `add(pool, block)` for each non-empty block.
-    fn distribute_block(&mut self, range: Range<usize>, mut add: impl FnMut(&mut Pool<I>, Range<usize>)) {
+    fn distribute_block(
+        &mut self,
+        range: Range<usize>,
+        mut add: impl FnMut(&mut Pool<I>, Range<usize>),
+    ) {
         let mine = block(range, self.nodes, self.node);
         for p in 0..self.procs {
             let of_proc = block(mine.clone(), self.procs, p);
@@ -376,7 +381,10 @@ mod tests {
         q.push(5);
         assert_eq!(
             collect(&q),
-            (0..11).chain([20, 23, 26, 29]).chain([5]).collect::<Vec<_>>()
+            (0..11)
+                .chain([20, 23, 26, 29])
+                .chain([5])
+                .collect::<Vec<_>>()
         );
         assert_eq!(q.len(), 16);
     }

@@ -53,7 +53,8 @@ impl WorkerShared {
         self.parker.get().expect("hyfi: server thread not started")
     }
     pub(crate) fn publish_limit(&self, limit: *const AtomicUsize) {
-        self.limit.store(limit as *mut AtomicUsize, Ordering::Release);
+        self.limit
+            .store(limit as *mut AtomicUsize, Ordering::Release);
     }
     /// Asks this processor to make its next join a real fork.
     pub(crate) fn want_fork(&self) {
@@ -237,7 +238,9 @@ impl Runtime {
             command: Mutex::new(Command::Idle),
             finished: AtomicUsize::new(0),
             caller: Mutex::new(None),
-            stats: (0..procs).map(|_| Mutex::new(ProcStats::default())).collect(),
+            stats: (0..procs)
+                .map(|_| Mutex::new(ProcStats::default()))
+                .collect(),
             cfg: cfg.clone(),
         });
         let mut rt = Runtime {
@@ -432,7 +435,6 @@ impl Runtime {
             *s.lock().unwrap_or_else(|e| e.into_inner()) = ProcStats::default();
         }
     }
-
 }
 
 struct SlotPtr<T>(*mut T);

@@ -27,7 +27,9 @@ mod sealed {
 }
 
 /// Element types of shared arrays: the primitive numbers.
-pub trait Element: Copy + Send + Sync + Default + PartialEq + std::fmt::Debug + 'static + sealed::Sealed {
+pub trait Element:
+    Copy + Send + Sync + Default + PartialEq + std::fmt::Debug + 'static + sealed::Sealed
+{
     #[doc(hidden)]
     type Atom: Send + Sync;
     #[doc(hidden)]
@@ -124,11 +126,15 @@ impl<T: Element> SharedMatrix<T> {
     }
     /// Element `(i, j)` is `f(i, j)`.
     pub fn from_fn(rows: usize, cols: usize, mut f: impl FnMut(usize, usize) -> T) -> Self {
-        let n = rows.checked_mul(cols).expect("hyfi: matrix size overflows usize");
+        let n = rows
+            .checked_mul(cols)
+            .expect("hyfi: matrix size overflows usize");
         SharedMatrix {
             rows,
             cols,
-            data: (0..n).map(|k| T::atom(f(k / cols.max(1), k % cols.max(1)))).collect(),
+            data: (0..n)
+                .map(|k| T::atom(f(k / cols.max(1), k % cols.max(1))))
+                .collect(),
         }
     }
     /// Number of rows.
@@ -160,7 +166,11 @@ impl<T: Element> SharedMatrix<T> {
     /// Row `i`.
     #[inline(always)]
     pub fn row(&self, i: usize) -> Row<'_, T> {
-        assert!(i < self.rows, "hyfi: row {i} out of a {}-row matrix", self.rows);
+        assert!(
+            i < self.rows,
+            "hyfi: row {i} out of a {}-row matrix",
+            self.rows
+        );
         Row {
             data: &self.data[i * self.cols..(i + 1) * self.cols],
         }
@@ -208,14 +218,22 @@ impl<T: Element> Row<'_, T> {
     }
     /// Copies the row into `out` (same length).
     pub fn copy_to(&self, out: &mut [T]) {
-        assert_eq!(out.len(), self.data.len(), "hyfi: copy_to needs a slice of the row's length");
+        assert_eq!(
+            out.len(),
+            self.data.len(),
+            "hyfi: copy_to needs a slice of the row's length"
+        );
         for (o, a) in out.iter_mut().zip(self.data) {
             *o = T::load(a);
         }
     }
     /// Copies `src` into the row (same length).
     pub fn copy_from(&self, src: &[T]) {
-        assert_eq!(src.len(), self.data.len(), "hyfi: copy_from needs a slice of the row's length");
+        assert_eq!(
+            src.len(),
+            self.data.len(),
+            "hyfi: copy_from needs a slice of the row's length"
+        );
         for (s, a) in src.iter().zip(self.data) {
             T::store(a, *s);
         }

@@ -172,7 +172,10 @@ extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     let guard = GUARD.with(|g| g.get());
     if guard != 0 && addr >= guard && addr < guard + page_size() {
         let mut buf = [0u8; 512];
-        let mut w = Writer { buf: &mut buf, len: 0 };
+        let mut w = Writer {
+            buf: &mut buf,
+            len: 0,
+        };
         w.put(b"\nhyfi: filthread stack overflow on processor ");
         w.num(PROC.with(|p| p.get()));
         w.put(b" (filthread stack size ");

@@ -230,7 +230,9 @@ impl Ctx {
         if p == 1 {
             return None;
         }
-        self.stats.steal_attempts.set(self.stats.steal_attempts.get() + 1);
+        self.stats
+            .steal_attempts
+            .set(self.stats.steal_attempts.get() + 1);
         let start = (self.rand() as usize) % p;
         for k in 0..p {
             let v = (start + k) % p;
@@ -300,7 +302,9 @@ impl Sched {
 
     fn idle_wait(&self, ctx: &Ctx, mut ready: impl FnMut() -> bool) {
         let t = Instant::now();
-        ctx.ws().parker().wait_until(|| !ctx.ws().wakeups.is_empty() || ready());
+        ctx.ws()
+            .parker()
+            .wait_until(|| !ctx.ws().wakeups.is_empty() || ready());
         ctx.stats
             .idle_ns
             .set(ctx.stats.idle_ns.get() + t.elapsed().as_nanos() as u64);
@@ -468,7 +472,10 @@ pub(crate) fn main(start: Start) {
         }
         let mut s = ctx.stats.drain();
         s.stacks_mapped = std::mem::take(&mut ctx.stacks.borrow_mut().created);
-        shared.stats[proc].lock().unwrap_or_else(|e| e.into_inner()).add(&s);
+        shared.stats[proc]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(&s);
         shared.finish_one();
     }
     // No command runs now, so no other processor is asking for forks.

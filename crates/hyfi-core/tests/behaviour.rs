@@ -156,7 +156,11 @@ fn deep_recursion_through_joins_with_default_stacks() {
     for p in [1, 2] {
         for prune in [true, false] {
             let rt = Runtime::new(Config::new().procs(p).pin(false).prune(prune)).unwrap();
-            assert_eq!(rt.run(|c| chain(c, 100_000)).unwrap(), 100_000, "p={p} prune={prune}");
+            assert_eq!(
+                rt.run(|c| chain(c, 100_000)).unwrap(),
+                100_000,
+                "p={p} prune={prune}"
+            );
         }
     }
 }
@@ -202,7 +206,11 @@ fn fork_join_steals_and_suspends_on_two_processors() {
 fn pruning_keeps_forks_few_when_everyone_is_busy() {
     let rt = Runtime::new(Config::new().procs(1).pin(false)).unwrap();
     assert_eq!(rt.run(|c| fib(c, 25)).unwrap(), fib_iter(25));
-    assert_eq!(rt.stats().total().forks, 0, "one processor: every fork pruned");
+    assert_eq!(
+        rt.stats().total().forks,
+        0,
+        "one processor: every fork pruned"
+    );
     let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
     assert_eq!(rt.run(|c| fib(c, 25)).unwrap(), fib_iter(25));
     let forks = rt.stats().total().forks;
@@ -213,7 +221,11 @@ fn pruning_keeps_forks_few_when_everyone_is_busy() {
 fn join_n_keeps_order_and_nests() {
     let rt = rt(2);
     let v = rt
-        .run(|c| c.join_n(300, |c, i| c.join_n(i % 7, |_, k| k).iter().sum::<usize>() + i))
+        .run(|c| {
+            c.join_n(300, |c, i| {
+                c.join_n(i % 7, |_, k| k).iter().sum::<usize>() + i
+            })
+        })
         .unwrap();
     let want: Vec<usize> = (0..300).map(|i| (0..i % 7).sum::<usize>() + i).collect();
     assert_eq!(v, want);
@@ -379,7 +391,9 @@ fn pinned_server_threads_run_on_their_own_cpu() {
 fn nix_cpus() -> Vec<usize> {
     use nix::sched::{sched_getaffinity, CpuSet};
     let set = sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
-    (0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap()).collect()
+    (0..CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap())
+        .collect()
 }
 
 #[test]
@@ -387,7 +401,14 @@ fn architecture_queries() {
     let rt = rt(2);
     assert_eq!((rt.num_nodes(), rt.node(), rt.procs_per_node()), (1, 0, 2));
     let seen = rt
-        .run(|c| (c.num_nodes(), c.node(), c.procs_per_node(), c.global_proc() < 2))
+        .run(|c| {
+            (
+                c.num_nodes(),
+                c.node(),
+                c.procs_per_node(),
+                c.global_proc() < 2,
+            )
+        })
         .unwrap();
     assert_eq!(seen, (1, 0, 2, true));
 }

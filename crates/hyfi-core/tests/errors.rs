@@ -30,14 +30,21 @@ fn panic_in_iterative_filament_reaches_start() {
             Error::FilamentPanic {
                 message, during, ..
             } => {
-                assert!(message.contains("filament 777 found a negative pressure"), "{e}");
+                assert!(
+                    message.contains("filament 777 found a negative pressure"),
+                    "{e}"
+                );
                 assert!(during.contains("phase 0 filament"), "{e}");
             }
             other => panic!("expected FilamentPanic, got {other}"),
         }
         // The runtime stays usable.
         let mut ok = Program::new();
-        ok.phase(PoolArray::block(&rt, 0..10, 1), |_, _| {}, |_| Control::Done);
+        ok.phase(
+            PoolArray::block(&rt, 0..10, 1),
+            |_, _| {},
+            |_| Control::Done,
+        );
         rt.start(&mut ok).unwrap();
     }
 }
@@ -131,10 +138,27 @@ fn pool_array_of_another_shape_is_refused() {
     let one = rt(1);
     let two = rt(2);
     let mut prog = Program::new();
-    prog.phase(PoolArray::block(&one, 0..4, 1), |_, _| {}, |_| Control::Done);
+    prog.phase(
+        PoolArray::block(&one, 0..4, 1),
+        |_, _| {},
+        |_| Control::Done,
+    );
     let e = two.start(&mut prog).unwrap_err();
-    assert!(matches!(e, Error::PoolShape { pool_procs: 1, procs: 2, .. }), "{e}");
-    assert!(matches!(two.start(&mut Program::new()), Err(Error::EmptyProgram)));
+    assert!(
+        matches!(
+            e,
+            Error::PoolShape {
+                pool_procs: 1,
+                procs: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(matches!(
+        two.start(&mut Program::new()),
+        Err(Error::EmptyProgram)
+    ));
 }
 
 #[test]
@@ -226,7 +250,11 @@ fn filthread_stack_overflow_names_the_setting() {
     for what in ["overflow-forkjoin", "overflow-filament"] {
         let (status, err) = child(
             what,
-            &[("HYFI_PROCS", "2"), ("HYFI_PIN", "0"), ("HYFI_STACK_SIZE", "256K")],
+            &[
+                ("HYFI_PROCS", "2"),
+                ("HYFI_PIN", "0"),
+                ("HYFI_STACK_SIZE", "256K"),
+            ],
         );
         assert!(!status.success(), "{what}: child survived: {err}");
         assert!(
