@@ -10,10 +10,9 @@
 //! calls. Each processor has a *fork wanted* state, folded with the stack
 //! check into one word (`Ctx::limit`) so that a pruned join costs one load and
 //! one compare. A fork is wanted when some processor goes idle, when a thief
-//! took this processor's last job, and when this processor takes its own job
-//! back; the want is cleared after a real fork when nobody is idle. So a busy
-//! node keeps one stealable job (the shallowest) on each deque and forks
-//! nothing else.
+//! took this processor's job, and when this processor takes its own job
+//! back; one want buys one real fork. So a busy node keeps about one
+//! stealable job (the shallowest) on each deque and forks nothing else.
 //!
 //! **Deep recursion**: before running a branch inline, a join checks the free
 //! stack; below a red zone it runs the branch on a fresh pooled stack segment,
@@ -263,11 +262,13 @@ impl Ctx {
         let job_ref = job_b.as_job_ref();
         self.deque.push(job_ref);
         self.stats.forks.set(self.stats.forks.get() + 1);
+        // One want buys one real fork: this deque now holds a job to steal,
+        // so go back to pruning. A thief asks again when it takes the job
+        // (or fails a steal round), so a descheduled thief costs at most one
+        // real fork, not a fork at every join until it runs.
+        self.clear_want();
         let sh = &*self.shared;
-        if sh.idle.load(Ordering::SeqCst) == 0 {
-            // Everyone is busy and this deque now holds work: prune.
-            self.clear_want();
-        } else {
+        if sh.idle.load(Ordering::SeqCst) > 0 {
             sh.notify_idle();
         }
 

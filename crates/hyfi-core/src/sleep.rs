@@ -66,7 +66,9 @@ impl Parker {
 
     /// Wakes the slot's thread if it sleeps. Call after making its condition true.
     pub(crate) fn notify(&self) {
-        if self.sleeping.swap(false, Ordering::SeqCst) {
+        // Read first: most notifications find the thread awake, and a plain
+        // load leaves its cache line shared instead of taking it exclusive.
+        if self.sleeping.load(Ordering::SeqCst) && self.sleeping.swap(false, Ordering::SeqCst) {
             self.thread.unpark();
         }
     }

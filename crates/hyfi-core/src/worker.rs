@@ -8,6 +8,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -260,12 +261,36 @@ impl Ctx {
 /// Filthreads of one server thread that are not running.
 struct Sched {
     ready: VecDeque<Filthread>,
-    suspended: HashMap<u64, Filthread>,
+    suspended: HashMap<u64, Filthread, BuildHasherDefault<IdHasher>>,
+}
+
+/// Filthread ids are distinct counters: hash them as themselves.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
 
 impl Sched {
     fn drain_wakeups(&mut self, ctx: &Ctx) {
-        while let Some(id) = ctx.ws().wakeups.pop() {
+        let q = &ctx.ws().wakeups;
+        // A pop on an empty SegQueue costs a SeqCst fence; this loop runs
+        // between every two filthreads, almost always with nothing to drain.
+        if q.is_empty() {
+            return;
+        }
+        while let Some(id) = q.pop() {
             if let Some(ft) = self.suspended.remove(&id) {
                 self.ready.push_back(ft);
             }
@@ -450,7 +475,7 @@ pub(crate) fn main(start: Start) {
 
     let mut sched = Sched {
         ready: VecDeque::new(),
-        suspended: HashMap::new(),
+        suspended: HashMap::default(),
     };
     let mut seen = 0u64;
     loop {
