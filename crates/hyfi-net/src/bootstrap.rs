@@ -1,0 +1,1117 @@
+//! Bootstrap: who am I, how many are we, and where do we meet.
+//!
+//! [`detect`] reads the environment the launcher left behind and answers with
+//! a [`Detected`]. It is a pure function over a variable lookup, so every rule
+//! below is unit-tested without touching the real environment; [`detect_env`]
+//! runs it over `std::env::var`. The first rule that applies wins:
+//!
+//! 1. **hyfi's own launcher** (the embedded one or `hyfi-run`): `HYFI_RANK` is
+//!    set. `HYFI_NODES` (≥ 1, greater than the rank) is required, and so is a
+//!    rendezvous: `HYFI_COORD=host:port` ([`Rendezvous::Coord`]) or else
+//!    `HYFI_RENDEZVOUS=/path` ([`Rendezvous::File`]).
+//! 2. **Open MPI** (`mpirun`): `OMPI_COMM_WORLD_RANK` and
+//!    `OMPI_COMM_WORLD_SIZE`. The rendezvous is `HYFI_COORD` or
+//!    `HYFI_RENDEZVOUS` if set (pass them with `mpirun -x`); otherwise, when
+//!    every rank runs on this host (`OMPI_COMM_WORLD_LOCAL_SIZE` equals the
+//!    size), a file `$TMPDIR/hyfi-<jobkey>.addr` (`/tmp` if `TMPDIR` is unset),
+//!    where the job key is `PMIX_NAMESPACE` or else `OMPI_MCA_ess_base_jobid`.
+//!    Ranks spread over several hosts with neither variable set cannot meet:
+//!    [`NetError::NoRendezvous`] says what to set.
+//! 3. **PMI** (MPICH's hydra and friends): `PMI_RANK` and `PMI_SIZE`. As for
+//!    Open MPI, with job key `PMI_JOBID` or else `PMIX_NAMESPACE`; the
+//!    temporary file is used only when a local-size variable (`PMI_LOCAL_SIZE`,
+//!    or hydra's `MPI_LOCALNRANKS`) says every rank is on this host.
+//! 4. **Slurm** (`srun`): `SLURM_PROCID` and `SLURM_NTASKS`. The rendezvous is
+//!    `HYFI_COORD` or `HYFI_RENDEZVOUS` if set; otherwise node 0 listens on the
+//!    first host of `SLURM_STEP_NODELIST` (else `SLURM_JOB_NODELIST`), at port
+//!    `20000 + hash(SLURM_JOB_ID, SLURM_STEP_ID) % 40000`, which every task of
+//!    the step computes alike and two steps rarely share.
+//! 5. **No launcher**: `HYFI_NODES=n` with n > 1 asks for n nodes started as
+//!    local processes ([`Detected::LaunchLocal`], see [`crate::launch`]);
+//!    `HYFI_NODES` unset or 1 is a one-node run ([`Detected::Single`]).
+//!
+//! In every multi-node case, `HYFI_JOB` (a decimal `u64`) overrides the job id,
+//! which is otherwise a hash of the launcher's job key (or, failing one, of the
+//! rendezvous), and `HYFI_TOKEN` (32 hex digits) hands out the job's secret.
+//! Empty variables count as unset. A value hyfi cannot use is an error
+//! ([`NetError::BadEnv`]) that names the variable and what it should hold,
+//! never a silent fallback: a node that guessed its rank wrongly would hang the
+//! whole job.
+//!
+//! ```
+//! use hyfi_net::bootstrap::{detect, Detected, Launcher, Rendezvous};
+//!
+//! let env = |k: &str| match k {
+//!     "SLURM_PROCID" => Some("3".to_string()),
+//!     "SLURM_NTASKS" => Some("8".to_string()),
+//!     "SLURM_STEP_NODELIST" => Some("cn[017-020]".to_string()),
+//!     "SLURM_JOB_ID" => Some("4242".to_string()),
+//!     _ => None,
+//! };
+//! let Detected::Member(spec) = detect(env).unwrap() else { panic!() };
+//! assert_eq!((spec.rank, spec.nodes, spec.launcher), (3, 8, Launcher::Slurm));
+//! let Rendezvous::Coord(addr) = spec.rendezvous else { panic!() };
+//! assert!(addr.starts_with("cn017:"));
+//! ```
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use crate::NetError;
+
+/// A per-job secret that every connection must present.
+pub type Token = [u8; 16];
+
+/// The program that started this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launcher {
+    /// hyfi's own launcher (embedded or `hyfi-run`): `HYFI_RANK` etc.
+    Hyfi,
+    /// Open MPI's `mpirun`: `OMPI_COMM_WORLD_RANK/SIZE`.
+    OpenMpi,
+    /// A PMI launcher (MPICH's hydra, ...): `PMI_RANK/PMI_SIZE`.
+    Pmi,
+    /// Slurm's `srun`: `SLURM_PROCID/SLURM_NTASKS`.
+    Slurm,
+}
+
+impl Launcher {
+    /// The launcher's name, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Launcher::Hyfi => "hyfi",
+            Launcher::OpenMpi => "Open MPI (mpirun)",
+            Launcher::Pmi => "a PMI launcher",
+            Launcher::Slurm => "Slurm (srun)",
+        }
+    }
+}
+
+/// Where the nodes meet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rendezvous {
+    /// Node 0 listens at this `host:port`; the others connect to it.
+    Coord(String),
+    /// Node 0 writes its address into this file (on a file system every
+    /// node sees); the others wait for it and read it.
+    File(PathBuf),
+}
+
+/// This process's place in a multi-node job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobSpec {
+    /// This node's rank, `0..nodes`.
+    pub rank: usize,
+    /// Number of nodes.
+    pub nodes: usize,
+    /// Where the nodes meet.
+    pub rendezvous: Rendezvous,
+    /// Job id: connections of another job are refused.
+    pub job: u64,
+    /// The job's secret, if the launcher handed one out (`HYFI_TOKEN`);
+    /// otherwise node 0 makes one and gives it to the nodes that reach it.
+    pub token: Option<Token>,
+    /// Who started us.
+    pub launcher: Launcher,
+}
+
+/// What the environment says this process is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Detected {
+    /// A one-node run.
+    Single,
+    /// One node of a multi-node job.
+    Member(JobSpec),
+    /// `HYFI_NODES=n > 1` with no launcher around: start the nodes as local
+    /// processes.
+    LaunchLocal {
+        /// Number of nodes to start.
+        nodes: usize,
+    },
+}
+
+/// The hint of [`NetError::NoRendezvous`] for Open MPI.
+const HINT_OMPI: &str = "set HYFI_COORD=host:port (e.g. mpirun -x HYFI_COORD=node0:7777 ...) or \
+                         HYFI_RENDEZVOUS=/shared/path";
+/// The hint for PMI launchers.
+const HINT_PMI: &str = "set HYFI_COORD=host:port (e.g. mpiexec -genv HYFI_COORD node0:7777 ...) \
+                        or HYFI_RENDEZVOUS=/shared/path";
+/// The hint for Slurm (reached only when no host list is around).
+const HINT_SLURM: &str = "srun sets SLURM_STEP_NODELIST, which is missing here; set \
+                          HYFI_COORD=host:port or HYFI_RENDEZVOUS=/shared/path";
+/// The hint for hyfi's own variables.
+const HINT_HYFI: &str = "HYFI_RANK is set, so also set HYFI_COORD=host:port or \
+                         HYFI_RENDEZVOUS=/shared/path (hyfi-run sets both HYFI_RANK and \
+                         HYFI_COORD)";
+
+/// What the environment says this process is: [`detect`] over the real
+/// environment.
+pub fn detect_env() -> Result<Detected, NetError> {
+    detect(|k| std::env::var(k).ok())
+}
+
+/// What the environment, as seen through `get`, says this process is.
+///
+/// The rules, in order, are in the [module documentation](self). `get` returns
+/// a variable's value, or `None` when it is unset; empty values count as
+/// unset.
+pub fn detect(get: impl Fn(&str) -> Option<String>) -> Result<Detected, NetError> {
+    let env = Env(&get);
+
+    if let Some(rank) = env.get("HYFI_RANK") {
+        let rank = parse_rank("HYFI_RANK", &rank)?;
+        let nodes = match env.get("HYFI_NODES") {
+            Some(n) => parse_size("HYFI_NODES", &n)?,
+            None => {
+                return Err(NetError::BadEnv {
+                    var: "HYFI_NODES",
+                    value: String::new(),
+                    expected: "the number of nodes (a whole number >= 1) whenever HYFI_RANK is set",
+                })
+            }
+        };
+        check_rank("HYFI_RANK", rank, nodes, "a whole number below HYFI_NODES")?;
+        let rendezvous = env.hyfi_rendezvous()?.ok_or(NetError::NoRendezvous {
+            launcher: Launcher::Hyfi.name(),
+            rank,
+            nodes,
+            hint: HINT_HYFI,
+        })?;
+        return env.member(Launcher::Hyfi, rank, nodes, rendezvous, None);
+    }
+
+    if let Some(rank) = env.get("OMPI_COMM_WORLD_RANK") {
+        let (rank, nodes) = env.rank_size(
+            ("OMPI_COMM_WORLD_RANK", &rank),
+            "OMPI_COMM_WORLD_SIZE",
+            "a whole number below OMPI_COMM_WORLD_SIZE",
+        )?;
+        let key = env
+            .get("PMIX_NAMESPACE")
+            .or_else(|| env.get("OMPI_MCA_ess_base_jobid"));
+        let local = env.local_size(&["OMPI_COMM_WORLD_LOCAL_SIZE"])?;
+        return env.mpi_like(Launcher::OpenMpi, rank, nodes, key, local, HINT_OMPI);
+    }
+
+    if let Some(rank) = env.get("PMI_RANK") {
+        let (rank, nodes) = env.rank_size(
+            ("PMI_RANK", &rank),
+            "PMI_SIZE",
+            "a whole number below PMI_SIZE",
+        )?;
+        let key = env.get("PMI_JOBID").or_else(|| env.get("PMIX_NAMESPACE"));
+        let local = env.local_size(&["PMI_LOCAL_SIZE", "MPI_LOCALNRANKS"])?;
+        return env.mpi_like(Launcher::Pmi, rank, nodes, key, local, HINT_PMI);
+    }
+
+    if let Some(rank) = env.get("SLURM_PROCID") {
+        let (rank, nodes) = env.rank_size(
+            ("SLURM_PROCID", &rank),
+            "SLURM_NTASKS",
+            "a whole number below SLURM_NTASKS",
+        )?;
+        let job_id = env.get("SLURM_JOB_ID").or_else(|| env.get("SLURM_JOBID"));
+        let step_id = env.get("SLURM_STEP_ID").or_else(|| env.get("SLURM_STEPID"));
+        let key = format!(
+            "slurm-{}.{}",
+            job_id.as_deref().unwrap_or(""),
+            step_id.as_deref().unwrap_or("")
+        );
+        let rendezvous = match env.hyfi_rendezvous()? {
+            Some(r) => r,
+            None => {
+                let (var, list) = match env.get("SLURM_STEP_NODELIST") {
+                    Some(l) => ("SLURM_STEP_NODELIST", l),
+                    None => match env.get("SLURM_JOB_NODELIST") {
+                        Some(l) => ("SLURM_JOB_NODELIST", l),
+                        None => {
+                            return Err(NetError::NoRendezvous {
+                                launcher: Launcher::Slurm.name(),
+                                rank,
+                                nodes,
+                                hint: HINT_SLURM,
+                            })
+                        }
+                    },
+                };
+                let host = first_host(&list).map_err(|_| NetError::BadEnv {
+                    var,
+                    value: list.clone(),
+                    expected: "a Slurm host list such as node[01-04,07],gpu3",
+                })?;
+                Rendezvous::Coord(format!("{host}:{}", slurm_port(&key)))
+            }
+        };
+        return env.member(Launcher::Slurm, rank, nodes, rendezvous, Some(&key));
+    }
+
+    match env.get("HYFI_NODES") {
+        None => Ok(Detected::Single),
+        Some(n) => match parse_size("HYFI_NODES", &n)? {
+            1 => Ok(Detected::Single),
+            nodes => Ok(Detected::LaunchLocal { nodes }),
+        },
+    }
+}
+
+/// The port node 0 listens on under Slurm without `HYFI_COORD`: in
+/// 20000..60000, below the usual ephemeral range (32768.. on Linux is partly
+/// inside, which a busy port makes a clear bind error rather than a hang).
+fn slurm_port(key: &str) -> u16 {
+    // The remainder is below 40000, so the sum fits a u16.
+    20000 + (fnv1a(key.as_bytes()) % 40000) as u16
+}
+
+/// A variable lookup that treats empty values as unset.
+struct Env<'a, F: Fn(&str) -> Option<String>>(&'a F);
+
+impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
+    fn get(&self, var: &str) -> Option<String> {
+        (self.0)(var).filter(|v| !v.trim().is_empty())
+    }
+
+    /// The launcher's rank (already read) and size (`size_var`), checked.
+    fn rank_size(
+        &self,
+        (rank_var, rank): (&'static str, &str),
+        size_var: &'static str,
+        rank_expected: &'static str,
+    ) -> Result<(usize, usize), NetError> {
+        let rank = parse_rank(rank_var, rank)?;
+        let size = self.get(size_var).ok_or(NetError::BadEnv {
+            var: size_var,
+            value: String::new(),
+            expected: "the number of processes (a whole number >= 1), which the launcher sets \
+                       together with the rank",
+        })?;
+        let nodes = parse_size(size_var, &size)?;
+        check_rank(rank_var, rank, nodes, rank_expected)?;
+        Ok((rank, nodes))
+    }
+
+    /// The first of `vars` that is set, as a process count.
+    fn local_size(&self, vars: &[&'static str]) -> Result<Option<usize>, NetError> {
+        for &var in vars {
+            if let Some(v) = self.get(var) {
+                return parse_size(var, &v).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// `HYFI_COORD`, else `HYFI_RENDEZVOUS`, else `None`.
+    fn hyfi_rendezvous(&self) -> Result<Option<Rendezvous>, NetError> {
+        if let Some(coord) = self.get("HYFI_COORD") {
+            let coord = coord.trim();
+            let ok = match coord.rsplit_once(':') {
+                Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0),
+                None => false,
+            };
+            if !ok {
+                return Err(NetError::BadEnv {
+                    var: "HYFI_COORD",
+                    value: coord.to_string(),
+                    expected: "host:port, with a port in 1..=65535 (e.g. node0:7777)",
+                });
+            }
+            return Ok(Some(Rendezvous::Coord(coord.to_string())));
+        }
+        Ok(self
+            .get("HYFI_RENDEZVOUS")
+            .map(|p| Rendezvous::File(PathBuf::from(p))))
+    }
+
+    /// The rendezvous rules shared by Open MPI and PMI.
+    fn mpi_like(
+        &self,
+        launcher: Launcher,
+        rank: usize,
+        nodes: usize,
+        key: Option<String>,
+        local_size: Option<usize>,
+        hint: &'static str,
+    ) -> Result<Detected, NetError> {
+        let key = key.map(|k| sanitise(&k));
+        let rendezvous = match self.hyfi_rendezvous()? {
+            Some(r) => r,
+            None => match (&key, local_size) {
+                // All ranks on this host: the temporary directory is shared
+                // by construction, and the job key keeps jobs apart.
+                (Some(key), Some(local)) if local == nodes => {
+                    let dir = self.get("TMPDIR").unwrap_or_else(|| "/tmp".to_string());
+                    Rendezvous::File(PathBuf::from(dir).join(format!("hyfi-{key}.addr")))
+                }
+                _ => {
+                    return Err(NetError::NoRendezvous {
+                        launcher: launcher.name(),
+                        rank,
+                        nodes,
+                        hint,
+                    })
+                }
+            },
+        };
+        self.member(launcher, rank, nodes, rendezvous, key.as_deref())
+    }
+
+    /// The job spec, with the job id and token rules common to all launchers.
+    fn member(
+        &self,
+        launcher: Launcher,
+        rank: usize,
+        nodes: usize,
+        rendezvous: Rendezvous,
+        job_key: Option<&str>,
+    ) -> Result<Detected, NetError> {
+        let job = match self.get("HYFI_JOB") {
+            Some(j) => j.trim().parse::<u64>().map_err(|_| NetError::BadEnv {
+                var: "HYFI_JOB",
+                value: j.clone(),
+                expected: "a job id: a decimal number below 2^64",
+            })?,
+            None => match job_key {
+                Some(key) => fnv1a(key.as_bytes()),
+                None => match &rendezvous {
+                    Rendezvous::Coord(c) => fnv1a(c.as_bytes()),
+                    Rendezvous::File(p) => fnv1a(p.as_os_str().as_encoded_bytes()),
+                },
+            },
+        };
+        let token = match self.get("HYFI_TOKEN") {
+            Some(t) => Some(parse_token(&t).ok_or(NetError::BadEnv {
+                var: "HYFI_TOKEN",
+                value: t.clone(),
+                expected: "32 hexadecimal digits (16 bytes)",
+            })?),
+            None => None,
+        };
+        Ok(Detected::Member(JobSpec {
+            rank,
+            nodes,
+            rendezvous,
+            job,
+            token,
+            launcher,
+        }))
+    }
+}
+
+fn parse_rank(var: &'static str, v: &str) -> Result<usize, NetError> {
+    v.trim().parse::<usize>().map_err(|_| NetError::BadEnv {
+        var,
+        value: v.to_string(),
+        expected: "a rank: a whole number >= 0",
+    })
+}
+
+fn parse_size(var: &'static str, v: &str) -> Result<usize, NetError> {
+    match v.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(NetError::BadEnv {
+            var,
+            value: v.to_string(),
+            expected: "a number of nodes: a whole number >= 1",
+        }),
+    }
+}
+
+fn check_rank(
+    var: &'static str,
+    rank: usize,
+    nodes: usize,
+    expected: &'static str,
+) -> Result<(), NetError> {
+    if rank < nodes {
+        Ok(())
+    } else {
+        Err(NetError::BadEnv {
+            var,
+            value: rank.to_string(),
+            expected,
+        })
+    }
+}
+
+/// Keeps `[A-Za-z0-9._-]` and replaces anything else with `_`, so a job key
+/// can name a file (PMIx namespaces look like `prterun-host-1234@1`).
+fn sanitise(key: &str) -> String {
+    key.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// FNV-1a, 64 bits: a hash every node computes alike, whatever its build
+/// (std's `DefaultHasher` promises no stability across releases).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Why a Slurm host list could not be read.
+#[derive(Debug, PartialEq, Eq)]
+struct BadHostlist(&'static str);
+
+/// The first host of a Slurm host list (`node[01-04,07],gpu3` → `node01`).
+///
+/// The whole list is checked, not only its first entry, so a malformed list
+/// is reported rather than half-used. A host list is a comma-separated list of
+/// entries; an entry is text with bracketed range groups (`rack[1-2]-n[01-16]`),
+/// a group is a comma-separated list of numbers or `lo-hi` ranges, and a
+/// number keeps its leading zeros (Slurm pads to the width of `lo`).
+fn first_host(list: &str) -> Result<String, BadHostlist> {
+    let list = list.trim();
+    let mut first = None;
+    for entry in split_top_level(list)? {
+        let host = first_of_entry(entry)?;
+        first.get_or_insert(host);
+    }
+    first.ok_or(BadHostlist("empty host list"))
+}
+
+/// Splits at commas outside brackets.
+fn split_top_level(list: &str) -> Result<Vec<&str>, BadHostlist> {
+    let mut entries = Vec::new();
+    let mut depth = 0usize;
+    let mut start = 0;
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' if depth == 0 => depth = 1,
+            '[' => return Err(BadHostlist("nested '['")),
+            ']' if depth == 1 => depth = 0,
+            ']' => return Err(BadHostlist("']' without '['")),
+            ',' if depth == 0 => {
+                entries.push(&list[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if depth != 0 {
+        return Err(BadHostlist("'[' without ']'"));
+    }
+    entries.push(&list[start..]);
+    if entries.iter().any(|e| e.trim().is_empty()) {
+        return Err(BadHostlist("empty entry"));
+    }
+    Ok(entries)
+}
+
+/// The first host an entry (`rack[1-2]-n[01-16]`) expands to, checking the
+/// entry's ranges.
+fn first_of_entry(entry: &str) -> Result<String, BadHostlist> {
+    let entry = entry.trim();
+    let mut host = String::new();
+    let mut rest = entry;
+    while let Some(open) = rest.find('[') {
+        let text = &rest[..open];
+        check_text(text)?;
+        host.push_str(text);
+        let close = rest[open..]
+            .find(']')
+            .map(|c| open + c)
+            .ok_or(BadHostlist("'[' without ']'"))?;
+        host.push_str(first_of_group(&rest[open + 1..close])?);
+        rest = &rest[close + 1..];
+    }
+    check_text(rest)?;
+    host.push_str(rest);
+    Ok(host)
+}
+
+fn check_text(text: &str) -> Result<(), BadHostlist> {
+    if text.chars().any(|c| c.is_whitespace() || c == ']') {
+        Err(BadHostlist("unexpected character in a host name"))
+    } else {
+        Ok(())
+    }
+}
+
+/// The first number of a range group (`01-04,07` → `01`), checking the group.
+fn first_of_group(group: &str) -> Result<&str, BadHostlist> {
+    let mut first = None;
+    for range in group.split(',') {
+        let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(lo) || !digits(hi) {
+            return Err(BadHostlist("a range must be N or LO-HI, in decimal digits"));
+        }
+        // Compare as numbers of any length: strip zeros, then longer is
+        // larger, then lexicographic.
+        let (l, h) = (lo.trim_start_matches('0'), hi.trim_start_matches('0'));
+        if (l.len(), l) > (h.len(), h) {
+            return Err(BadHostlist("a range's low end is above its high end"));
+        }
+        first.get_or_insert(lo);
+    }
+    first.ok_or(BadHostlist("empty '[]'"))
+}
+
+/// A fresh random job token.
+pub fn random_token() -> Token {
+    let mut t = [0u8; 16];
+    if !fill_random(&mut t) {
+        t[..8].copy_from_slice(&fallback_random(0).to_le_bytes());
+        t[8..].copy_from_slice(&fallback_random(1).to_le_bytes());
+    }
+    t
+}
+
+/// A random `u64` (a job id, say).
+pub fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if fill_random(&mut b) {
+        u64::from_le_bytes(b)
+    } else {
+        fallback_random(2)
+    }
+}
+
+/// A token as the 32 lowercase hex digits `HYFI_TOKEN` carries.
+pub fn token_hex(token: &Token) -> String {
+    token.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The token written as 32 hex digits (either case), or `None`.
+pub fn parse_token(hex: &str) -> Option<Token> {
+    let hex = hex.trim().as_bytes();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut t = [0u8; 16];
+    for (byte, pair) in t.iter_mut().zip(hex.chunks_exact(2)) {
+        let pair = std::str::from_utf8(pair).ok()?;
+        *byte = u8::from_str_radix(pair, 16).ok()?;
+    }
+    Some(t)
+}
+
+/// Fills `buf` from `/dev/urandom`; false if that cannot be read.
+fn fill_random(buf: &mut [u8]) -> bool {
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(buf))
+        .is_ok()
+}
+
+/// Time and pid mixed: only for a system without `/dev/urandom`, where
+/// unpredictability is out of reach anyway; `salt` tells calls apart.
+fn fallback_random(salt: u64) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let x =
+        nanos ^ (u64::from(std::process::id()) << 32) ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    // splitmix64's finaliser, so nearby inputs give unrelated outputs.
+    let x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            vars.iter()
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    fn member(vars: &[(&str, &str)]) -> JobSpec {
+        match detect(env(vars)) {
+            Ok(Detected::Member(spec)) => spec,
+            other => panic!("expected a member, got {other:?}"),
+        }
+    }
+
+    fn error(vars: &[(&str, &str)]) -> String {
+        match detect(env(vars)) {
+            Err(e) => e.to_string(),
+            Ok(d) => panic!("expected an error, got {d:?}"),
+        }
+    }
+
+    const TOKEN_HEX: &str = "000102030405060708090a0b0c0d0e0f";
+    const TOKEN: Token = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+
+    #[test]
+    fn nothing_set_is_single() {
+        assert_eq!(detect(env(&[])).unwrap(), Detected::Single);
+        assert_eq!(
+            detect(env(&[("HYFI_NODES", "1")])).unwrap(),
+            Detected::Single
+        );
+        assert_eq!(
+            detect(env(&[("HYFI_NODES", "")])).unwrap(),
+            Detected::Single
+        );
+    }
+
+    #[test]
+    fn hyfi_nodes_alone_launches_locally() {
+        assert_eq!(
+            detect(env(&[("HYFI_NODES", "4")])).unwrap(),
+            Detected::LaunchLocal { nodes: 4 }
+        );
+    }
+
+    #[test]
+    fn hyfi_nodes_bad_values() {
+        for bad in ["0", "four", "-2", "2.5"] {
+            let e = error(&[("HYFI_NODES", bad)]);
+            assert!(e.contains(&format!("HYFI_NODES={bad:?}")), "{e}");
+            assert!(e.contains("whole number >= 1"), "{e}");
+        }
+    }
+
+    #[test]
+    fn hyfi_member_with_coord_job_and_token() {
+        let spec = member(&[
+            ("HYFI_RANK", "2"),
+            ("HYFI_NODES", "4"),
+            ("HYFI_COORD", "127.0.0.1:40000"),
+            ("HYFI_JOB", "12345"),
+            ("HYFI_TOKEN", TOKEN_HEX),
+        ]);
+        assert_eq!(
+            spec,
+            JobSpec {
+                rank: 2,
+                nodes: 4,
+                rendezvous: Rendezvous::Coord("127.0.0.1:40000".into()),
+                job: 12345,
+                token: Some(TOKEN),
+                launcher: Launcher::Hyfi,
+            }
+        );
+    }
+
+    #[test]
+    fn hyfi_member_with_file_and_derived_job() {
+        let vars = [
+            ("HYFI_RANK", "0"),
+            ("HYFI_NODES", "1"),
+            ("HYFI_RENDEZVOUS", "/shared/job.addr"),
+        ];
+        let spec = member(&vars);
+        assert_eq!(spec.rendezvous, Rendezvous::File("/shared/job.addr".into()));
+        assert_eq!(spec.job, fnv1a(b"/shared/job.addr"));
+        assert_eq!(spec.token, None);
+        // Every node derives the same job id.
+        assert_eq!(member(&vars).job, spec.job);
+    }
+
+    #[test]
+    fn hyfi_coord_wins_over_file() {
+        let spec = member(&[
+            ("HYFI_RANK", "0"),
+            ("HYFI_NODES", "2"),
+            ("HYFI_RENDEZVOUS", "/shared/job.addr"),
+            ("HYFI_COORD", "n0:7777"),
+        ]);
+        assert_eq!(spec.rendezvous, Rendezvous::Coord("n0:7777".into()));
+    }
+
+    #[test]
+    fn hyfi_bad_values() {
+        let e = error(&[
+            ("HYFI_RANK", "x"),
+            ("HYFI_NODES", "2"),
+            ("HYFI_COORD", "h:1"),
+        ]);
+        assert!(
+            e.contains("HYFI_RANK=\"x\"") && e.contains("whole number >= 0"),
+            "{e}"
+        );
+        let e = error(&[
+            ("HYFI_RANK", "2"),
+            ("HYFI_NODES", "2"),
+            ("HYFI_COORD", "h:1"),
+        ]);
+        assert!(
+            e.contains("HYFI_RANK=\"2\"") && e.contains("below HYFI_NODES"),
+            "{e}"
+        );
+        let e = error(&[("HYFI_RANK", "0"), ("HYFI_COORD", "h:1")]);
+        assert!(
+            e.contains("HYFI_NODES") && e.contains("whenever HYFI_RANK is set"),
+            "{e}"
+        );
+        let e = error(&[
+            ("HYFI_RANK", "0"),
+            ("HYFI_NODES", "0"),
+            ("HYFI_COORD", "h:1"),
+        ]);
+        assert!(e.contains("HYFI_NODES=\"0\""), "{e}");
+        for coord in ["nohost", "h:", ":80", "h:99999", "h:0"] {
+            let e = error(&[
+                ("HYFI_RANK", "0"),
+                ("HYFI_NODES", "2"),
+                ("HYFI_COORD", coord),
+            ]);
+            assert!(e.contains("HYFI_COORD") && e.contains("host:port"), "{e}");
+        }
+        let e = error(&[
+            ("HYFI_RANK", "0"),
+            ("HYFI_NODES", "2"),
+            ("HYFI_COORD", "h:1"),
+            ("HYFI_JOB", "abc"),
+        ]);
+        assert!(
+            e.contains("HYFI_JOB=\"abc\"") && e.contains("decimal"),
+            "{e}"
+        );
+        for token in [
+            "abc",
+            "000102030405060708090a0b0c0d0e0g",
+            "000102030405060708090a0b0c0d0e0f00",
+        ] {
+            let e = error(&[
+                ("HYFI_RANK", "0"),
+                ("HYFI_NODES", "2"),
+                ("HYFI_COORD", "h:1"),
+                ("HYFI_TOKEN", token),
+            ]);
+            assert!(
+                e.contains("HYFI_TOKEN") && e.contains("32 hexadecimal digits"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn hyfi_rank_without_rendezvous() {
+        let e = error(&[("HYFI_RANK", "1"), ("HYFI_NODES", "2")]);
+        assert!(
+            e.contains("hyfi started this process as node 1 of 2"),
+            "{e}"
+        );
+        assert!(e.contains("HYFI_COORD=host:port"), "{e}");
+    }
+
+    #[test]
+    fn hyfi_wins_over_launchers() {
+        let spec = member(&[
+            ("HYFI_RANK", "1"),
+            ("HYFI_NODES", "2"),
+            ("HYFI_COORD", "h:1"),
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "6"),
+        ]);
+        assert_eq!(
+            (spec.rank, spec.nodes, spec.launcher),
+            (1, 2, Launcher::Hyfi)
+        );
+    }
+
+    #[test]
+    fn ompi_all_local_uses_a_temp_file() {
+        let spec = member(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("PMIX_NAMESPACE", "prterun-host-1234@1"),
+            ("OMPI_MCA_ess_base_jobid", "999"),
+            ("TMPDIR", "/scratch/tmp"),
+        ]);
+        assert_eq!(
+            spec,
+            JobSpec {
+                rank: 1,
+                nodes: 4,
+                rendezvous: Rendezvous::File("/scratch/tmp/hyfi-prterun-host-1234_1.addr".into()),
+                job: fnv1a(b"prterun-host-1234_1"),
+                token: None,
+                launcher: Launcher::OpenMpi,
+            }
+        );
+    }
+
+    #[test]
+    fn ompi_jobid_fallback_and_default_tmp() {
+        let spec = member(&[
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("OMPI_MCA_ess_base_jobid", "3735879681"),
+        ]);
+        assert_eq!(
+            spec.rendezvous,
+            Rendezvous::File("/tmp/hyfi-3735879681.addr".into())
+        );
+        assert_eq!(spec.job, fnv1a(b"3735879681"));
+    }
+
+    #[test]
+    fn ompi_explicit_rendezvous_and_overrides() {
+        let spec = member(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("PMIX_NAMESPACE", "ns"),
+            ("HYFI_COORD", "node0:7777"),
+            ("HYFI_JOB", "77"),
+            ("HYFI_TOKEN", TOKEN_HEX),
+        ]);
+        assert_eq!(spec.rendezvous, Rendezvous::Coord("node0:7777".into()));
+        assert_eq!((spec.job, spec.token), (77, Some(TOKEN)));
+        let spec = member(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("HYFI_RENDEZVOUS", "/home/me/job.addr"),
+        ]);
+        assert_eq!(
+            spec.rendezvous,
+            Rendezvous::File("/home/me/job.addr".into())
+        );
+        assert_eq!(spec.job, fnv1a(b"/home/me/job.addr"));
+    }
+
+    #[test]
+    fn ompi_across_hosts_needs_a_rendezvous() {
+        let e = error(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("PMIX_NAMESPACE", "ns"),
+        ]);
+        assert!(
+            e.contains("Open MPI (mpirun) started this process as node 3 of 8"),
+            "{e}"
+        );
+        assert!(e.contains("mpirun -x HYFI_COORD=node0:7777"), "{e}");
+        // All local but no job key: no safe file name either.
+        let e = error(&[
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ]);
+        assert!(e.contains("HYFI_RENDEZVOUS=/shared/path"), "{e}");
+    }
+
+    #[test]
+    fn ompi_bad_values() {
+        let e = error(&[("OMPI_COMM_WORLD_RANK", "0")]);
+        assert!(
+            e.contains("OMPI_COMM_WORLD_SIZE") && e.contains("together with the rank"),
+            "{e}"
+        );
+        let e = error(&[("OMPI_COMM_WORLD_RANK", "8"), ("OMPI_COMM_WORLD_SIZE", "8")]);
+        assert!(
+            e.contains("OMPI_COMM_WORLD_RANK=\"8\"") && e.contains("below OMPI_COMM_WORLD_SIZE"),
+            "{e}"
+        );
+        let e = error(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "0")]);
+        assert!(e.contains("OMPI_COMM_WORLD_SIZE=\"0\""), "{e}");
+        let e = error(&[
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "two"),
+        ]);
+        assert!(e.contains("OMPI_COMM_WORLD_LOCAL_SIZE=\"two\""), "{e}");
+    }
+
+    #[test]
+    fn pmi_rules() {
+        let spec = member(&[
+            ("PMI_RANK", "1"),
+            ("PMI_SIZE", "2"),
+            ("PMI_LOCAL_SIZE", "2"),
+            ("PMI_JOBID", "kvs_1234_0"),
+            ("PMIX_NAMESPACE", "ignored"),
+        ]);
+        assert_eq!(
+            spec,
+            JobSpec {
+                rank: 1,
+                nodes: 2,
+                rendezvous: Rendezvous::File("/tmp/hyfi-kvs_1234_0.addr".into()),
+                job: fnv1a(b"kvs_1234_0"),
+                token: None,
+                launcher: Launcher::Pmi,
+            }
+        );
+        // Hydra's local count works too; PMIX_NAMESPACE is the second key.
+        let spec = member(&[
+            ("PMI_RANK", "0"),
+            ("PMI_SIZE", "3"),
+            ("MPI_LOCALNRANKS", "3"),
+            ("PMIX_NAMESPACE", "ns"),
+        ]);
+        assert_eq!(
+            spec.rendezvous,
+            Rendezvous::File("/tmp/hyfi-ns.addr".into())
+        );
+        let spec = member(&[("PMI_RANK", "0"), ("PMI_SIZE", "3"), ("HYFI_COORD", "n0:9")]);
+        assert_eq!(spec.rendezvous, Rendezvous::Coord("n0:9".into()));
+        let e = error(&[("PMI_RANK", "0"), ("PMI_SIZE", "3"), ("PMI_JOBID", "j")]);
+        assert!(
+            e.contains("a PMI launcher started this process as node 0 of 3"),
+            "{e}"
+        );
+        assert!(e.contains("mpiexec -genv HYFI_COORD"), "{e}");
+        let e = error(&[("PMI_RANK", "-1"), ("PMI_SIZE", "3")]);
+        assert!(e.contains("PMI_RANK=\"-1\""), "{e}");
+    }
+
+    #[test]
+    fn ompi_wins_over_slurm() {
+        // mpirun inside a Slurm allocation.
+        let spec = member(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("HYFI_COORD", "h:1"),
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "1"),
+        ]);
+        assert_eq!(spec.launcher, Launcher::OpenMpi);
+    }
+
+    #[test]
+    fn slurm_derives_the_coordinator() {
+        let vars = [
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_STEP_NODELIST", "rack1-node[003-006]"),
+            ("SLURM_JOB_NODELIST", "rack1-node[001-010]"),
+            ("SLURM_JOB_ID", "4242"),
+            ("SLURM_STEP_ID", "1"),
+        ];
+        let spec = member(&vars);
+        let port = slurm_port("slurm-4242.1");
+        assert!((20000..60000).contains(&port));
+        assert_eq!(
+            spec,
+            JobSpec {
+                rank: 5,
+                nodes: 8,
+                rendezvous: Rendezvous::Coord(format!("rack1-node003:{port}")),
+                job: fnv1a(b"slurm-4242.1"),
+                token: None,
+                launcher: Launcher::Slurm,
+            }
+        );
+        // Another step of the same job gets another job id (and most likely
+        // another port).
+        let other = member(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_STEP_NODELIST", "rack1-node[003-006]"),
+            ("SLURM_JOB_ID", "4242"),
+            ("SLURM_STEP_ID", "2"),
+        ]);
+        assert_ne!(other.job, spec.job);
+    }
+
+    #[test]
+    fn slurm_job_nodelist_fallback_and_overrides() {
+        let spec = member(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_JOB_NODELIST", "gpu[7,9]"),
+            ("SLURM_JOBID", "1"),
+        ]);
+        let Rendezvous::Coord(c) = spec.rendezvous else {
+            panic!("expected a coordinator")
+        };
+        assert!(c.starts_with("gpu7:"), "{c}");
+        let spec = member(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_JOB_NODELIST", "gpu[7,9]"),
+            ("HYFI_RENDEZVOUS", "/lustre/x.addr"),
+        ]);
+        assert_eq!(spec.rendezvous, Rendezvous::File("/lustre/x.addr".into()));
+    }
+
+    #[test]
+    fn slurm_errors() {
+        let e = error(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")]);
+        assert!(
+            e.contains("Slurm (srun) started this process as node 0 of 2"),
+            "{e}"
+        );
+        assert!(e.contains("SLURM_STEP_NODELIST"), "{e}");
+        let e = error(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_STEP_NODELIST", "node[1-"),
+        ]);
+        assert!(
+            e.contains("SLURM_STEP_NODELIST=\"node[1-\"") && e.contains("Slurm host list"),
+            "{e}"
+        );
+        let e = error(&[("SLURM_PROCID", "2"), ("SLURM_NTASKS", "2")]);
+        assert!(
+            e.contains("SLURM_PROCID=\"2\"") && e.contains("below SLURM_NTASKS"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn hostlist_first_host() {
+        let cases = [
+            ("node01", "node01"),
+            ("node[01-04]", "node01"),
+            ("node[1,3-5]", "node1"),
+            ("a[1-2],b3", "a1"),
+            ("rack1-node[001-003]", "rack1-node001"),
+            ("rack[1-2]-node[07-09]", "rack1-node07"),
+            ("node[0009-0012]", "node0009"),
+            ("n[9-10]", "n9"),
+            (" c1 ", "c1"),
+            ("x[5]", "x5"),
+            ("b3,a[1-2]", "b3"),
+        ];
+        for (list, first) in cases {
+            assert_eq!(first_host(list), Ok(first.to_string()), "{list}");
+        }
+    }
+
+    #[test]
+    fn hostlist_errors() {
+        let cases = [
+            ("", "empty entry"),
+            ("node[1-", "'[' without ']'"),
+            ("node1]", "']' without '['"),
+            ("node[[1]]", "nested '['"),
+            ("node[]", "a range must be N or LO-HI, in decimal digits"),
+            ("node[a-b]", "a range must be N or LO-HI, in decimal digits"),
+            (
+                "node[1-2-3]",
+                "a range must be N or LO-HI, in decimal digits",
+            ),
+            ("node[5-3]", "a range's low end is above its high end"),
+            ("a1,,b2", "empty entry"),
+            ("a1,b[9-1]", "a range's low end is above its high end"),
+            ("a b", "unexpected character in a host name"),
+        ];
+        for (list, why) in cases {
+            assert_eq!(first_host(list), Err(BadHostlist(why)), "{list}");
+        }
+    }
+
+    #[test]
+    fn tokens_round_trip() {
+        assert_eq!(token_hex(&TOKEN), TOKEN_HEX);
+        assert_eq!(parse_token(TOKEN_HEX), Some(TOKEN));
+        assert_eq!(parse_token(&TOKEN_HEX.to_uppercase()), Some(TOKEN));
+        assert_eq!(parse_token("+0102030405060708090a0b0c0d0e0f"), None);
+        let t = random_token();
+        assert_eq!(parse_token(&token_hex(&t)), Some(t));
+        // Two draws from /dev/urandom colliding would be a broken generator.
+        assert_ne!(random_token(), random_token());
+        assert_ne!(random_u64(), random_u64());
+        assert_ne!(fallback_random(0), fallback_random(1));
+    }
+}

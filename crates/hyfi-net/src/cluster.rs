@@ -1,0 +1,150 @@
+//! A node of a multi-node job, as hyfi-core sees it: a [`NodeLink`] whose
+//! barrier and reduction run over the mesh.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use hyfi_core::{LinkError, NodeLink};
+
+use crate::bootstrap::JobSpec;
+use crate::collective::Collectives;
+use crate::comm::{Comm, NetStats};
+use crate::error::NetError;
+use crate::mesh;
+use crate::signals::{self, SignalEvent, SignalThread};
+
+/// How long a node that lost a peer waits for its own program to report the
+/// error before it ends the process itself (exit code 1).
+pub const FAILURE_GRACE: Duration = Duration::from_secs(2);
+
+/// One node of a multi-node job.
+pub struct Cluster {
+    comm: Comm,
+    coll: Collectives,
+    signals: Mutex<Option<SignalThread>>,
+}
+
+impl Cluster {
+    /// Opens the mesh described by `spec` (waiting at most `timeout` for the
+    /// other nodes) and starts the communication thread.
+    ///
+    /// If a peer is lost later, the error is printed at once and, unless the
+    /// program ends first, the process exits with code 1 after
+    /// [`FAILURE_GRACE`]: a node never hangs waiting for a dead peer.
+    pub fn connect(spec: &JobSpec, timeout: Duration) -> Result<Arc<Cluster>, NetError> {
+        let links = mesh::connect(spec, timeout)?;
+        let rank = links.rank;
+        let comm = Comm::start(
+            links,
+            Box::new(move |why: &str| {
+                eprintln!("hyfi: node {rank}: {why}");
+                // The communication thread must go on (to pass the abort
+                // on), so the deadline runs on a thread of its own.
+                let _ = std::thread::Builder::new()
+                    .name("hyfi-abort".into())
+                    .spawn(|| {
+                        std::thread::sleep(FAILURE_GRACE);
+                        std::process::exit(1);
+                    });
+            }),
+        )?;
+        Ok(Arc::new(Cluster {
+            comm,
+            coll: Collectives::default(),
+            signals: Mutex::new(None),
+        }))
+    }
+
+    /// Starts the signal-handling thread for this node: SIGINT, SIGTERM,
+    /// SIGHUP or SIGQUIT abort the whole job (every node exits non-zero with
+    /// a message naming the signal and the node); SIGUSR1 prints the node's
+    /// traffic counters. The asynchronous signals must already be blocked
+    /// ([`signals::block_async_signals`]) before any other thread started.
+    pub fn handle_signals(self: &Arc<Self>) -> Result<(), NetError> {
+        let weak: Weak<Cluster> = Arc::downgrade(self);
+        let t = SignalThread::start(move |ev| {
+            let Some(c) = weak.upgrade() else { return };
+            match ev {
+                SignalEvent::Abort { signal } => {
+                    let cause = format!("node {} received {signal:?}", c.rank());
+                    eprintln!("hyfi: {cause}; aborting the job");
+                    c.comm.abort(&cause);
+                    // Give the writer a moment to pass the abort on.
+                    std::thread::sleep(Duration::from_millis(200));
+                    std::process::exit(signals::exit_code_for(signal));
+                }
+                SignalEvent::DumpStats => {
+                    eprintln!("hyfi: node {} traffic: {}", c.rank(), c.stats());
+                }
+            }
+        })?;
+        *self.signals.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+        Ok(())
+    }
+
+    /// This node's rank.
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    /// Number of nodes.
+    pub fn nodes(&self) -> usize {
+        self.comm.nodes()
+    }
+    /// Messages and bytes sent and received, by kind.
+    pub fn stats(&self) -> &NetStats {
+        self.comm.stats()
+    }
+    /// The communication thread (for layers that send their own messages).
+    pub fn comm(&self) -> &Comm {
+        &self.comm
+    }
+    /// Cross-node barrier.
+    pub fn barrier(&self) -> Result<(), NetError> {
+        self.coll.barrier(&self.comm)
+    }
+    /// Cross-node all-reduce of raw bytes (see [`Collectives::allreduce`]).
+    pub fn allreduce(
+        &self,
+        value: &mut [u8],
+        combine: &mut dyn FnMut(&mut [u8], &[u8]),
+    ) -> Result<(), NetError> {
+        self.coll.allreduce(&self.comm, value, combine)
+    }
+    /// Aborts the whole job with `cause`.
+    pub fn abort(&self, cause: &str) {
+        self.comm.abort(cause);
+    }
+}
+
+impl NodeLink for Cluster {
+    fn num_nodes(&self) -> usize {
+        self.nodes()
+    }
+    fn my_node(&self) -> usize {
+        self.rank()
+    }
+    fn barrier(&self) -> Result<(), LinkError> {
+        Cluster::barrier(self).map_err(|e| Box::new(e) as LinkError)
+    }
+    fn allreduce(
+        &self,
+        value: &mut [u8],
+        combine: &mut dyn FnMut(&mut [u8], &[u8]),
+    ) -> Result<(), LinkError> {
+        Cluster::allreduce(self, value, combine).map_err(|e| Box::new(e) as LinkError)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(t) = self
+            .signals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = t.stop();
+        }
+        self.comm.close(Duration::from_secs(10));
+    }
+}

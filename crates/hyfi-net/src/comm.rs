@@ -1,0 +1,566 @@
+//! The communication thread: one per node, running a single-threaded tokio
+//! runtime over the mesh.
+//!
+//! Server threads never touch a socket. They hand finished frames to the
+//! thread through unbounded channels (a send is a lock-free push and a
+//! wake-up) and wait for replies in the [`Inbox`]. Per peer there is one
+//! writer task with two queues, control and bulk, and the writer always
+//! drains control first, so a barrier never waits behind a page. One reader
+//! task per peer decodes frames and files them in the inbox.
+//!
+//! **Failure detection.** A link that closes or breaks before its peer said
+//! `Bye`, or an `Abort` from a peer, fails the node: every waiter in the
+//! inbox returns the error at once, the failure hook runs (the cluster layer
+//! reports it and ends the process after a short grace), and the remaining
+//! peers are told to abort. A killed process closes its sockets, so peers
+//! notice within a round trip.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::error::NetError;
+use crate::mesh::Links;
+use crate::wire::{self, Header, Kind, Msg, HANDSHAKE_LEN, HEADER_LEN};
+
+/// Direction of a collective message.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Dir {
+    /// Towards node 0.
+    Up,
+    /// From node 0 outwards.
+    Down,
+}
+
+/// Counters of one node's traffic.
+#[derive(Debug, Default)]
+pub struct NetStats {
+    /// Control messages sent.
+    pub control_sent: AtomicU64,
+    /// Control bytes sent (frames included).
+    pub control_bytes_sent: AtomicU64,
+    /// Control messages received.
+    pub control_received: AtomicU64,
+    /// Control bytes received.
+    pub control_bytes_received: AtomicU64,
+    /// Bulk frames sent.
+    pub bulk_sent: AtomicU64,
+    /// Bulk bytes sent.
+    pub bulk_bytes_sent: AtomicU64,
+    /// Bulk frames received.
+    pub bulk_received: AtomicU64,
+    /// Bulk bytes received.
+    pub bulk_bytes_received: AtomicU64,
+    /// Connections refused after setup (garbage, wrong token, stale job).
+    pub refused: AtomicU64,
+}
+
+impl std::fmt::Display for NetStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        write!(
+            f,
+            "control sent {} ({} B) received {} ({} B); bulk sent {} ({} B) received {} ({} B); refused connections {}",
+            g(&self.control_sent),
+            g(&self.control_bytes_sent),
+            g(&self.control_received),
+            g(&self.control_bytes_received),
+            g(&self.bulk_sent),
+            g(&self.bulk_bytes_sent),
+            g(&self.bulk_received),
+            g(&self.bulk_bytes_received),
+            g(&self.refused)
+        )
+    }
+}
+
+/// Where received messages wait for the server thread that wants them.
+#[derive(Default)]
+pub struct Inbox {
+    state: Mutex<InboxState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct InboxState {
+    coll: HashMap<(usize, u64, Dir), Vec<u8>>,
+    bulk: HashMap<usize, std::collections::VecDeque<(u64, Vec<u8>)>>,
+    failed: Option<String>,
+    byes: usize,
+}
+
+impl Inbox {
+    fn put_coll(&self, from: usize, seq: u64, dir: Dir, data: Vec<u8>) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.coll.insert((from, seq, dir), data);
+        self.cv.notify_all();
+    }
+    fn put_bulk(&self, from: usize, tag: u64, data: Vec<u8>) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.bulk.entry(from).or_default().push_back((tag, data));
+        self.cv.notify_all();
+    }
+    /// Records the first failure; returns true if it was the first.
+    fn fail(&self, why: String) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let first = s.failed.is_none();
+        if first {
+            s.failed = Some(why);
+        }
+        self.cv.notify_all();
+        first
+    }
+    fn bye(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.byes += 1;
+        self.cv.notify_all();
+    }
+    fn wait<T>(&self, mut take: impl FnMut(&mut InboxState) -> Option<T>) -> Result<T, String> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(v) = take(&mut s) {
+                return Ok(v);
+            }
+            if let Some(f) = &s.failed {
+                return Err(f.clone());
+            }
+            s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+    /// The failure, if the node has failed.
+    pub fn failure(&self) -> Option<String> {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .failed
+            .clone()
+    }
+}
+
+struct PeerTx {
+    control: UnboundedSender<Vec<u8>>,
+    bulk: UnboundedSender<Vec<u8>>,
+}
+
+/// A node's communication thread and the handles to talk through it.
+pub struct Comm {
+    rank: usize,
+    nodes: usize,
+    tx: Mutex<Vec<Option<PeerTx>>>,
+    inbox: Arc<Inbox>,
+    stats: Arc<NetStats>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Called once, on the communication thread, when the node fails.
+pub type FailureHook = Box<dyn Fn(&str) + Send + Sync>;
+
+impl Comm {
+    /// Starts the communication thread over an established mesh.
+    pub fn start(links: Links, on_failure: FailureHook) -> Result<Comm, NetError> {
+        let (rank, nodes) = (links.rank, links.nodes);
+        let inbox = Arc::new(Inbox::default());
+        let stats = Arc::new(NetStats::default());
+        let mut txs = Vec::with_capacity(nodes);
+        let mut rxs = Vec::with_capacity(nodes);
+        for p in &links.peers {
+            if p.is_some() {
+                let (ct, cr) = unbounded_channel();
+                let (bt, br) = unbounded_channel();
+                txs.push(Some(PeerTx {
+                    control: ct,
+                    bulk: bt,
+                }));
+                rxs.push(Some((cr, br)));
+            } else {
+                txs.push(None);
+                rxs.push(None);
+            }
+        }
+        for s in links.peers.iter().flatten() {
+            s.set_nonblocking(true)
+                .map_err(|e| NetError::io("set_nonblocking", e))?;
+        }
+        for l in &links.listeners {
+            l.set_nonblocking(true)
+                .map_err(|e| NetError::io("set_nonblocking", e))?;
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| NetError::io("starting the communication thread's runtime", e))?;
+        let (inbox2, stats2) = (inbox.clone(), stats.clone());
+        let thread = std::thread::Builder::new()
+            .name("hyfi-comm".into())
+            .spawn(move || rt.block_on(run(links, rxs, inbox2, stats2, on_failure)))
+            .map_err(|e| NetError::io("spawning the communication thread", e))?;
+        Ok(Comm {
+            rank,
+            nodes,
+            tx: Mutex::new(txs),
+            inbox,
+            stats,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// This node's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// Number of nodes.
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+    /// Traffic counters.
+    pub fn stats(&self) -> &NetStats {
+        &self.stats
+    }
+    /// The inbox (for waiting on replies).
+    pub fn inbox(&self) -> &Inbox {
+        &self.inbox
+    }
+
+    fn push(&self, peer: usize, frame: Vec<u8>, bulk: bool) -> Result<(), NetError> {
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let sent = match tx.get(peer).and_then(|t| t.as_ref()) {
+            Some(t) if bulk => t.bulk.send(frame).is_ok(),
+            Some(t) => t.control.send(frame).is_ok(),
+            None => false,
+        };
+        if sent {
+            Ok(())
+        } else {
+            Err(self.failed_error(format!("no link to node {peer}")))
+        }
+    }
+
+    fn failed_error(&self, fallback: String) -> NetError {
+        NetError::Aborted {
+            me: self.rank,
+            cause: self.inbox.failure().unwrap_or(fallback),
+        }
+    }
+
+    /// Queues a control message to `peer` (never blocks).
+    pub fn send(&self, peer: usize, msg: &Msg) -> Result<(), NetError> {
+        let f = wire::control_frame(msg);
+        self.stats.control_sent.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .control_bytes_sent
+            .fetch_add(f.len() as u64, Ordering::Relaxed);
+        self.push(peer, f, false)
+    }
+
+    /// Queues raw bytes to `peer` under `tag` (never blocks).
+    pub fn send_bulk(&self, peer: usize, tag: u64, bytes: &[u8]) -> Result<(), NetError> {
+        let f = wire::bulk_frame(tag, bytes);
+        self.stats.bulk_sent.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bulk_bytes_sent
+            .fetch_add(f.len() as u64, Ordering::Relaxed);
+        self.push(peer, f, true)
+    }
+
+    /// Waits for the collective message `(from, seq, dir)`.
+    pub fn recv_coll(&self, from: usize, seq: u64, dir: Dir) -> Result<Vec<u8>, NetError> {
+        self.inbox
+            .wait(|s| s.coll.remove(&(from, seq, dir)))
+            .map_err(|cause| NetError::Aborted {
+                me: self.rank,
+                cause,
+            })
+    }
+
+    /// Waits for the next bulk frame from `from`.
+    pub fn recv_bulk(&self, from: usize) -> Result<(u64, Vec<u8>), NetError> {
+        self.inbox
+            .wait(|s| s.bulk.get_mut(&from).and_then(|q| q.pop_front()))
+            .map_err(|cause| NetError::Aborted {
+                me: self.rank,
+                cause,
+            })
+    }
+
+    /// Tells every peer this node aborts, and fails the node.
+    pub fn abort(&self, cause: &str) {
+        let n = self.nodes;
+        for p in 0..n {
+            if p != self.rank {
+                let _ = self.send(
+                    p,
+                    &Msg::Abort {
+                        cause: cause.to_string(),
+                    },
+                );
+            }
+        }
+        self.inbox
+            .fail(format!("node {} aborted: {cause}", self.rank));
+    }
+
+    /// Orderly end: says `Bye` to every peer after everything queued, waits
+    /// (at most `grace`) for theirs, and stops the thread.
+    pub fn close(&self, grace: Duration) {
+        for p in 0..self.nodes {
+            if p != self.rank {
+                let _ = self.send(p, &Msg::Bye);
+            }
+        }
+        // Dropping the senders ends the writer tasks once their queues are empty.
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let deadline = Instant::now() + grace;
+        {
+            let mut s = self.inbox.state.lock().unwrap_or_else(|e| e.into_inner());
+            while s.byes < self.nodes - 1 && s.failed.is_none() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                s = self
+                    .inbox
+                    .cv
+                    .wait_timeout(s, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+        if let Some(h) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = h.join();
+        }
+    }
+}
+
+type Rx = (UnboundedReceiver<Vec<u8>>, UnboundedReceiver<Vec<u8>>);
+
+async fn run(
+    links: Links,
+    rxs: Vec<Option<Rx>>,
+    inbox: Arc<Inbox>,
+    stats: Arc<NetStats>,
+    on_failure: FailureHook,
+) {
+    let me = links.rank;
+    let on_failure = Arc::new(on_failure);
+    let (done_tx, mut done_rx) = unbounded_channel::<()>();
+    let mut tasks = 0usize;
+    for (peer, (stream, rx)) in links.peers.into_iter().zip(rxs).enumerate() {
+        let (Some(stream), Some((ctrl, bulk))) = (stream, rx) else {
+            continue;
+        };
+        let stream = match tokio::net::TcpStream::from_std(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                fail(
+                    &inbox,
+                    &on_failure,
+                    format!("node {me}: link to node {peer} unusable: {e}"),
+                );
+                continue;
+            }
+        };
+        let (r, w) = stream.into_split();
+        tasks += 2;
+        let d = done_tx.clone();
+        tokio::spawn(async move {
+            writer(w, ctrl, bulk).await;
+            let _ = d.send(());
+        });
+        let (d, ib, st, of) = (
+            done_tx.clone(),
+            inbox.clone(),
+            stats.clone(),
+            on_failure.clone(),
+        );
+        tokio::spawn(async move {
+            reader(me, peer, r, &ib, &st, &of).await;
+            let _ = d.send(());
+        });
+    }
+    for l in links.listeners {
+        if let Ok(l) = tokio::net::TcpListener::from_std(l) {
+            let st = stats.clone();
+            tokio::spawn(refuse_strays(me, l, st));
+        }
+    }
+    drop(done_tx);
+    for _ in 0..tasks {
+        if done_rx.recv().await.is_none() {
+            break;
+        }
+    }
+}
+
+fn fail(inbox: &Inbox, hook: &FailureHook, why: String) {
+    if inbox.fail(why.clone()) {
+        hook(&why);
+    }
+}
+
+async fn writer(
+    mut w: tokio::net::tcp::OwnedWriteHalf,
+    mut ctrl: UnboundedReceiver<Vec<u8>>,
+    mut bulk: UnboundedReceiver<Vec<u8>>,
+) {
+    let (mut ctrl_open, mut bulk_open) = (true, true);
+    while ctrl_open || bulk_open {
+        let frame = tokio::select! {
+            biased;
+            f = ctrl.recv(), if ctrl_open => match f { Some(f) => f, None => { ctrl_open = false; continue } },
+            f = bulk.recv(), if bulk_open => match f { Some(f) => f, None => { bulk_open = false; continue } },
+        };
+        if w.write_all(&frame).await.is_err() {
+            return; // the reader reports the broken link
+        }
+    }
+    let _ = w.shutdown().await;
+}
+
+async fn reader(
+    me: usize,
+    peer: usize,
+    mut r: tokio::net::tcp::OwnedReadHalf,
+    inbox: &Inbox,
+    stats: &NetStats,
+    hook: &FailureHook,
+) {
+    let mut said_bye = false;
+    loop {
+        let mut h = [0u8; HEADER_LEN];
+        if let Err(e) = r.read_exact(&mut h).await {
+            if !said_bye {
+                let why = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    "its connection closed".to_string()
+                } else {
+                    e.to_string()
+                };
+                fail(
+                    inbox,
+                    hook,
+                    NetError::LostNode {
+                        me,
+                        lost: peer,
+                        why,
+                    }
+                    .to_string(),
+                );
+            }
+            return;
+        }
+        let h = match Header::decode(&h) {
+            Ok(h) => h,
+            Err(why) => {
+                fail(
+                    inbox,
+                    hook,
+                    NetError::Protocol {
+                        me,
+                        from: peer,
+                        why,
+                    }
+                    .to_string(),
+                );
+                return;
+            }
+        };
+        let mut payload = vec![0u8; h.len as usize];
+        if let Err(e) = r.read_exact(&mut payload).await {
+            fail(
+                inbox,
+                hook,
+                NetError::LostNode {
+                    me,
+                    lost: peer,
+                    why: format!("in the middle of a frame: {e}"),
+                }
+                .to_string(),
+            );
+            return;
+        }
+        match h.kind {
+            Kind::Bulk => {
+                stats.bulk_received.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .bulk_bytes_received
+                    .fetch_add((HEADER_LEN + payload.len()) as u64, Ordering::Relaxed);
+                inbox.put_bulk(peer, h.tag, payload);
+            }
+            Kind::Control => {
+                stats.control_received.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .control_bytes_received
+                    .fetch_add((HEADER_LEN + payload.len()) as u64, Ordering::Relaxed);
+                match wire::decode_msg(&payload) {
+                    Ok(Msg::Up { seq, data }) => inbox.put_coll(peer, seq, Dir::Up, data),
+                    Ok(Msg::Down { seq, data }) => inbox.put_coll(peer, seq, Dir::Down, data),
+                    Ok(Msg::Abort { cause }) => {
+                        fail(inbox, hook, format!("node {peer} aborted the job: {cause}"));
+                    }
+                    Ok(Msg::Bye) => {
+                        said_bye = true;
+                        inbox.bye();
+                    }
+                    Ok(other) => {
+                        fail(
+                            inbox,
+                            hook,
+                            NetError::Protocol {
+                                me,
+                                from: peer,
+                                why: format!("unexpected {other:?}"),
+                            }
+                            .to_string(),
+                        );
+                        return;
+                    }
+                    Err(why) => {
+                        fail(
+                            inbox,
+                            hook,
+                            NetError::Protocol {
+                                me,
+                                from: peer,
+                                why,
+                            }
+                            .to_string(),
+                        );
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// After setup, any connection to our listeners is a stray (a port scan,
+/// a node of another job, garbage): read what it says, log it, drop it.
+async fn refuse_strays(me: usize, l: tokio::net::TcpListener, stats: Arc<NetStats>) {
+    loop {
+        let Ok((mut s, from)) = l.accept().await else {
+            return;
+        };
+        stats.refused.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            let mut b = [0u8; HANDSHAKE_LEN];
+            let why = match tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut b)).await
+            {
+                Ok(Ok(_)) => match wire::Handshake::decode(&b) {
+                    Ok(h) => format!(
+                        "a handshake from rank {} of job {} after setup ended",
+                        h.rank, h.job
+                    ),
+                    Err(why) => why,
+                },
+                Ok(Err(e)) => format!("no handshake: {e}"),
+                Err(_) => "no handshake within 5 s".to_string(),
+            };
+            tracing::warn!("node {me}: refused a connection from {from}: {why}");
+            eprintln!("hyfi: node {me}: refused a connection from {from}: {why}");
+        });
+    }
+}

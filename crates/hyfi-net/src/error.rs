@@ -1,0 +1,163 @@
+//! The error type of hyfi-net: each message names the node, the variable or
+//! the address, and says what to check.
+
+use std::io;
+
+/// What went wrong in the cluster layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NetError {
+    /// An environment variable holds a value hyfi cannot use.
+    #[error("invalid configuration: {var}={value:?} is not valid: expected {expected}")]
+    BadEnv {
+        /// Variable name.
+        var: &'static str,
+        /// What it held.
+        value: String,
+        /// What it should hold.
+        expected: &'static str,
+    },
+
+    /// A launcher was detected but nothing says where the peers meet.
+    #[error(
+        "{launcher} started this process as node {rank} of {nodes}, but hyfi cannot tell where \
+         the nodes meet: {hint}"
+    )]
+    NoRendezvous {
+        /// The launcher detected.
+        launcher: &'static str,
+        /// This rank.
+        rank: usize,
+        /// Number of nodes.
+        nodes: usize,
+        /// What to set.
+        hint: &'static str,
+    },
+
+    /// This node could not reach the coordinator (or a peer) in time.
+    #[error(
+        "node {rank}: could not reach {what} at {addr} within {secs} s ({source}); check that \
+         node 0 is running, that {addr} is reachable from this host, and that every node was \
+         started with the same HYFI_COORD / HYFI_RENDEZVOUS"
+    )]
+    Unreachable {
+        /// This rank.
+        rank: usize,
+        /// "the coordinator" or "node k".
+        what: String,
+        /// Address tried.
+        addr: String,
+        /// Seconds waited.
+        secs: u64,
+        /// Last error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Not every node showed up at the coordinator in time.
+    #[error(
+        "node 0 (coordinator): only {arrived} of {nodes} nodes arrived within {secs} s \
+         (missing: {missing}); check that all were started, with the same node count"
+    )]
+    MissingNodes {
+        /// Nodes that arrived (counting node 0).
+        arrived: usize,
+        /// Nodes expected.
+        nodes: usize,
+        /// Ranks that did not.
+        missing: String,
+        /// Seconds waited.
+        secs: u64,
+    },
+
+    /// Nodes disagree about the job's shape.
+    #[error(
+        "node {rank} was started for {theirs} nodes but node 0 for {ours}; start every node with \
+         the same node count"
+    )]
+    NodeCountMismatch {
+        /// The disagreeing rank.
+        rank: usize,
+        /// Its node count.
+        theirs: usize,
+        /// Node 0's.
+        ours: usize,
+    },
+
+    /// Two processes claimed the same rank.
+    #[error("two processes claim to be node {rank}; each node needs its own rank")]
+    DuplicateRank {
+        /// The rank.
+        rank: usize,
+    },
+
+    /// A connection was refused at the handshake.
+    #[error("handshake from {peer} refused: {why}")]
+    Handshake {
+        /// Peer address.
+        peer: String,
+        /// Reason.
+        why: String,
+    },
+
+    /// A peer died or its connection dropped.
+    #[error(
+        "node {me}: lost node {lost} ({why}); the job cannot go on without it. Look at node \
+         {lost}'s output for the cause"
+    )]
+    LostNode {
+        /// This node.
+        me: usize,
+        /// The node lost.
+        lost: usize,
+        /// What happened.
+        why: String,
+    },
+
+    /// The job was aborted (a signal, or another node's failure).
+    #[error("node {me}: job aborted: {cause}")]
+    Aborted {
+        /// This node.
+        me: usize,
+        /// Why.
+        cause: String,
+    },
+
+    /// A message could not be encoded or decoded.
+    #[error("node {me}: bad message from node {from}: {why}")]
+    Protocol {
+        /// This node.
+        me: usize,
+        /// Sender.
+        from: usize,
+        /// What was wrong.
+        why: String,
+    },
+
+    /// The launcher could not start or supervise the nodes.
+    #[error("launcher: {0}")]
+    Launch(String),
+
+    /// An OS call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The single-node runtime refused to start.
+    #[error(transparent)]
+    Core(#[from] hyfi_core::Error),
+}
+
+impl NetError {
+    pub(crate) fn io(what: impl Into<String>, source: io::Error) -> Self {
+        NetError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}

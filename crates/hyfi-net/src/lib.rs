@@ -1,0 +1,83 @@
+//! # hyfi-net: nodes
+//!
+//! Turns one node into N (paper §3.2, §3.4): bootstrap from the launcher's
+//! environment ([`bootstrap`]), local launching ([`launch`], the `hyfi-run`
+//! binary), a full mesh of TCP connections opened with an authenticated
+//! handshake ([`mesh`], [`wire`]), a communication thread per node
+//! ([`comm`]), the signal-handling thread ([`signals`]), and the cross-node
+//! barrier and reduction ([`collective`]) that plug into hyfi-core through
+//! [`hyfi_core::NodeLink`] ([`Cluster`]).
+//!
+//! A program calls [`init`] first thing in `main`; the same binary then runs
+//! on one node, on N local nodes (`HYFI_NODES=N`, or `hyfi-run -n N`), or
+//! under `mpirun` / `srun`.
+
+#![warn(missing_docs)]
+
+use std::time::Duration;
+
+use hyfi_core::{Config, Runtime};
+
+pub mod bootstrap;
+mod cluster;
+pub mod collective;
+pub mod comm;
+mod error;
+pub mod launch;
+pub mod mesh;
+pub mod signals;
+pub mod wire;
+
+pub use cluster::{Cluster, FAILURE_GRACE};
+pub use error::NetError;
+
+/// Default limit on how long setup waits for the other nodes (`HYFI_TIMEOUT`
+/// overrides it, in seconds).
+pub const DEFAULT_SETUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Starts this node's part of the job, configured from the environment
+/// (see [`init_with`]).
+pub fn init() -> Result<Runtime, NetError> {
+    init_with(Config::from_env()?)
+}
+
+/// Starts this node's part of the job with `cfg` for its processors:
+///
+/// * no launcher and `HYFI_NODES` unset or 1: a one-node runtime;
+/// * `HYFI_NODES=N > 1` and no launcher: this process becomes the launcher of
+///   N local nodes running the same program, and exits with their status
+///   (it does not return);
+/// * started by hyfi's launcher, `mpirun` or `srun`: blocks the asynchronous
+///   signals (call `init` before starting threads of your own), opens the
+///   mesh, starts the signal-handling thread and returns a runtime whose
+///   barriers and reductions span every node.
+pub fn init_with(cfg: Config) -> Result<Runtime, NetError> {
+    match bootstrap::detect_env()? {
+        bootstrap::Detected::Single => Ok(Runtime::new(cfg)?),
+        bootstrap::Detected::LaunchLocal { nodes } => launch::launch_self(nodes),
+        bootstrap::Detected::Member(spec) => {
+            signals::block_async_signals()?;
+            let cluster = Cluster::connect(&spec, setup_timeout()?)?;
+            cluster.handle_signals()?;
+            Ok(Runtime::with_link(cfg, cluster)?)
+        }
+    }
+}
+
+/// The setup timeout: `HYFI_TIMEOUT` seconds, or [`DEFAULT_SETUP_TIMEOUT`].
+pub fn setup_timeout() -> Result<Duration, NetError> {
+    match std::env::var("HYFI_TIMEOUT") {
+        Err(_) => Ok(DEFAULT_SETUP_TIMEOUT),
+        Ok(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map(Duration::from_secs_f64)
+            .ok_or(NetError::BadEnv {
+                var: "HYFI_TIMEOUT",
+                value: v,
+                expected: "a positive number of seconds",
+            }),
+    }
+}

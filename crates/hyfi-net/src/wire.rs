@@ -1,0 +1,301 @@
+//! The wire: the handshake every connection opens with, and frames.
+//!
+//! **Handshake** (40 bytes, fixed layout, checked before anything else is
+//! read, so garbage costs nothing): magic `HYFI`, protocol version (u16),
+//! purpose (hello to the coordinator, or mesh link), job id (u64), the job's
+//! token (16 bytes), sender rank (u32), sender's node count (u32). Little
+//! endian throughout.
+//!
+//! **Frames**: a 16-byte header — payload length (u32), kind (u8: control or
+//! bulk), 3 reserved bytes, tag (u64) — then the payload. Control payloads
+//! are [`Msg`] values encoded with bincode 1.3; bulk payloads (pages, diffs)
+//! are raw bytes, copied once into the frame and never through serde.
+//! Frames larger than [`MAX_FRAME`] are a protocol error.
+
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+use crate::bootstrap::Token;
+
+/// Protocol version; a peer speaking another is refused.
+pub const VERSION: u16 = 1;
+const MAGIC: [u8; 4] = *b"HYFI";
+/// Size of the handshake.
+pub const HANDSHAKE_LEN: usize = 40;
+/// Size of a frame header.
+pub const HEADER_LEN: usize = 16;
+/// Largest frame payload accepted (64 MiB).
+pub const MAX_FRAME: usize = 64 << 20;
+
+/// Why a connection is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Purpose {
+    /// A node reporting to the coordinator (node 0).
+    Hello = 1,
+    /// A link of the full mesh.
+    Mesh = 2,
+}
+
+/// The opening of every connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handshake {
+    /// Why the connection is opened.
+    pub purpose: Purpose,
+    /// Job id.
+    pub job: u64,
+    /// The job's token (zeros when a node reaches the coordinator without one).
+    pub token: Token,
+    /// Sender's rank.
+    pub rank: u32,
+    /// Sender's node count.
+    pub nodes: u32,
+}
+
+impl Handshake {
+    /// Encodes the handshake.
+    pub fn encode(&self) -> [u8; HANDSHAKE_LEN] {
+        let mut b = [0u8; HANDSHAKE_LEN];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        b[6] = self.purpose as u8;
+        b[8..16].copy_from_slice(&self.job.to_le_bytes());
+        b[16..32].copy_from_slice(&self.token);
+        b[32..36].copy_from_slice(&self.rank.to_le_bytes());
+        b[36..40].copy_from_slice(&self.nodes.to_le_bytes());
+        b
+    }
+
+    /// Decodes and checks the fixed parts; `Err` says what was wrong.
+    pub fn decode(b: &[u8; HANDSHAKE_LEN]) -> Result<Handshake, String> {
+        if b[0..4] != MAGIC {
+            return Err(format!("not a hyfi peer (first bytes {:02x?})", &b[0..4]));
+        }
+        let version = u16::from_le_bytes([b[4], b[5]]);
+        if version != VERSION {
+            return Err(format!(
+                "protocol version {version}, this node speaks {VERSION}: run the same hyfi build on every node"
+            ));
+        }
+        let purpose = match b[6] {
+            1 => Purpose::Hello,
+            2 => Purpose::Mesh,
+            p => return Err(format!("unknown connection purpose {p}")),
+        };
+        let mut token = [0u8; 16];
+        token.copy_from_slice(&b[16..32]);
+        Ok(Handshake {
+            purpose,
+            job: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+            token,
+            rank: u32::from_le_bytes(b[32..36].try_into().expect("4 bytes")),
+            nodes: u32::from_le_bytes(b[36..40].try_into().expect("4 bytes")),
+        })
+    }
+}
+
+/// Compares tokens in constant time (the comparison must not tell an
+/// attacker how many leading bytes were right).
+pub fn token_eq(a: &Token, b: &Token) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Frame kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// A bincode-encoded [`Msg`].
+    Control = 1,
+    /// Raw bytes with a tag.
+    Bulk = 2,
+}
+
+/// Control messages.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Msg {
+    /// Node → coordinator, after the handshake: where its mesh listener is.
+    Hello {
+        /// `host:port` of the node's mesh listener.
+        listen: String,
+    },
+    /// Coordinator → node: every node's mesh address, and the job's token.
+    Table {
+        /// Mesh addresses by rank (entry 0 unused: the coordinator link is node 0's).
+        addrs: Vec<String>,
+        /// The token every mesh link presents.
+        token: Token,
+    },
+    /// Coordinator → node: you are not admitted (and why).
+    Refuse {
+        /// The reason, for the node's error message.
+        why: String,
+    },
+    /// One step of a collective (barrier or reduction): `data` combined so far.
+    Up {
+        /// Collective sequence number.
+        seq: u64,
+        /// Combined value of the sender's subtree.
+        data: Vec<u8>,
+    },
+    /// The result of a collective, on its way down the tree.
+    Down {
+        /// Collective sequence number.
+        seq: u64,
+        /// The result.
+        data: Vec<u8>,
+    },
+    /// The sender is aborting the job.
+    Abort {
+        /// Why.
+        cause: String,
+    },
+    /// The sender is done and will close the link: not a failure.
+    Bye,
+}
+
+/// A frame's header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Payload length.
+    pub len: u32,
+    /// Payload kind.
+    pub kind: Kind,
+    /// Tag (bulk frames).
+    pub tag: u64,
+}
+
+impl Header {
+    /// Encodes the header.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&self.len.to_le_bytes());
+        b[4] = self.kind as u8;
+        b[8..16].copy_from_slice(&self.tag.to_le_bytes());
+        b
+    }
+    /// Decodes and checks a header.
+    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, String> {
+        let len = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
+        if len as usize > MAX_FRAME {
+            return Err(format!(
+                "frame of {len} bytes exceeds the {MAX_FRAME}-byte limit"
+            ));
+        }
+        let kind = match b[4] {
+            1 => Kind::Control,
+            2 => Kind::Bulk,
+            k => return Err(format!("unknown frame kind {k}")),
+        };
+        Ok(Header {
+            len,
+            kind,
+            tag: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+        })
+    }
+}
+
+/// A control frame: header and bincode payload in one buffer.
+pub fn control_frame(msg: &Msg) -> Vec<u8> {
+    let body = bincode::serialize(msg).expect("hyfi: control messages always serialize");
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    out.extend_from_slice(
+        &Header {
+            len: body.len() as u32,
+            kind: Kind::Control,
+            tag: 0,
+        }
+        .encode(),
+    );
+    out.extend_from_slice(&body);
+    out
+}
+
+/// A bulk frame: header and the bytes, copied once.
+pub fn bulk_frame(tag: u64, bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + bytes.len());
+    out.extend_from_slice(
+        &Header {
+            len: bytes.len() as u32,
+            kind: Kind::Bulk,
+            tag,
+        }
+        .encode(),
+    );
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// Decodes a control payload.
+pub fn decode_msg(payload: &[u8]) -> Result<Msg, String> {
+    bincode::deserialize(payload).map_err(|e| format!("undecodable control message: {e}"))
+}
+
+/// Blocking: writes one control message (used during setup).
+pub fn write_msg(w: &mut impl Write, msg: &Msg) -> io::Result<()> {
+    w.write_all(&control_frame(msg))?;
+    w.flush()
+}
+
+/// Blocking: reads one control message (used during setup).
+pub fn read_msg(r: &mut impl Read) -> io::Result<Msg> {
+    let mut h = [0u8; HEADER_LEN];
+    r.read_exact(&mut h)?;
+    let h = Header::decode(&h).map_err(io::Error::other)?;
+    if h.kind != Kind::Control {
+        return Err(io::Error::other("expected a control message during setup"));
+    }
+    let mut body = vec![0u8; h.len as usize];
+    r.read_exact(&mut body)?;
+    decode_msg(&body).map_err(io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handshake_round_trips_and_rejects_garbage() {
+        let h = Handshake {
+            purpose: Purpose::Mesh,
+            job: 0xdead_beef_0123,
+            token: [7; 16],
+            rank: 3,
+            nodes: 4,
+        };
+        assert_eq!(Handshake::decode(&h.encode()).unwrap(), h);
+        let mut bad = h.encode();
+        bad[0] = b'X';
+        assert!(Handshake::decode(&bad)
+            .unwrap_err()
+            .contains("not a hyfi peer"));
+        let mut old = h.encode();
+        old[4] = 0;
+        old[5] = 0;
+        assert!(Handshake::decode(&old)
+            .unwrap_err()
+            .contains("protocol version 0"));
+    }
+
+    #[test]
+    fn frames_round_trip_and_limits_hold() {
+        let m = Msg::Up {
+            seq: 9,
+            data: vec![1, 2, 3],
+        };
+        let f = control_frame(&m);
+        assert_eq!(read_msg(&mut &f[..]).unwrap(), m);
+        let b = bulk_frame(42, &[9; 4096]);
+        let h = Header::decode(b[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!((h.len, h.kind, h.tag), (4096, Kind::Bulk, 42));
+        let mut huge = Header {
+            len: 0,
+            kind: Kind::Bulk,
+            tag: 0,
+        }
+        .encode();
+        huge[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Header::decode(&huge).unwrap_err().contains("exceeds"));
+        assert!(token_eq(&[1; 16], &[1; 16]) && !token_eq(&[1; 16], &[2; 16]));
+    }
+}
