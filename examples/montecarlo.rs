@@ -3,7 +3,8 @@
 //!
 //! ```sh
 //! cargo run --release --example montecarlo                        # this machine, one node
-//! HYFI_NODES=2 cargo run --release --example montecarlo           # two local nodes (embedded launcher)
+//! cargo run --release --example montecarlo -- --nodes 2 --procs 2  # two local nodes (embedded launcher)
+//! HYFI_NODES=2 cargo run --release --example montecarlo           # the same, from the environment
 //! hyfi-run -n 4 -p 1 target/release/examples/montecarlo           # four local nodes
 //! mpirun -np 2 target/release/examples/montecarlo                 # under Open MPI
 //! ```
@@ -34,6 +35,9 @@ pub struct Args {
     /// Phases.
     #[arg(long, default_value_t = 8)]
     pub phases: u64,
+    /// Nodes to start as local processes when no launcher is around (like HYFI_NODES).
+    #[arg(long)]
+    pub nodes: Option<usize>,
     /// Processors per node (default: HYFI_PROCS, else all CPUs).
     #[arg(long)]
     pub procs: Option<usize>,
@@ -90,7 +94,7 @@ fn main() {
     if let Some(p) = args.procs {
         cfg = cfg.procs(p);
     }
-    let rt = match hyfi::init_with(cfg) {
+    let rt = match hyfi::init_nodes(cfg, args.nodes) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("montecarlo: {e}");

@@ -22,4 +22,4 @@
 //! ```
 
 pub use hyfi_core::*;
-pub use hyfi_net::{init, init_with, Cluster, NetError};
+pub use hyfi_net::{init, init_nodes, init_with, Cluster, NetError};

@@ -52,7 +52,30 @@ pub fn init() -> Result<Runtime, NetError> {
 ///   mesh, starts the signal-handling thread and returns a runtime whose
 ///   barriers and reductions span every node.
 pub fn init_with(cfg: Config) -> Result<Runtime, NetError> {
-    match bootstrap::detect_env()? {
+    init_nodes(cfg, None)
+}
+
+/// Like [`init_with`], with a node count from the program's command line
+/// (a `--nodes N` option): with no launcher around it acts as `HYFI_NODES=N`;
+/// under a launcher it must agree with the launcher's node count.
+pub fn init_nodes(cfg: Config, nodes: Option<usize>) -> Result<Runtime, NetError> {
+    let detected = match (bootstrap::detect_env()?, nodes) {
+        (bootstrap::Detected::Single | bootstrap::Detected::LaunchLocal { .. }, Some(n))
+            if n > 1 =>
+        {
+            bootstrap::Detected::LaunchLocal { nodes: n }
+        }
+        (bootstrap::Detected::LaunchLocal { .. }, Some(_)) => bootstrap::Detected::Single,
+        (bootstrap::Detected::Member(spec), Some(n)) if n != spec.nodes => {
+            return Err(NetError::BadEnv {
+                var: "--nodes",
+                value: n.to_string(),
+                expected: "the node count the launcher started (or no --nodes under a launcher)",
+            })
+        }
+        (d, _) => d,
+    };
+    match detected {
         bootstrap::Detected::Single => Ok(Runtime::new(cfg)?),
         bootstrap::Detected::LaunchLocal { nodes } => launch::launch_self(nodes),
         bootstrap::Detected::Member(spec) => {
