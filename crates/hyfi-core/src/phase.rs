@@ -225,7 +225,9 @@ impl<'s> PostPhase<'s> {
             },
         );
         if let Err(e) = res {
-            std::panic::panic_any(LinkAbort(Error::Link(e)));
+            // Unwind to the post-phase's catch without running the panic
+            // hook: this is an error report, not a bug.
+            std::panic::resume_unwind(Box::new(LinkAbort(Error::Link(e))));
         }
         unsafe { r.write_all(acc) };
         acc

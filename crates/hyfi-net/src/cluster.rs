@@ -37,7 +37,12 @@ impl Cluster {
         let comm = Comm::start(
             links,
             Box::new(move |why: &str| {
-                eprintln!("hyfi: node {rank}: {why}");
+                let prefix = format!("node {rank}: ");
+                if why.starts_with(&prefix) {
+                    eprintln!("hyfi: {why}");
+                } else {
+                    eprintln!("hyfi: {prefix}{why}");
+                }
                 // The communication thread must go on (to pass the abort
                 // on), so the deadline runs on a thread of its own.
                 let _ = std::thread::Builder::new()
@@ -68,7 +73,10 @@ impl Cluster {
                 SignalEvent::Abort { signal } => {
                     let cause = format!("node {} received {signal:?}", c.rank());
                     eprintln!("hyfi: {cause}; aborting the job");
-                    c.comm.abort(&cause);
+                    // Tell the peers, but do not fail this node's own waits:
+                    // its program would exit with its own error status
+                    // first, and this node must exit with 128 + the signal.
+                    c.comm.abort_peers(&cause);
                     // Give the writer a moment to pass the abort on.
                     std::thread::sleep(Duration::from_millis(200));
                     std::process::exit(signals::exit_code_for(signal));

@@ -84,6 +84,10 @@ impl std::fmt::Display for NetStats {
 pub struct Inbox {
     state: Mutex<InboxState>,
     cv: Condvar,
+    /// Set when this node is about to exit on a signal: the links its peers
+    /// drop as they abort are then expected, and must not make this node's
+    /// program exit first with an error status of its own.
+    exiting: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -92,35 +96,81 @@ struct InboxState {
     bulk: HashMap<usize, std::collections::VecDeque<(u64, Vec<u8>)>>,
     failed: Option<String>,
     byes: usize,
+    /// Filthreads suspended until something arrives.
+    waiters: Vec<hyfi_core::filthread::Waker>,
+}
+
+impl InboxState {
+    fn take_waiters(&mut self) -> Vec<hyfi_core::filthread::Waker> {
+        std::mem::take(&mut self.waiters)
+    }
 }
 
 impl Inbox {
+    fn put(&self, f: impl FnOnce(&mut InboxState)) {
+        let waiters = {
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            f(&mut s);
+            self.cv.notify_all();
+            s.take_waiters()
+        };
+        // Woken outside the lock; each re-checks for its own message.
+        for w in waiters {
+            w.wake();
+        }
+    }
     fn put_coll(&self, from: usize, seq: u64, dir: Dir, data: Vec<u8>) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.coll.insert((from, seq, dir), data);
-        self.cv.notify_all();
+        self.put(|s| {
+            s.coll.insert((from, seq, dir), data);
+        });
     }
     fn put_bulk(&self, from: usize, tag: u64, data: Vec<u8>) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.bulk.entry(from).or_default().push_back((tag, data));
-        self.cv.notify_all();
+        self.put(|s| s.bulk.entry(from).or_default().push_back((tag, data)));
     }
     /// Records the first failure; returns true if it was the first.
     fn fail(&self, why: String) -> bool {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let first = s.failed.is_none();
-        if first {
-            s.failed = Some(why);
+        if self.exiting.load(Ordering::SeqCst) {
+            return false;
         }
-        self.cv.notify_all();
+        let mut first = false;
+        self.put(|s| {
+            first = s.failed.is_none();
+            if first {
+                s.failed = Some(why);
+            }
+        });
         first
     }
     fn bye(&self) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.byes += 1;
-        self.cv.notify_all();
+        self.put(|s| s.byes += 1);
     }
+    /// Waits until `take` finds its message (or the node fails). On a
+    /// filthread the filthread suspends and its server thread runs other
+    /// work meanwhile; elsewhere the calling thread blocks.
     fn wait<T>(&self, mut take: impl FnMut(&mut InboxState) -> Option<T>) -> Result<T, String> {
+        if hyfi_core::filthread::in_filthread() {
+            let mut got = None;
+            loop {
+                hyfi_core::filthread::suspend(|waker| {
+                    let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(v) = take(&mut s) {
+                        got = Some(Ok(v));
+                        return false;
+                    }
+                    if let Some(f) = &s.failed {
+                        got = Some(Err(f.clone()));
+                        return false;
+                    }
+                    // Registered under the lock that `put` takes: a message
+                    // arriving after this check finds the waker.
+                    s.waiters.push(waker);
+                    true
+                });
+                if let Some(r) = got.take() {
+                    return r;
+                }
+            }
+        }
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(v) = take(&mut s) {
@@ -155,6 +205,7 @@ pub struct Comm {
     inbox: Arc<Inbox>,
     stats: Arc<NetStats>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    shutdown: Arc<tokio::sync::Notify>,
 }
 
 /// Called once, on the communication thread, when the node fails.
@@ -195,9 +246,18 @@ impl Comm {
             .build()
             .map_err(|e| NetError::io("starting the communication thread's runtime", e))?;
         let (inbox2, stats2) = (inbox.clone(), stats.clone());
+        let shutdown = Arc::new(tokio::sync::Notify::new());
+        let stop = shutdown.clone();
         let thread = std::thread::Builder::new()
             .name("hyfi-comm".into())
-            .spawn(move || rt.block_on(run(links, rxs, inbox2, stats2, on_failure)))
+            .spawn(move || {
+                rt.block_on(async move {
+                    tokio::select! {
+                        _ = run(links, rxs, inbox2, stats2, on_failure) => {}
+                        _ = stop.notified() => {}
+                    }
+                })
+            })
             .map_err(|e| NetError::io("spawning the communication thread", e))?;
         Ok(Comm {
             rank,
@@ -206,6 +266,7 @@ impl Comm {
             inbox,
             stats,
             thread: Mutex::new(Some(thread)),
+            shutdown,
         })
     }
 
@@ -241,10 +302,7 @@ impl Comm {
     }
 
     fn failed_error(&self, fallback: String) -> NetError {
-        NetError::Aborted {
-            me: self.rank,
-            cause: self.inbox.failure().unwrap_or(fallback),
-        }
+        self.aborted(self.inbox.failure().unwrap_or(fallback))
     }
 
     /// Queues a control message to `peer` (never blocks).
@@ -271,26 +329,33 @@ impl Comm {
     pub fn recv_coll(&self, from: usize, seq: u64, dir: Dir) -> Result<Vec<u8>, NetError> {
         self.inbox
             .wait(|s| s.coll.remove(&(from, seq, dir)))
-            .map_err(|cause| NetError::Aborted {
-                me: self.rank,
-                cause,
-            })
+            .map_err(|cause| self.aborted(cause))
     }
 
     /// Waits for the next bulk frame from `from`.
     pub fn recv_bulk(&self, from: usize) -> Result<(u64, Vec<u8>), NetError> {
         self.inbox
             .wait(|s| s.bulk.get_mut(&from).and_then(|q| q.pop_front()))
-            .map_err(|cause| NetError::Aborted {
-                me: self.rank,
-                cause,
-            })
+            .map_err(|cause| self.aborted(cause))
     }
 
     /// Tells every peer this node aborts, and fails the node.
     pub fn abort(&self, cause: &str) {
-        let n = self.nodes;
-        for p in 0..n {
+        self.inbox
+            .fail(format!("node {} aborted: {cause}", self.rank));
+        self.send_abort(cause);
+    }
+
+    /// Tells every peer this node aborts, without failing this node's own
+    /// waits: the caller is about to end the process with its own status,
+    /// and from now on lost links are not reported to this node's program.
+    pub fn abort_peers(&self, cause: &str) {
+        self.inbox.exiting.store(true, Ordering::SeqCst);
+        self.send_abort(cause);
+    }
+
+    fn send_abort(&self, cause: &str) {
+        for p in 0..self.nodes {
             if p != self.rank {
                 let _ = self.send(
                     p,
@@ -300,8 +365,19 @@ impl Comm {
                 );
             }
         }
-        self.inbox
-            .fail(format!("node {} aborted: {cause}", self.rank));
+    }
+
+    fn aborted(&self, cause: String) -> NetError {
+        // Failure texts already name this node; do not name it twice.
+        let prefix = format!("node {}: ", self.rank);
+        let cause = cause
+            .strip_prefix(&prefix)
+            .map(str::to_string)
+            .unwrap_or(cause);
+        NetError::Aborted {
+            me: self.rank,
+            cause,
+        }
     }
 
     /// Orderly end: says `Bye` to every peer after everything queued, waits
@@ -330,6 +406,9 @@ impl Comm {
                     .0;
             }
         }
+        // Whatever the peers did, the thread ends now: its remaining tasks
+        // (readers of peers that never closed) are dropped with the runtime.
+        self.shutdown.notify_one();
         if let Some(h) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = h.join();
         }

@@ -43,6 +43,16 @@ pub struct Links {
     pub listeners: Vec<TcpListener>,
 }
 
+/// A refused connection is worth a line on stderr (and in the log): it is
+/// an attack, a misconfigured node, or a node of another job.
+macro_rules! refused {
+    ($($arg:tt)*) => {{
+        let msg = format!($($arg)*);
+        tracing::warn!("{msg}");
+        eprintln!("hyfi: {msg}");
+    }};
+}
+
 const POLL: Duration = Duration::from_millis(5);
 const HANDSHAKE_WAIT: Duration = Duration::from_secs(10);
 
@@ -232,7 +242,7 @@ fn coordinator(spec: &JobSpec, deadline: Instant, timeout: Duration) -> Result<L
         let h = match read_handshake(&mut s) {
             Ok(h) => h,
             Err(why) => {
-                tracing::warn!("node 0: refused a connection from {from}: {why}");
+                refused!("node 0: refused a connection from {from}: {why}");
                 continue;
             }
         };
@@ -241,7 +251,7 @@ fn coordinator(spec: &JobSpec, deadline: Instant, timeout: Duration) -> Result<L
             None => true,
         };
         if h.purpose != Purpose::Hello || h.job != spec.job || !token_ok {
-            tracing::warn!(
+            refused!(
                 "node 0: refused a connection from {from}: {}",
                 if h.job != spec.job {
                     "another job"
@@ -277,8 +287,8 @@ fn coordinator(spec: &JobSpec, deadline: Instant, timeout: Duration) -> Result<L
                 peers[rank] = Some(s);
                 arrived += 1;
             }
-            Ok(other) => tracing::warn!("node 0: node {rank} sent {other:?} instead of its hello"),
-            Err(e) => tracing::warn!("node 0: node {rank} sent no hello: {e}"),
+            Ok(other) => refused!("node 0: node {rank} sent {other:?} instead of its hello"),
+            Err(e) => refused!("node 0: node {rank} sent no hello: {e}"),
         }
     }
     for s in peers.iter_mut().flatten() {
@@ -454,10 +464,10 @@ fn member(spec: &JobSpec, deadline: Instant, timeout: Duration) -> Result<Links,
                 expected -= 1;
             }
             Ok(h) => {
-                tracing::warn!("node {rank}: refused a mesh link from {from} (rank {}, job {}): wrong job, token or rank", h.rank, h.job);
+                refused!("node {rank}: refused a mesh link from {from} (rank {}, job {}): wrong job, token or rank", h.rank, h.job);
                 let _ = s.shutdown(Shutdown::Both);
             }
-            Err(why) => tracing::warn!("node {rank}: refused a connection from {from}: {why}"),
+            Err(why) => refused!("node {rank}: refused a connection from {from}: {why}"),
         }
     }
     Ok(Links {

@@ -1,0 +1,204 @@
+//! The communication thread with real sockets on loopback: two or four
+//! nodes as threads of one process (each with its own mesh and
+//! communication thread).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
+use hyfi_net::bootstrap::{random_token, JobSpec, Launcher, Rendezvous};
+use hyfi_net::Cluster;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Ends the nodes together, as separate processes would: each waits for the
+/// others' goodbye, so dropping them one after another would make each wait
+/// its full grace period.
+fn finish(cs: Vec<Arc<Cluster>>) {
+    let hs: Vec<_> = cs
+        .into_iter()
+        .map(|c| std::thread::spawn(move || drop(c)))
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
+/// Starts `n` nodes as threads; returns them in rank order.
+fn nodes(n: usize) -> Vec<Arc<Cluster>> {
+    let coord = format!("127.0.0.1:{}", free_port());
+    let token = random_token();
+    let job = hyfi_net::bootstrap::random_u64();
+    let hs: Vec<_> = (0..n)
+        .map(|rank| {
+            let spec = JobSpec {
+                rank,
+                nodes: n,
+                rendezvous: Rendezvous::Coord(coord.clone()),
+                job,
+                token: Some(token),
+                launcher: Launcher::Hyfi,
+            };
+            std::thread::spawn(move || Cluster::connect(&spec, Duration::from_secs(20)).unwrap())
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn collectives_combine_in_a_fixed_order() {
+    for n in [2, 3, 4] {
+        let cs = nodes(n);
+        let hs: Vec<_> = cs
+            .iter()
+            .cloned()
+            .map(|c| {
+                std::thread::spawn(move || {
+                    let mut out = Vec::new();
+                    for round in 0..20u64 {
+                        c.barrier().unwrap();
+                        // A non-commutative combine (concatenation as a
+                        // polynomial hash) exposes the combining order.
+                        let mut v = (c.rank() as u64 + 1 + round * 10).to_le_bytes();
+                        c.allreduce(&mut v, &mut |a, b| {
+                            let x = u64::from_le_bytes(a.try_into().unwrap());
+                            let y = u64::from_le_bytes(b.try_into().unwrap());
+                            a.copy_from_slice(
+                                &x.wrapping_mul(1_000_003).wrapping_add(y).to_le_bytes(),
+                            );
+                        })
+                        .unwrap();
+                        out.push(u64::from_le_bytes(v));
+                    }
+                    out
+                })
+            })
+            .collect();
+        let results: Vec<Vec<u64>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(
+            results.iter().all(|r| r == &results[0]),
+            "n={n}: nodes disagree"
+        );
+        // Every node's value took part exactly once: check with a commutative sum.
+        let cs2 = cs.clone();
+        let handles: Vec<_> = cs2
+            .into_iter()
+            .map(|c| {
+                std::thread::spawn(move || {
+                    let mut v = (c.rank() as u64 + 1).to_le_bytes();
+                    c.allreduce(&mut v, &mut |a, b| {
+                        let s = u64::from_le_bytes(a.try_into().unwrap())
+                            + u64::from_le_bytes(b.try_into().unwrap());
+                        a.copy_from_slice(&s.to_le_bytes());
+                    })
+                    .unwrap();
+                    u64::from_le_bytes(v)
+                })
+            })
+            .collect();
+        let sums: Vec<u64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(
+            sums.iter().all(|&s| s == (n * (n + 1) / 2) as u64),
+            "n={n}: {sums:?}"
+        );
+        finish(cs);
+    }
+}
+
+#[test]
+fn a_filament_waiting_for_the_network_lets_its_processor_run_other_pools() {
+    let cs = nodes(2);
+    let (n0, n1) = (cs[0].clone(), cs[1].clone());
+    let pool1_ran = Arc::new(AtomicBool::new(false));
+    // Node 0 sends its page only once node 1's other pool has run: if the
+    // waiting filament blocked the server thread, that never happens (the
+    // sender gives up after 10 s and the order check fails).
+    let sender = {
+        let pool1_ran = pool1_ran.clone();
+        std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            while !pool1_ran.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            n0.comm().send_bulk(1, 7, &[42u8; 4096]).unwrap();
+            n0
+        })
+    };
+    let rt = Runtime::new(Config::new().procs(1).pin(false)).unwrap();
+    let order = Mutex::new(Vec::new());
+    let mut pools = PoolArray::<usize>::new(&rt, 2);
+    pools.pool_k(0, 0).push(0);
+    pools.pool_k(0, 1).push(1);
+    let mut prog = Program::new();
+    prog.phase(
+        pools,
+        |_, i| {
+            if i == 0 {
+                let (tag, page) = n1.comm().recv_bulk(0).unwrap();
+                assert_eq!((tag, page.len(), page[4095]), (7, 4096, 42));
+                order.lock().unwrap().push("page arrived");
+            } else {
+                order.lock().unwrap().push("other pool ran");
+                pool1_ran.store(true, Ordering::SeqCst);
+            }
+        },
+        |_| Control::Done,
+    );
+    rt.start(&mut prog).unwrap();
+    drop(prog);
+    let n0 = sender.join().unwrap();
+    assert_eq!(
+        *order.lock().unwrap(),
+        vec!["other pool ran", "page arrived"]
+    );
+    assert_eq!(rt.stats().total().suspensions, 1);
+    let st = n1.stats();
+    assert_eq!(st.bulk_received.load(Ordering::Relaxed), 1);
+    assert_eq!(st.bulk_bytes_received.load(Ordering::Relaxed), 4096 + 16);
+    drop(cs);
+    finish(vec![n0, n1]);
+}
+
+#[test]
+fn a_runtime_over_four_nodes_reduces_across_all_of_them() {
+    let cs = nodes(4);
+    let hs: Vec<_> = cs
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let rt = Runtime::with_link(Config::new().procs(1).pin(false), c).unwrap();
+                assert_eq!((rt.num_nodes(), rt.node() < 4), (4, true));
+                let s = rt.reduction(0u64);
+                let mut got = Vec::new();
+                let mut prog = Program::new();
+                prog.phase(
+                    PoolArray::block(&rt, 0..1000, 1),
+                    |ctx, i| s.update(ctx, |v| v + i as u64),
+                    |post| {
+                        got.push(post.reduce(&s, hyfi_core::Op::Sum));
+                        post.set(&s, 0);
+                        if post.iteration() == 2 {
+                            Control::Done
+                        } else {
+                            Control::Continue
+                        }
+                    },
+                );
+                rt.start(&mut prog).unwrap();
+                drop(prog);
+                got
+            })
+        })
+        .collect();
+    for h in hs {
+        // Each node took its block of 0..1000; the reduction sums all blocks.
+        assert_eq!(h.join().unwrap(), vec![499_500; 3]);
+    }
+}
