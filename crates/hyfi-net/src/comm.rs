@@ -28,6 +28,9 @@ use crate::error::NetError;
 use crate::mesh::Links;
 use crate::wire::{self, Header, Kind, Msg, HANDSHAKE_LEN, HEADER_LEN};
 
+/// How long a waiting thread spins before it sleeps.
+const SPIN: Duration = Duration::from_micros(50);
+
 /// Direction of a collective message.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Dir {
@@ -88,6 +91,10 @@ pub struct Inbox {
     /// drop as they abort are then expected, and must not make this node's
     /// program exit first with an error status of its own.
     exiting: std::sync::atomic::AtomicBool,
+    /// Bumped by every `put`: lets a waiter spin on one atomic instead of
+    /// sleeping on the condvar at once (a futex sleep and wake-up costs tens
+    /// of microseconds on a VM, more than a round trip on loopback).
+    generation: AtomicU64,
 }
 
 #[derive(Default)]
@@ -96,6 +103,8 @@ struct InboxState {
     bulk: HashMap<usize, std::collections::VecDeque<(u64, Vec<u8>)>>,
     failed: Option<String>,
     byes: usize,
+    /// Writer tasks that have flushed everything and closed their half.
+    writers_done: usize,
     /// Filthreads suspended until something arrives.
     waiters: Vec<hyfi_core::filthread::Waker>,
 }
@@ -111,6 +120,7 @@ impl Inbox {
         let waiters = {
             let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
             f(&mut s);
+            self.generation.fetch_add(1, Ordering::Release);
             self.cv.notify_all();
             s.take_waiters()
         };
@@ -169,6 +179,27 @@ impl Inbox {
                 if let Some(r) = got.take() {
                     return r;
                 }
+            }
+        }
+        // Spin a little first: replies on a fast network come back sooner
+        // than a sleeping thread can be woken.
+        let spin_until = Instant::now() + SPIN;
+        loop {
+            let seen = self.generation.load(Ordering::Acquire);
+            {
+                let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(v) = take(&mut s) {
+                    return Ok(v);
+                }
+                if let Some(f) = &s.failed {
+                    return Err(f.clone());
+                }
+            }
+            while self.generation.load(Ordering::Acquire) == seen && Instant::now() < spin_until {
+                std::hint::spin_loop();
+            }
+            if Instant::now() >= spin_until {
+                break;
             }
         }
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -393,7 +424,9 @@ impl Comm {
         let deadline = Instant::now() + grace;
         {
             let mut s = self.inbox.state.lock().unwrap_or_else(|e| e.into_inner());
-            while s.byes < self.nodes - 1 && s.failed.is_none() {
+            // Our own Bye must be on the wire before the runtime stops, or the
+            // peer would see the link close without it and report a failure.
+            while (s.byes < self.nodes - 1 || s.writers_done < self.nodes - 1) && s.failed.is_none() {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     break;
@@ -445,9 +478,10 @@ async fn run(
         };
         let (r, w) = stream.into_split();
         tasks += 2;
-        let d = done_tx.clone();
+        let (d, ib) = (done_tx.clone(), inbox.clone());
         tokio::spawn(async move {
             writer(w, ctrl, bulk).await;
+            ib.put(|s| s.writers_done += 1);
             let _ = d.send(());
         });
         let (d, ib, st, of) = (
@@ -503,11 +537,13 @@ async fn writer(
 async fn reader(
     me: usize,
     peer: usize,
-    mut r: tokio::net::tcp::OwnedReadHalf,
+    r: tokio::net::tcp::OwnedReadHalf,
     inbox: &Inbox,
     stats: &NetStats,
     hook: &FailureHook,
 ) {
+    // Buffered: a frame's header and payload usually arrive in one read.
+    let mut r = tokio::io::BufReader::with_capacity(64 * 1024, r);
     let mut said_bye = false;
     loop {
         let mut h = [0u8; HEADER_LEN];
