@@ -1,12 +1,17 @@
 //! The communication thread: one per node, running a single-threaded tokio
-//! runtime over the mesh.
+//! runtime that reads every link.
 //!
-//! Server threads never touch a socket. They hand finished frames to the
-//! thread through unbounded channels (a send is a lock-free push and a
-//! wake-up) and wait for replies in the [`Inbox`]. Per peer there is one
-//! writer task with two queues, control and bulk, and the writer always
-//! drains control first, so a barrier never waits behind a page. One reader
-//! task per peer decodes frames and files them in the inbox.
+//! **Sending** does not go through it: the calling thread writes its frame
+//! to the socket itself, under a per-link lock (frames never interleave; a
+//! control frame waits at most for one frame already being written). This
+//! departs from the design card's "workers hand messages to the
+//! communication thread through lock-free queues": that hand-off cost a
+//! wake-up of the communication thread per message, which measured 5–7×
+//! a raw TCP round trip; writing directly removed it (see BENCHMARKS.md).
+//! **Receiving**: one reader task per link decodes frames and files them in
+//! the [`Inbox`], where waiting threads spin briefly and then sleep, and
+//! waiting filthreads suspend (the hyfi-core seam) so their processor runs
+//! other work.
 //!
 //! **Failure detection.** A link that closes or breaks before its peer said
 //! `Bye`, or an `Abort` from a peer, fails the node: every waiter in the
@@ -21,8 +26,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc::unbounded_channel;
 
 use crate::error::NetError;
 use crate::mesh::Links;
@@ -103,8 +108,6 @@ struct InboxState {
     bulk: HashMap<usize, std::collections::VecDeque<(u64, Vec<u8>)>>,
     failed: Option<String>,
     byes: usize,
-    /// Writer tasks that have flushed everything and closed their half.
-    writers_done: usize,
     /// Filthreads suspended until something arrives.
     waiters: Vec<hyfi_core::filthread::Waker>,
 }
@@ -223,16 +226,49 @@ impl Inbox {
     }
 }
 
+/// The sending side of one link: the caller writes its frame itself,
+/// under this lock, so frames never interleave. `None` once closed.
 struct PeerTx {
-    control: UnboundedSender<Vec<u8>>,
-    bulk: UnboundedSender<Vec<u8>>,
+    sock: Mutex<Option<std::net::TcpStream>>,
+}
+
+/// Writes all of `buf` to a non-blocking socket (tokio owns the reading
+/// side, and the blocking flag is shared by both), waiting for room with
+/// poll(2) when the socket buffer is full.
+fn write_all(s: &mut std::net::TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    while !buf.is_empty() {
+        match s.write(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let mut pfd = libc::pollfd {
+                    fd: s.as_raw_fd(),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd, for a socket we hold open.
+                let r = unsafe { libc::poll(&mut pfd, 1, 1000) };
+                if r < 0 {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// A node's communication thread and the handles to talk through it.
 pub struct Comm {
     rank: usize,
     nodes: usize,
-    tx: Mutex<Vec<Option<PeerTx>>>,
+    tx: Vec<Option<PeerTx>>,
     inbox: Arc<Inbox>,
     stats: Arc<NetStats>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -249,20 +285,16 @@ impl Comm {
         let inbox = Arc::new(Inbox::default());
         let stats = Arc::new(NetStats::default());
         let mut txs = Vec::with_capacity(nodes);
-        let mut rxs = Vec::with_capacity(nodes);
         for p in &links.peers {
-            if p.is_some() {
-                let (ct, cr) = unbounded_channel();
-                let (bt, br) = unbounded_channel();
-                txs.push(Some(PeerTx {
-                    control: ct,
-                    bulk: bt,
-                }));
-                rxs.push(Some((cr, br)));
-            } else {
-                txs.push(None);
-                rxs.push(None);
-            }
+            txs.push(match p {
+                Some(sock) => Some(PeerTx {
+                    sock: Mutex::new(Some(
+                        sock.try_clone()
+                            .map_err(|e| NetError::io("cloning a link for writing", e))?,
+                    )),
+                }),
+                None => None,
+            });
         }
         for s in links.peers.iter().flatten() {
             s.set_nonblocking(true)
@@ -284,7 +316,7 @@ impl Comm {
             .spawn(move || {
                 rt.block_on(async move {
                     tokio::select! {
-                        _ = run(links, rxs, inbox2, stats2, on_failure) => {}
+                        _ = run(links, inbox2, stats2, on_failure) => {}
                         _ = stop.notified() => {}
                     }
                 })
@@ -293,7 +325,7 @@ impl Comm {
         Ok(Comm {
             rank,
             nodes,
-            tx: Mutex::new(txs),
+            tx: txs,
             inbox,
             stats,
             thread: Mutex::new(Some(thread)),
@@ -318,17 +350,18 @@ impl Comm {
         &self.inbox
     }
 
-    fn push(&self, peer: usize, frame: Vec<u8>, bulk: bool) -> Result<(), NetError> {
-        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        let sent = match tx.get(peer).and_then(|t| t.as_ref()) {
-            Some(t) if bulk => t.bulk.send(frame).is_ok(),
-            Some(t) => t.control.send(frame).is_ok(),
-            None => false,
+    /// Writes a frame to `peer` from the calling thread: no hand-off to the
+    /// communication thread, whose wake-up would cost more than the write.
+    /// A control frame waits at most for one frame already being written.
+    fn push(&self, peer: usize, frame: Vec<u8>) -> Result<(), NetError> {
+        let Some(Some(tx)) = self.tx.get(peer) else {
+            return Err(self.failed_error(format!("no link to node {peer}")));
         };
-        if sent {
-            Ok(())
-        } else {
-            Err(self.failed_error(format!("no link to node {peer}")))
+        let mut g = tx.sock.lock().unwrap_or_else(|e| e.into_inner());
+        match g.as_mut() {
+            Some(sock) => write_all(sock, &frame)
+                .map_err(|e| self.failed_error(format!("writing to node {peer}: {e}"))),
+            None => Err(self.failed_error(format!("link to node {peer} is closed"))),
         }
     }
 
@@ -343,7 +376,7 @@ impl Comm {
         self.stats
             .control_bytes_sent
             .fetch_add(f.len() as u64, Ordering::Relaxed);
-        self.push(peer, f, false)
+        self.push(peer, f)
     }
 
     /// Queues raw bytes to `peer` under `tag` (never blocks).
@@ -353,7 +386,7 @@ impl Comm {
         self.stats
             .bulk_bytes_sent
             .fetch_add(f.len() as u64, Ordering::Relaxed);
-        self.push(peer, f, true)
+        self.push(peer, f)
     }
 
     /// Waits for the collective message `(from, seq, dir)`.
@@ -419,14 +452,16 @@ impl Comm {
                 let _ = self.send(p, &Msg::Bye);
             }
         }
-        // Dropping the senders ends the writer tasks once their queues are empty.
-        self.tx.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        // Our Bye is written (synchronously, above); close our sending half.
+        for tx in self.tx.iter().flatten() {
+            if let Some(sock) = tx.sock.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                let _ = sock.shutdown(std::net::Shutdown::Write);
+            }
+        }
         let deadline = Instant::now() + grace;
         {
             let mut s = self.inbox.state.lock().unwrap_or_else(|e| e.into_inner());
-            // Our own Bye must be on the wire before the runtime stops, or the
-            // peer would see the link close without it and report a failure.
-            while (s.byes < self.nodes - 1 || s.writers_done < self.nodes - 1) && s.failed.is_none() {
+            while s.byes < self.nodes - 1 && s.failed.is_none() {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     break;
@@ -448,23 +483,13 @@ impl Comm {
     }
 }
 
-type Rx = (UnboundedReceiver<Vec<u8>>, UnboundedReceiver<Vec<u8>>);
-
-async fn run(
-    links: Links,
-    rxs: Vec<Option<Rx>>,
-    inbox: Arc<Inbox>,
-    stats: Arc<NetStats>,
-    on_failure: FailureHook,
-) {
+async fn run(links: Links, inbox: Arc<Inbox>, stats: Arc<NetStats>, on_failure: FailureHook) {
     let me = links.rank;
     let on_failure = Arc::new(on_failure);
     let (done_tx, mut done_rx) = unbounded_channel::<()>();
     let mut tasks = 0usize;
-    for (peer, (stream, rx)) in links.peers.into_iter().zip(rxs).enumerate() {
-        let (Some(stream), Some((ctrl, bulk))) = (stream, rx) else {
-            continue;
-        };
+    for (peer, stream) in links.peers.into_iter().enumerate() {
+        let Some(stream) = stream else { continue };
         let stream = match tokio::net::TcpStream::from_std(stream) {
             Ok(s) => s,
             Err(e) => {
@@ -476,14 +501,11 @@ async fn run(
                 continue;
             }
         };
-        let (r, w) = stream.into_split();
-        tasks += 2;
-        let (d, ib) = (done_tx.clone(), inbox.clone());
-        tokio::spawn(async move {
-            writer(w, ctrl, bulk).await;
-            ib.put(|s| s.writers_done += 1);
-            let _ = d.send(());
-        });
+        // Writes go through the std clone in PeerTx; the reader task gets
+        // the whole stream (not a split half: dropping tokio's write half
+        // would shut our sending side down).
+        let r = stream;
+        tasks += 1;
         let (d, ib, st, of) = (
             done_tx.clone(),
             inbox.clone(),
@@ -515,29 +537,10 @@ fn fail(inbox: &Inbox, hook: &FailureHook, why: String) {
     }
 }
 
-async fn writer(
-    mut w: tokio::net::tcp::OwnedWriteHalf,
-    mut ctrl: UnboundedReceiver<Vec<u8>>,
-    mut bulk: UnboundedReceiver<Vec<u8>>,
-) {
-    let (mut ctrl_open, mut bulk_open) = (true, true);
-    while ctrl_open || bulk_open {
-        let frame = tokio::select! {
-            biased;
-            f = ctrl.recv(), if ctrl_open => match f { Some(f) => f, None => { ctrl_open = false; continue } },
-            f = bulk.recv(), if bulk_open => match f { Some(f) => f, None => { bulk_open = false; continue } },
-        };
-        if w.write_all(&frame).await.is_err() {
-            return; // the reader reports the broken link
-        }
-    }
-    let _ = w.shutdown().await;
-}
-
 async fn reader(
     me: usize,
     peer: usize,
-    r: tokio::net::tcp::OwnedReadHalf,
+    r: tokio::net::TcpStream,
     inbox: &Inbox,
     stats: &NetStats,
     hook: &FailureHook,
