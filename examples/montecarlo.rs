@@ -158,6 +158,9 @@ fn main() {
         elapsed.as_secs_f64()
     );
     let ok = total_hits == seq_hits && (last_area - std::f64::consts::PI).abs() < 1e-12;
+    if let Some(t) = rt.traffic() {
+        println!("node {} traffic: {t}", rt.node());
+    }
     if ok {
         println!("check: OK (hits equal the sequential count; quadrature within 1e-12 of pi)");
     } else {

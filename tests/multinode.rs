@@ -1103,3 +1103,42 @@ fn unreachable_coordinator_times_out() {
     }
     job.no_panics();
 }
+
+#[test]
+fn sigusr1_prints_a_nodes_statistics_and_the_job_goes_on() {
+    let nodes = 2;
+    let mut job = Job::new("SIGUSR1 to node 1 of 2 (by hand)");
+    let coord = format!("127.0.0.1:{}", free_port());
+    let id = u64::from_le_bytes(random_bytes());
+    let token = hex(&random_bytes::<16>());
+    for rank in 0..nodes {
+        let mut cmd = montecarlo(1, &["--phases", "30", "--sleep-ms", "20"]);
+        cmd.envs(hyfi_env(rank, nodes, &coord, id, &token));
+        job.spawn(&format!("node {rank}"), cmd);
+    }
+    for rank in 0..nodes {
+        let prefix = format!("node {rank} of {nodes} ");
+        job.wait_line(rank, "its header", |l| l.starts_with(&prefix));
+        let pid = job.pid(rank);
+        job.track(pid);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(send_signal(&job.pid(1).to_string(), "USR1"));
+    let statuses = job.wait_all(Duration::from_secs(20));
+    for (rank, st) in statuses.iter().enumerate() {
+        if !st.success() {
+            job.fail(&format!(
+                "node {rank} should finish normally after SIGUSR1: {st}"
+            ));
+        }
+        if !job.stdout(rank).iter().any(|l| l.starts_with("check: OK")) {
+            job.fail(&format!("node {rank} did not check OK"));
+        }
+    }
+    let err = job.stderr(1);
+    // Message counters, then the runtime's per-processor table.
+    if !err.contains("hyfi: node 1 traffic: control sent") || !err.contains("filaments") {
+        job.fail("node 1 did not print its statistics on SIGUSR1");
+    }
+    job.no_panics();
+}

@@ -102,7 +102,7 @@ pub use node::{LinkError, NodeLink, SingleNode};
 pub use phase::{Control, PostPhase, Program};
 pub use pool::{block, Index, Pool, PoolArray};
 pub use reduce::{Arith, Op, Reduction};
-pub use runtime::Runtime;
+pub use runtime::{Runtime, StatsHandle};
 pub use shared::{Element, Row, SharedMatrix, SharedVec};
 pub use stats::{ProcStats, Stats};
 pub use worker::Ctx;

@@ -27,6 +27,11 @@ pub trait NodeLink: Send + Sync + 'static {
         value: &mut [u8],
         combine: &mut dyn FnMut(&mut [u8], &[u8]),
     ) -> Result<(), LinkError>;
+    /// The link's own counters (messages, bytes), for printing; `None` if it
+    /// keeps none.
+    fn traffic(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The link of a one-node run.

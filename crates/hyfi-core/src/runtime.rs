@@ -418,15 +418,19 @@ impl Runtime {
     /// Counters per processor, accumulated since the runtime started (or
     /// since [`Runtime::reset_stats`]).
     pub fn stats(&self) -> Stats {
-        Stats {
-            node: self.node(),
-            procs: self
-                .shared
-                .stats
-                .iter()
-                .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).clone())
-                .collect(),
-        }
+        self.stats_handle().stats()
+    }
+
+    /// The cross-node layer's counters (messages and bytes sent and
+    /// received, by kind), if this runtime spans nodes.
+    pub fn traffic(&self) -> Option<String> {
+        self.shared.link.traffic()
+    }
+
+    /// A handle that reads these counters from any thread (for a signal
+    /// handler or a monitoring thread), without holding the runtime.
+    pub fn stats_handle(&self) -> StatsHandle {
+        StatsHandle(self.shared.clone())
     }
 
     /// Zeroes the counters.
@@ -434,6 +438,32 @@ impl Runtime {
         for s in &self.shared.stats {
             *s.lock().unwrap_or_else(|e| e.into_inner()) = ProcStats::default();
         }
+    }
+}
+
+/// Reads a runtime's counters from any thread (see [`Runtime::stats_handle`]).
+#[derive(Clone)]
+pub struct StatsHandle(Arc<Shared>);
+
+impl StatsHandle {
+    /// The counters accumulated so far (those of a running program are added
+    /// when its processors finish it).
+    pub fn stats(&self) -> Stats {
+        Stats {
+            node: self.0.link.my_node(),
+            procs: self
+                .0
+                .stats
+                .iter()
+                .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).clone())
+                .collect(),
+        }
+    }
+}
+
+impl std::fmt::Debug for StatsHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StatsHandle")
     }
 }
 

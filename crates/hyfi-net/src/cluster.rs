@@ -22,6 +22,7 @@ pub struct Cluster {
     comm: Comm,
     coll: Collectives,
     signals: Mutex<Option<SignalThread>>,
+    runtime_stats: Mutex<Option<hyfi_core::StatsHandle>>,
 }
 
 impl Cluster {
@@ -57,6 +58,7 @@ impl Cluster {
             comm,
             coll: Collectives::default(),
             signals: Mutex::new(None),
+            runtime_stats: Mutex::new(None),
         }))
     }
 
@@ -81,13 +83,32 @@ impl Cluster {
                     std::thread::sleep(Duration::from_millis(200));
                     std::process::exit(signals::exit_code_for(signal));
                 }
-                SignalEvent::DumpStats => {
-                    eprintln!("hyfi: node {} traffic: {}", c.rank(), c.stats());
-                }
+                SignalEvent::DumpStats => eprint!("{}", c.report()),
             }
         })?;
         *self.signals.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
         Ok(())
+    }
+
+    /// Makes [`Cluster::report`] (and SIGUSR1) include the runtime's
+    /// per-processor counters.
+    pub fn set_runtime_stats(&self, h: hyfi_core::StatsHandle) {
+        *self.runtime_stats.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
+    }
+
+    /// This node's statistics: messages and bytes by kind, and (if set) the
+    /// runtime's counters per processor. What SIGUSR1 prints.
+    pub fn report(&self) -> String {
+        let mut s = format!("hyfi: node {} traffic: {}\n", self.rank(), self.stats());
+        if let Some(h) = self
+            .runtime_stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            s += &h.stats().to_string();
+        }
+        s
     }
 
     /// This node's rank.
@@ -130,6 +151,9 @@ impl NodeLink for Cluster {
     }
     fn my_node(&self) -> usize {
         self.rank()
+    }
+    fn traffic(&self) -> Option<String> {
+        Some(self.stats().to_string())
     }
     fn barrier(&self) -> Result<(), LinkError> {
         Cluster::barrier(self).map_err(|e| Box::new(e) as LinkError)

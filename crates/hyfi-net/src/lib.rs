@@ -82,7 +82,9 @@ pub fn init_nodes(cfg: Config, nodes: Option<usize>) -> Result<Runtime, NetError
             signals::block_async_signals()?;
             let cluster = Cluster::connect(&spec, setup_timeout()?)?;
             cluster.handle_signals()?;
-            Ok(Runtime::with_link(cfg, cluster)?)
+            let rt = Runtime::with_link(cfg, cluster.clone())?;
+            cluster.set_runtime_stats(rt.stats_handle());
+            Ok(rt)
         }
     }
 }
