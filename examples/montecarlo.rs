@@ -159,7 +159,7 @@ fn main() {
     );
     let ok = total_hits == seq_hits && (last_area - std::f64::consts::PI).abs() < 1e-12;
     if let Some(t) = rt.traffic() {
-        println!("node {} traffic: {t}", rt.node());
+        println!("traffic of node {}: {t}", rt.node());
     }
     if ok {
         println!("check: OK (hits equal the sequential count; quadrature within 1e-12 of pi)");

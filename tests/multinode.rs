@@ -537,6 +537,14 @@ fn check_nodes(
             job.fail(&format!("node {rank}: no `check: OK`"));
         }
     }
+    // A clean run ends with every link saying goodbye: no node may report
+    // a lost peer or an abort on the way out.
+    for i in 0..job.procs.len() {
+        let err = job.stderr(i);
+        if err.contains("lost node") || err.contains("aborted") {
+            job.fail("a clean run reported a failure on its way out");
+        }
+    }
     outcome(job, results, pids)
 }
 

@@ -418,7 +418,7 @@ impl Runtime {
     /// Counters per processor, accumulated since the runtime started (or
     /// since [`Runtime::reset_stats`]).
     pub fn stats(&self) -> Stats {
-        self.stats_handle().stats()
+        stats_of(&self.shared)
     }
 
     /// The cross-node layer's counters (messages and bytes sent and
@@ -430,7 +430,7 @@ impl Runtime {
     /// A handle that reads these counters from any thread (for a signal
     /// handler or a monitoring thread), without holding the runtime.
     pub fn stats_handle(&self) -> StatsHandle {
-        StatsHandle(self.shared.clone())
+        StatsHandle(Arc::downgrade(&self.shared))
     }
 
     /// Zeroes the counters.
@@ -442,22 +442,28 @@ impl Runtime {
 }
 
 /// Reads a runtime's counters from any thread (see [`Runtime::stats_handle`]).
+///
+/// It does not keep the runtime alive (a node's link holds one, and the
+/// runtime holds the link: a strong handle would be a cycle).
 #[derive(Clone)]
-pub struct StatsHandle(Arc<Shared>);
+pub struct StatsHandle(std::sync::Weak<Shared>);
 
 impl StatsHandle {
     /// The counters accumulated so far (those of a running program are added
-    /// when its processors finish it).
-    pub fn stats(&self) -> Stats {
-        Stats {
-            node: self.0.link.my_node(),
-            procs: self
-                .0
-                .stats
-                .iter()
-                .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).clone())
-                .collect(),
-        }
+    /// when its processors finish it); `None` once the runtime is gone.
+    pub fn stats(&self) -> Option<Stats> {
+        self.0.upgrade().map(|sh| stats_of(&sh))
+    }
+}
+
+fn stats_of(sh: &Shared) -> Stats {
+    Stats {
+        node: sh.link.my_node(),
+        procs: sh
+            .stats
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .collect(),
     }
 }
 

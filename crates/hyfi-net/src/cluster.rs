@@ -106,7 +106,9 @@ impl Cluster {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
         {
-            s += &h.stats().to_string();
+            if let Some(st) = h.stats() {
+                s += &st.to_string();
+            }
         }
         s
     }
