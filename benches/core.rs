@@ -17,6 +17,8 @@
 //!
 //! Run with `cargo bench --bench core -- --noplot`.
 
+mod common;
+use common::{config, fib_hyfi, fib_rayon, fib_seq, rayon_pool};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -24,45 +26,10 @@ use std::time::{Duration, Instant};
 use corosensei::stack::DefaultStack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use hyfi::{filthread, Config, Control, Ctx, Op, PoolArray, Program, Runtime};
+use hyfi::{filthread, Control, Op, PoolArray, Program, Runtime};
 use rayon::prelude::*;
 
-fn config(procs: usize) -> Config {
-    // This machine has 2 cores: pin whenever procs <= 2.
-    Config::new().procs(procs).pin(procs <= 2)
-}
-
-fn rayon_pool(threads: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("rayon pool")
-}
-
 // ------------------------------------------------------- cost of a fork
-
-fn fib_seq(n: u64) -> u64 {
-    if n < 2 {
-        return n;
-    }
-    fib_seq(n - 1) + fib_seq(n - 2)
-}
-
-fn fib_hyfi(ctx: &Ctx, n: u64) -> u64 {
-    if n < 2 {
-        return n;
-    }
-    let (a, b) = ctx.join(|c| fib_hyfi(c, n - 1), |c| fib_hyfi(c, n - 2));
-    a + b
-}
-
-fn fib_rayon(n: u64) -> u64 {
-    if n < 2 {
-        return n;
-    }
-    let (a, b) = rayon::join(|| fib_rayon(n - 1), || fib_rayon(n - 2));
-    a + b
-}
 
 fn t2_fork_cost(c: &mut Criterion) {
     const N: u64 = 27;

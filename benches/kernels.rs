@@ -11,26 +11,16 @@
 //!
 //! Run with `cargo bench --bench kernels -- --noplot`.
 
+mod common;
+use common::{fib_hyfi, fib_rayon, fib_seq, rayon_pool, runtime};
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode};
-use hyfi::{Config, Control, Ctx, Op, PoolArray, Program, Reduction, Runtime, SharedMatrix};
+use hyfi::{Control, Ctx, Op, PoolArray, Program, Reduction, Runtime, SharedMatrix};
 use rayon::prelude::*;
 
 // ---------------------------------------------------------------- runtimes
-
-fn runtime(procs: usize) -> Runtime {
-    // This machine has 2 cores: pin whenever procs <= 2.
-    Runtime::new(Config::new().procs(procs).pin(procs <= 2)).expect("hyfi runtime")
-}
-
-fn rayon_pool(threads: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("rayon pool")
-}
 
 // ------------------------------------------------------------------ Jacobi
 
@@ -251,13 +241,6 @@ fn t1_jacobi1024(c: &mut Criterion) {
 
 // --------------------------------------------------------------------- fib
 
-fn fib_seq(n: u64) -> u64 {
-    if n < 2 {
-        return n;
-    }
-    fib_seq(n - 1) + fib_seq(n - 2)
-}
-
 /// The same recursion with the second call's result passed through
 /// `black_box`, so LLVM cannot turn that call into a loop (it does so for
 /// `fib_seq`, which then makes half the calls). A reference, not the target's
@@ -268,22 +251,6 @@ fn fib_seq_no_loop(n: u64) -> u64 {
     }
     let a = fib_seq_no_loop(n - 1);
     a + black_box(fib_seq_no_loop(n - 2))
-}
-
-fn fib_hyfi(ctx: &Ctx, n: u64) -> u64 {
-    if n < 2 {
-        return n;
-    }
-    let (a, b) = ctx.join(|c| fib_hyfi(c, n - 1), |c| fib_hyfi(c, n - 2));
-    a + b
-}
-
-fn fib_rayon(n: u64) -> u64 {
-    if n < 2 {
-        return n;
-    }
-    let (a, b) = rayon::join(|| fib_rayon(n - 1), || fib_rayon(n - 2));
-    a + b
 }
 
 fn t2_fib32_prune(c: &mut Criterion) {

@@ -19,11 +19,13 @@
 //! value, the ratio to the plain sequential recursion timed in the same run,
 //! a verdict and the runtime's counters; it exits non-zero on failure.
 
+#[path = "common/mod.rs"]
+mod common;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use hyfi::{Config, Ctx, Runtime};
+use hyfi::{Ctx, Runtime};
 
 /// Largest `n` whose Fibonacci number fits in a `u64`.
 pub const MAX_N: u64 = 93;
@@ -72,9 +74,9 @@ struct Args {
     /// Which Fibonacci number (at most 93; each +1 costs ~1.6x the time).
     #[arg(long, default_value_t = 37)]
     n: u64,
-    /// Processors [default: HYFI_PROCS, else every CPU].
-    #[arg(long)]
-    procs: Option<usize>,
+    /// Runtime options (--procs, --pin/--no-pin).
+    #[command(flatten)]
+    runtime: common::RuntimeArgs,
     /// Make every fork real (no pruning).
     #[arg(long)]
     no_prune: bool,
@@ -101,10 +103,7 @@ fn run(args: &Args) -> Result<(), String> {
             "--n {n} is too large: fib({n}) overflows u64 (at most {MAX_N})"
         ));
     }
-    let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
-    if let Some(p) = args.procs {
-        cfg = cfg.procs(p);
-    }
+    let mut cfg = args.runtime.config().map_err(|e| e.to_string())?;
     if args.no_prune {
         cfg = cfg.prune(false);
     }

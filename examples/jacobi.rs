@@ -24,10 +24,13 @@
 //! maximum does not depend on the order it is taken in). It exits with
 //! status 1 if they differ, 2 if the runtime fails.
 
+#[path = "common/mod.rs"]
+mod common;
+use common::at_least;
 use std::time::Instant;
 
 use clap::Parser;
-use hyfi::{Config, Control, Op, PoolArray, Program, Runtime, SharedMatrix};
+use hyfi::{Control, Op, PoolArray, Program, Runtime, SharedMatrix};
 
 /// Jacobi iteration on an n×n grid with hyfi's iterative filaments.
 #[derive(Parser, Debug, Clone)]
@@ -36,9 +39,9 @@ pub struct Args {
     /// Grid size (points per side, edges included).
     #[arg(long, default_value_t = 256, value_parser = at_least(3))]
     pub n: usize,
-    /// Processors (server threads) [default: HYFI_PROCS, else all CPUs].
-    #[arg(long, value_parser = at_least(1))]
-    pub procs: Option<usize>,
+    /// Runtime options (--procs, --pin/--no-pin).
+    #[command(flatten)]
+    pub runtime: common::RuntimeArgs,
     /// Pools per processor (rows in blocks over them).
     #[arg(long, default_value_t = 1, value_parser = at_least(1))]
     pub pools_per_proc: usize,
@@ -51,34 +54,6 @@ pub struct Args {
     /// One filament per row instead of one per point.
     #[arg(long)]
     pub per_row: bool,
-    /// Pin server threads to CPUs [default: HYFI_PIN, else on].
-    #[arg(long, overrides_with = "no_pin")]
-    pub pin: bool,
-    /// Do not pin server threads (allows more processors than CPUs).
-    #[arg(long, overrides_with = "pin")]
-    pub no_pin: bool,
-}
-
-/// A clap parser for whole numbers of at least `min`.
-fn at_least(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
-    clap::builder::RangedU64ValueParser::new().range(min..)
-}
-
-impl Args {
-    /// The runtime configuration: the `HYFI_*` variables, overridden by
-    /// `--procs` and `--pin/--no-pin`.
-    pub fn config(&self) -> Result<Config, hyfi::Error> {
-        let mut cfg = Config::from_env()?;
-        if let Some(p) = self.procs {
-            cfg = cfg.procs(p);
-        }
-        if self.pin {
-            cfg = cfg.pin(true);
-        } else if self.no_pin {
-            cfg = cfg.pin(false);
-        }
-        Ok(cfg)
-    }
 }
 
 /// What a run computed.
@@ -273,20 +248,8 @@ pub fn run_seq(args: &Args) -> Output {
 
 fn main() {
     let args = Args::parse();
-    let rt = match args.config().and_then(Runtime::new) {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("jacobi: {e}");
-            std::process::exit(2);
-        }
-    };
-    let par = match run_hyfi(&rt, &args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("jacobi: {e}");
-            std::process::exit(2);
-        }
-    };
+    let rt = common::or_exit("jacobi", args.runtime.config().and_then(Runtime::new));
+    let par = common::or_exit("jacobi", run_hyfi(&rt, &args));
     let seq = run_seq(&args);
 
     let grain = if args.per_row { "row" } else { "point" };

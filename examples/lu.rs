@@ -33,11 +33,14 @@
 //! the same order), and that `‖P·A − L·U‖∞ / (n ‖A‖∞ ε)` is small. It exits
 //! with status 1 if a check fails, 2 if the runtime fails.
 
+#[path = "common/mod.rs"]
+mod common;
+use common::at_least;
 use std::time::Instant;
 
 use bytemuck::{Pod, Zeroable};
 use clap::Parser;
-use hyfi::{Config, Control, PoolArray, Program, Runtime, SharedMatrix};
+use hyfi::{Control, PoolArray, Program, Runtime, SharedMatrix};
 
 /// LU decomposition with partial pivoting with hyfi's iterative filaments.
 #[derive(Parser, Debug, Clone)]
@@ -46,40 +49,12 @@ pub struct Args {
     /// Matrix size.
     #[arg(long, default_value_t = 512, value_parser = at_least(1))]
     pub n: usize,
-    /// Processors (server threads) [default: HYFI_PROCS, else all CPUs].
-    #[arg(long, value_parser = at_least(1))]
-    pub procs: Option<usize>,
+    /// Runtime options (--procs, --pin/--no-pin).
+    #[command(flatten)]
+    pub runtime: common::RuntimeArgs,
     /// Seed of the pseudo-random matrix.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Pin server threads to CPUs [default: HYFI_PIN, else on].
-    #[arg(long, overrides_with = "no_pin")]
-    pub pin: bool,
-    /// Do not pin server threads (allows more processors than CPUs).
-    #[arg(long, overrides_with = "pin")]
-    pub no_pin: bool,
-}
-
-/// A clap parser for whole numbers of at least `min`.
-fn at_least(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
-    clap::builder::RangedU64ValueParser::new().range(min..)
-}
-
-impl Args {
-    /// The runtime configuration: the `HYFI_*` variables, overridden by
-    /// `--procs` and `--pin/--no-pin`.
-    pub fn config(&self) -> Result<Config, hyfi::Error> {
-        let mut cfg = Config::from_env()?;
-        if let Some(p) = self.procs {
-            cfg = cfg.procs(p);
-        }
-        if self.pin {
-            cfg = cfg.pin(true);
-        } else if self.no_pin {
-            cfg = cfg.pin(false);
-        }
-        Ok(cfg)
-    }
 }
 
 /// What a factorization computed.
@@ -346,20 +321,8 @@ pub const RESIDUAL_LIMIT: f64 = 100.0;
 
 fn main() {
     let args = Args::parse();
-    let rt = match args.config().and_then(Runtime::new) {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("lu: {e}");
-            std::process::exit(2);
-        }
-    };
-    let par = match run_hyfi(&rt, &args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("lu: {e}");
-            std::process::exit(2);
-        }
-    };
+    let rt = common::or_exit("lu", args.runtime.config().and_then(Runtime::new));
+    let par = common::or_exit("lu", run_hyfi(&rt, &args));
     let seq = run_seq(&args);
 
     println!(

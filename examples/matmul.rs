@@ -20,10 +20,13 @@
 //! order gives the same `C` bit for bit, and exits with status 1 if not, 2
 //! if the runtime fails.
 
+#[path = "common/mod.rs"]
+mod common;
+use common::at_least;
 use std::time::Instant;
 
 use clap::Parser;
-use hyfi::{Config, Control, PoolArray, Program, Runtime, SharedMatrix};
+use hyfi::{Control, PoolArray, Program, Runtime, SharedMatrix};
 
 /// C = A×B with hyfi's iterative filaments, one filament per element of C.
 #[derive(Parser, Debug, Clone)]
@@ -32,43 +35,15 @@ pub struct Args {
     /// Matrix size.
     #[arg(long, default_value_t = 512, value_parser = at_least(1))]
     pub n: usize,
-    /// Processors (server threads) [default: HYFI_PROCS, else all CPUs].
-    #[arg(long, value_parser = at_least(1))]
-    pub procs: Option<usize>,
+    /// Runtime options (--procs, --pin/--no-pin).
+    #[command(flatten)]
+    pub runtime: common::RuntimeArgs,
     /// Pools per processor (rows of C in blocks over them).
     #[arg(long, default_value_t = 1, value_parser = at_least(1))]
     pub pools_per_proc: usize,
     /// Seed of the pseudo-random matrices.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Pin server threads to CPUs [default: HYFI_PIN, else on].
-    #[arg(long, overrides_with = "no_pin")]
-    pub pin: bool,
-    /// Do not pin server threads (allows more processors than CPUs).
-    #[arg(long, overrides_with = "pin")]
-    pub no_pin: bool,
-}
-
-/// A clap parser for whole numbers of at least `min`.
-fn at_least(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
-    clap::builder::RangedU64ValueParser::new().range(min..)
-}
-
-impl Args {
-    /// The runtime configuration: the `HYFI_*` variables, overridden by
-    /// `--procs` and `--pin/--no-pin`.
-    pub fn config(&self) -> Result<Config, hyfi::Error> {
-        let mut cfg = Config::from_env()?;
-        if let Some(p) = self.procs {
-            cfg = cfg.procs(p);
-        }
-        if self.pin {
-            cfg = cfg.pin(true);
-        } else if self.no_pin {
-            cfg = cfg.pin(false);
-        }
-        Ok(cfg)
-    }
 }
 
 /// What a multiplication computed.
@@ -187,20 +162,8 @@ pub fn run_seq(args: &Args) -> Output {
 
 fn main() {
     let args = Args::parse();
-    let rt = match args.config().and_then(Runtime::new) {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("matmul: {e}");
-            std::process::exit(2);
-        }
-    };
-    let par = match run_hyfi(&rt, &args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("matmul: {e}");
-            std::process::exit(2);
-        }
-    };
+    let rt = common::or_exit("matmul", args.runtime.config().and_then(Runtime::new));
+    let par = common::or_exit("matmul", run_hyfi(&rt, &args));
     let seq = run_seq(&args);
 
     println!(

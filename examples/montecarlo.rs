@@ -18,10 +18,12 @@
 //! Every node prints the same result line; the program checks it against a
 //! sequential computation and exits non-zero if it differs.
 
+#[path = "common/mod.rs"]
+mod common;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use hyfi::{Config, Control, Op, PoolArray, Program};
+use hyfi::{Control, Op, PoolArray, Program};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "π by Monte Carlo and midpoint rule: a reduction-only program for N×P")]
@@ -38,9 +40,9 @@ pub struct Args {
     /// Nodes to start as local processes when no launcher is around (like HYFI_NODES).
     #[arg(long)]
     pub nodes: Option<usize>,
-    /// Processors per node (default: HYFI_PROCS, else all CPUs).
-    #[arg(long)]
-    pub procs: Option<usize>,
+    /// Runtime options (--procs, --pin/--no-pin).
+    #[command(flatten)]
+    pub runtime: common::RuntimeArgs,
     /// Sleep this many milliseconds in each post-phase (to make a run last, for failure tests).
     #[arg(long, default_value_t = 0)]
     pub sleep_ms: u64,
@@ -84,23 +86,8 @@ pub fn block_quad(b: u64, blocks: u64, samples: u64) -> f64 {
 
 fn main() {
     let args = Args::parse();
-    let mut cfg = match Config::from_env() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("montecarlo: {e}");
-            std::process::exit(2);
-        }
-    };
-    if let Some(p) = args.procs {
-        cfg = cfg.procs(p);
-    }
-    let rt = match hyfi::init_nodes(cfg, args.nodes) {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("montecarlo: {e}");
-            std::process::exit(2);
-        }
-    };
+    let cfg = common::or_exit("montecarlo", args.runtime.config());
+    let rt = common::or_exit("montecarlo", hyfi::init_nodes(cfg, args.nodes));
     println!(
         "node {} of {} ({} processors), pid {}",
         rt.node(),

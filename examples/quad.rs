@@ -33,11 +33,13 @@
 //! error, the number of intervals, a verdict and the runtime's counters, and
 //! exits non-zero on failure.
 
+#[path = "common/mod.rs"]
+mod common;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
-use hyfi::{Config, Ctx, Runtime};
+use hyfi::{Ctx, Runtime};
 
 /// Height, half-width and centre of the `spiky` peak.
 const PEAK_H: f64 = 1e4;
@@ -254,9 +256,9 @@ struct Args {
     /// rounding error of the areas it will not finish.
     #[arg(long)]
     eps: Option<f64>,
-    /// Processors [default: HYFI_PROCS, else every CPU].
-    #[arg(long)]
-    procs: Option<usize>,
+    /// Runtime options (--procs, --pin/--no-pin).
+    #[command(flatten)]
+    runtime: common::RuntimeArgs,
     /// Make every fork real (no pruning).
     #[arg(long)]
     no_prune: bool,
@@ -295,10 +297,7 @@ fn run(args: &Args) -> Result<(), String> {
         ));
     }
 
-    let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
-    if let Some(p) = args.procs {
-        cfg = cfg.procs(p);
-    }
+    let mut cfg = args.runtime.config().map_err(|e| e.to_string())?;
     if args.no_prune {
         cfg = cfg.prune(false);
     }

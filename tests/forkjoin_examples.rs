@@ -2,6 +2,10 @@
 //! sizes on 1 and 2 processors, pruning on and off; plus stealing, a panic
 //! deep in a fork-join filament, and `join_n` ordering.
 
+// Each example is a standalone program that includes examples/common;
+// including several examples here loads that file once per example.
+#![allow(clippy::duplicate_mod)]
+
 #[path = "../examples/quad.rs"]
 #[allow(dead_code)]
 mod quad;

@@ -2,6 +2,10 @@
 //! small sizes: each must match its sequential version bit for bit, and one
 //! and two processors must agree bit for bit.
 
+// Each example is a standalone program that includes examples/common;
+// including several examples here loads that file once per example.
+#![allow(clippy::duplicate_mod)]
+
 use clap::Parser;
 use hyfi::{Config, Runtime};
 

@@ -77,6 +77,19 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// The OS refused to map a filthread stack.
+    #[error(
+        "could not map a {size}-byte filthread stack: {source}; lower HYFI_STACK_SIZE or raise \
+         vm.max_map_count"
+    )]
+    StackMap {
+        /// Stack size asked for.
+        size: usize,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
     /// A filament (or post-phase code, or a fork-join closure) panicked.
     #[error("a filament panicked on node {node}, processor {proc} ({during}): {message}")]
     FilamentPanic {

@@ -355,7 +355,7 @@ impl Ctx {
     /// nearly full.
     #[inline(always)]
     pub(crate) fn call_inline<R>(&self, f: impl FnOnce(&Ctx) -> R) -> R {
-        if stack_pointer() < self.red.get() {
+        if stack_pointer() < self.bounds.get().red {
             return self.call_on_new_segment(f);
         }
         f(self)

@@ -41,15 +41,9 @@ impl StackPool {
             Some(s) => Ok(s),
             None => {
                 self.created += 1;
-                DefaultStack::new(self.size).map_err(|e| {
-                    Error::Link(
-                        format!(
-                            "could not map a {} byte filthread stack: {e}; lower HYFI_STACK_SIZE \
-                             or raise vm.max_map_count",
-                            self.size
-                        )
-                        .into(),
-                    )
+                DefaultStack::new(self.size).map_err(|source| Error::StackMap {
+                    size: self.size,
+                    source,
                 })
             }
         }

@@ -72,13 +72,11 @@ pub struct Ctx {
     pub(crate) rt_id: u64,
     /// The pruning test of a join in one word: a join makes plain calls iff
     /// the stack pointer is at or above `limit`. It holds the red-zone
-    /// address `red` while no fork is wanted, and [`WANTED`] (above any
+    /// address `bounds.red` while no fork is wanted, and [`WANTED`] (above any
     /// stack) when one is: another processor went idle or stole our last
     /// job, or pruning is off. Other processors store `WANTED` into it
     /// through [`WorkerShared::want_fork`]; the owner clears it.
     pub(crate) limit: AtomicUsize,
-    /// Address below which a join moves to a new stack segment (0: never).
-    pub(crate) red: Cell<usize>,
     pub(crate) proc: usize,
     pub(crate) node: usize,
     pub(crate) nodes: usize,
@@ -89,6 +87,8 @@ pub struct Ctx {
     pub(crate) yielder: Cell<*const Yld>,
     pub(crate) current: Cell<u64>,
     pub(crate) iteration: Cell<u64>,
+    /// The stack running now: its red zone (below which a join moves to a
+    /// new segment; 0 off a filthread) and guard page.
     pub(crate) bounds: Cell<StackBounds>,
     pub(crate) stacks: RefCell<StackPool>,
     pub(crate) stats: LocalStats,
@@ -162,7 +162,6 @@ impl Ctx {
     /// Records the bounds of the stack now running; returns the previous.
     #[inline]
     pub(crate) fn set_bounds(&self, b: StackBounds) -> StackBounds {
-        self.red.set(b.red);
         let cur = self.limit.load(Ordering::Relaxed);
         if cur != WANTED {
             // Fails only if another processor just asked for a fork: keep that.
@@ -185,7 +184,7 @@ impl Ctx {
         if self.prune {
             let _ = self.limit.compare_exchange(
                 WANTED,
-                self.red.get(),
+                self.bounds.get().red,
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             );
@@ -465,7 +464,6 @@ pub(crate) fn main(start: Start) {
         } else {
             0
         }),
-        red: Cell::new(0),
         shared: shared.clone(),
     });
     CTX.with(|c| c.set(&*ctx as *const Ctx));

@@ -545,110 +545,90 @@ async fn reader(
     stats: &NetStats,
     hook: &FailureHook,
 ) {
+    if let Some(why) = read_frames(me, peer, r, inbox, stats).await {
+        fail(inbox, hook, why);
+    }
+}
+
+/// Reads one link's frames into the inbox until the link ends. Returns why
+/// it ended as a failure, or `None` if the peer said `Bye` first.
+async fn read_frames(
+    me: usize,
+    peer: usize,
+    r: tokio::net::TcpStream,
+    inbox: &Inbox,
+    stats: &NetStats,
+) -> Option<String> {
+    let lost = |why: String| {
+        Some(
+            NetError::LostNode {
+                me,
+                lost: peer,
+                why,
+            }
+            .to_string(),
+        )
+    };
+    let protocol = |why: String| {
+        Some(
+            NetError::Protocol {
+                me,
+                from: peer,
+                why,
+            }
+            .to_string(),
+        )
+    };
     // Buffered: a frame's header and payload usually arrive in one read.
     let mut r = tokio::io::BufReader::with_capacity(64 * 1024, r);
     let mut said_bye = false;
     loop {
         let mut h = [0u8; HEADER_LEN];
         if let Err(e) = r.read_exact(&mut h).await {
-            if !said_bye {
-                let why = if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    "its connection closed".to_string()
-                } else {
-                    e.to_string()
-                };
-                fail(
-                    inbox,
-                    hook,
-                    NetError::LostNode {
-                        me,
-                        lost: peer,
-                        why,
-                    }
-                    .to_string(),
-                );
+            if said_bye {
+                return None;
             }
-            return;
+            return lost(if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                "its connection closed".to_string()
+            } else {
+                e.to_string()
+            });
         }
         let h = match Header::decode(&h) {
             Ok(h) => h,
-            Err(why) => {
-                fail(
-                    inbox,
-                    hook,
-                    NetError::Protocol {
-                        me,
-                        from: peer,
-                        why,
-                    }
-                    .to_string(),
-                );
-                return;
-            }
+            Err(why) => return protocol(why),
         };
         let mut payload = vec![0u8; h.len as usize];
         if let Err(e) = r.read_exact(&mut payload).await {
-            fail(
-                inbox,
-                hook,
-                NetError::LostNode {
-                    me,
-                    lost: peer,
-                    why: format!("in the middle of a frame: {e}"),
-                }
-                .to_string(),
-            );
-            return;
+            return lost(format!("in the middle of a frame: {e}"));
         }
+        let bytes = (HEADER_LEN + payload.len()) as u64;
         match h.kind {
             Kind::Bulk => {
                 stats.bulk_received.fetch_add(1, Ordering::Relaxed);
                 stats
                     .bulk_bytes_received
-                    .fetch_add((HEADER_LEN + payload.len()) as u64, Ordering::Relaxed);
+                    .fetch_add(bytes, Ordering::Relaxed);
                 inbox.put_bulk(peer, h.tag, payload);
             }
             Kind::Control => {
                 stats.control_received.fetch_add(1, Ordering::Relaxed);
                 stats
                     .control_bytes_received
-                    .fetch_add((HEADER_LEN + payload.len()) as u64, Ordering::Relaxed);
+                    .fetch_add(bytes, Ordering::Relaxed);
                 match wire::decode_msg(&payload) {
                     Ok(Msg::Up { seq, data }) => inbox.put_coll(peer, seq, Dir::Up, data),
                     Ok(Msg::Down { seq, data }) => inbox.put_coll(peer, seq, Dir::Down, data),
+                    // The peer is going away; whatever follows changes nothing.
                     Ok(Msg::Abort { cause }) => {
-                        fail(inbox, hook, format!("node {peer} aborted the job: {cause}"));
+                        return Some(format!("node {peer} aborted the job: {cause}"))
                     }
                     Ok(Msg::Bye) => {
                         said_bye = true;
                         inbox.bye();
                     }
-                    Ok(other) => {
-                        fail(
-                            inbox,
-                            hook,
-                            NetError::Protocol {
-                                me,
-                                from: peer,
-                                why: format!("unexpected {other:?}"),
-                            }
-                            .to_string(),
-                        );
-                        return;
-                    }
-                    Err(why) => {
-                        fail(
-                            inbox,
-                            hook,
-                            NetError::Protocol {
-                                me,
-                                from: peer,
-                                why,
-                            }
-                            .to_string(),
-                        );
-                        return;
-                    }
+                    Ok(other) => return protocol(format!("unexpected {other:?}")),
+                    Err(why) => return protocol(why),
                 }
             }
         }

@@ -66,7 +66,7 @@ pub fn connect(spec: &JobSpec, timeout: Duration) -> Result<Links, NetError> {
     }
 }
 
-fn bind_coordinator(spec: &JobSpec) -> Result<(TcpListener, Option<String>), NetError> {
+fn bind_coordinator(spec: &JobSpec) -> Result<TcpListener, NetError> {
     match &spec.rendezvous {
         Rendezvous::Coord(addr) => {
             let l = TcpListener::bind(addr.as_str()).or_else(|e| {
@@ -81,7 +81,7 @@ fn bind_coordinator(spec: &JobSpec) -> Result<(TcpListener, Option<String>), Net
             let l = l.map_err(|e| {
                 NetError::io(format!("node 0: cannot listen at HYFI_COORD={addr}"), e)
             })?;
-            Ok((l, None))
+            Ok(l)
         }
         Rendezvous::File(path) => {
             let l = TcpListener::bind("0.0.0.0:0")
@@ -92,7 +92,7 @@ fn bind_coordinator(spec: &JobSpec) -> Result<(TcpListener, Option<String>), Net
                 .port();
             let addr = format!("{}:{port}", advertised_host());
             publish(path, spec.job, &addr)?;
-            Ok((l, Some(addr)))
+            Ok(l)
         }
     }
 }
@@ -209,7 +209,7 @@ fn configure(s: &TcpStream) -> Result<(), NetError> {
 
 fn coordinator(spec: &JobSpec, deadline: Instant, timeout: Duration) -> Result<Links, NetError> {
     let n = spec.nodes;
-    let (listener, _) = bind_coordinator(spec)?;
+    let listener = bind_coordinator(spec)?;
     let token = spec.token.unwrap_or_else(crate::bootstrap::random_token);
     let mut peers: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
     let mut addrs = vec![String::new(); n];
