@@ -136,6 +136,10 @@ pub enum Error {
     /// The cross-node layer failed (a lost peer, a refused connection, ...).
     #[error("cross-node step failed: {0}")]
     Link(#[source] Box<dyn std::error::Error + Send + Sync>),
+
+    /// A second phase-end hook was installed on one runtime.
+    #[error("this runtime already has a phase-end hook (a DSM): create one DSM per runtime and share it")]
+    PhaseEndTaken,
 }
 
 /// Extracts the message of a panic payload.

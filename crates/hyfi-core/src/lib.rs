@@ -98,7 +98,7 @@ mod worker;
 pub use bytemuck;
 pub use config::{Config, DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
 pub use error::Error;
-pub use node::{LinkError, NodeLink, SingleNode};
+pub use node::{LinkError, NodeLink, PhaseEnd, SingleNode};
 pub use phase::{Control, PostPhase, Program};
 pub use pool::{block, Index, Pool, PoolArray};
 pub use reduce::{Arith, Op, Reduction};

@@ -32,6 +32,24 @@ pub trait NodeLink: Send + Sync + 'static {
     fn traffic(&self) -> Option<String> {
         None
     }
+    /// The link as `Any`, so a layer above can reach the cluster type
+    /// behind it (the DSM needs the communication thread); `None` if the
+    /// link does not offer it.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+}
+
+/// Work a layer must do at the end of every phase, on every node, in place
+/// of the plain node-level barrier: the DSM's release (diffs to the homes,
+/// write notices, invalidations), which is itself a barrier.
+///
+/// Called by the master processor of each node after every processor of
+/// the node has finished the phase's pools, before the post-phase code.
+pub trait PhaseEnd: Send + Sync + 'static {
+    /// Ends phase `phase` (its index in the program) on this node; must not
+    /// return before every node has ended it too.
+    fn end_phase(&self, phase: usize, link: &dyn NodeLink) -> Result<(), LinkError>;
 }
 
 /// The link of a one-node run.

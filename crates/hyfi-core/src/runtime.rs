@@ -22,6 +22,7 @@ use crossbeam_utils::CachePadded;
 use crate::config::Config;
 use crate::error::{panic_message, Error};
 use crate::fork::{HeapJob, JobRef};
+use crate::node::PhaseEnd;
 use crate::node::{NodeLink, SingleNode};
 use crate::phase::{PhaseBody, Program};
 use crate::reduce::Reduction;
@@ -86,6 +87,7 @@ pub(crate) struct Shared {
     pub(crate) procs: usize,
     pub(crate) cfg: Config,
     pub(crate) link: Arc<dyn NodeLink>,
+    pub(crate) phase_end: OnceLock<Arc<dyn PhaseEnd>>,
     pub(crate) workers: Vec<CachePadded<WorkerShared>>,
     pub(crate) stealers: Vec<Stealer<JobRef>>,
     pub(crate) injector: Injector<JobRef>,
@@ -221,6 +223,7 @@ impl Runtime {
             id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
             procs,
             link,
+            phase_end: OnceLock::new(),
             workers: (0..procs)
                 .map(|_| {
                     CachePadded::new(WorkerShared {
@@ -278,6 +281,21 @@ impl Runtime {
             }
         }
         Ok(rt)
+    }
+
+    /// The node-level link this runtime was started with.
+    pub fn link(&self) -> &Arc<dyn NodeLink> {
+        &self.shared.link
+    }
+
+    /// Installs the work done at the end of every phase in place of the
+    /// node-level barrier (see [`PhaseEnd`]). One per runtime: a second
+    /// returns [`Error::PhaseEndTaken`].
+    pub fn set_phase_end(&self, hook: Arc<dyn PhaseEnd>) -> Result<(), Error> {
+        self.shared
+            .phase_end
+            .set(hook)
+            .map_err(|_| Error::PhaseEndTaken)
     }
 
     /// Processors (server threads) on this node.

@@ -557,7 +557,11 @@ fn post_phase(
     if run.aborted() {
         return DONE;
     }
-    if let Err(e) = ctx.shared.link.barrier() {
+    let ended = match ctx.shared.phase_end.get() {
+        Some(h) => h.end_phase(cur, &*ctx.shared.link),
+        None => ctx.shared.link.barrier(),
+    };
+    if let Err(e) = ended {
         run.fail(crate::Error::Link(e));
         return DONE;
     }

@@ -157,6 +157,9 @@ impl NodeLink for Cluster {
     fn traffic(&self) -> Option<String> {
         Some(self.stats().to_string())
     }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
     fn barrier(&self) -> Result<(), LinkError> {
         Cluster::barrier(self).map_err(|e| Box::new(e) as LinkError)
     }
@@ -179,6 +182,8 @@ impl Drop for Cluster {
         {
             let _ = t.stop();
         }
-        self.comm.close(Duration::from_secs(10));
+        // Long enough for a peer to finish reading its results out of
+        // pages homed here; a dead peer ends the wait at once.
+        self.comm.close(Duration::from_secs(120));
     }
 }

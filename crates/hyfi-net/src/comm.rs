@@ -100,6 +100,45 @@ pub struct Inbox {
     /// sleeping on the condvar at once (a futex sleep and wake-up costs tens
     /// of microseconds on a VM, more than a round trip on loopback).
     generation: AtomicU64,
+    services: Mutex<HashMap<u8, ServiceSlot>>,
+}
+
+/// Tag bit of bulk frames that go to one of the node's [`Service`]s
+/// instead of the inbox; bits 56..63 name the service, bits 0..56 are the
+/// service's own.
+pub const SERVICE_TAG: u64 = 1 << 63;
+
+/// The tag of a frame for service `id` carrying `low` (below bit 56).
+pub const fn service_tag(id: u8, low: u64) -> u64 {
+    SERVICE_TAG | (((id & 0x7f) as u64) << 56) | (low & ((1 << 56) - 1))
+}
+
+/// The service id and the service's own bits of a service tag.
+pub const fn split_service_tag(tag: u64) -> (u8, u64) {
+    (((tag >> 56) & 0x7f) as u8, tag & ((1 << 56) - 1))
+}
+
+/// A layer that answers its own messages on the communication thread (the
+/// DSM's page server, cross-node stealing). Handlers must not block: they
+/// may send (sends never block) and wake waiters, nothing more.
+pub trait Service: Send + Sync + 'static {
+    /// A service frame from `from`. `Err` is a protocol violation: the node
+    /// fails with that message.
+    fn frame(&self, from: usize, tag: u64, payload: Vec<u8>) -> Result<(), String>;
+    /// The node failed (a lost peer, an abort): wake every waiter with `why`.
+    fn failed(&self, why: &str);
+}
+
+enum ServiceSlot {
+    /// Frames that came before the service was installed.
+    Pending(Vec<(usize, u64, Vec<u8>)>),
+    Ready(Arc<dyn Service>),
+}
+
+impl Default for ServiceSlot {
+    fn default() -> Self {
+        ServiceSlot::Pending(Vec::new())
+    }
 }
 
 #[derive(Default)]
@@ -146,13 +185,43 @@ impl Inbox {
             return false;
         }
         let mut first = false;
+        let text = why.clone();
         self.put(|s| {
             first = s.failed.is_none();
             if first {
                 s.failed = Some(why);
             }
         });
+        if first {
+            let services: Vec<Arc<dyn Service>> = self
+                .services
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .filter_map(|slot| match slot {
+                    ServiceSlot::Ready(s) => Some(s.clone()),
+                    ServiceSlot::Pending(_) => None,
+                })
+                .collect();
+            for s in services {
+                s.failed(&text);
+            }
+        }
         first
+    }
+    /// Hands a service frame to the service, or keeps it until one is
+    /// installed. The slot's lock is held while the handler runs, so frames
+    /// reach the service in the order they came.
+    fn to_service(&self, from: usize, tag: u64, payload: Vec<u8>) -> Result<(), String> {
+        let mut slots = self.services.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = slots.entry(split_service_tag(tag).0).or_default();
+        match slot {
+            ServiceSlot::Pending(v) => {
+                v.push((from, tag, payload));
+                Ok(())
+            }
+            ServiceSlot::Ready(s) => s.frame(from, tag, payload),
+        }
     }
     fn bye(&self) {
         self.put(|s| s.byes += 1);
@@ -226,49 +295,142 @@ impl Inbox {
     }
 }
 
-/// The sending side of one link: the caller writes its frame itself,
-/// under this lock, so frames never interleave. `None` once closed.
+/// The sending side of one link. Every frame is written without blocking:
+/// what the socket does not take at once waits in `backlog`, in order, and
+/// the flusher thread writes it as the socket drains. So the communication
+/// thread may answer requests itself (a page, a steal) without ever
+/// blocking on a full socket — two nodes answering each other's requests
+/// could otherwise deadlock with both receive buffers full.
 struct PeerTx {
-    sock: Mutex<Option<std::net::TcpStream>>,
+    st: Mutex<TxState>,
 }
 
-/// Writes all of `buf` to a non-blocking socket (tokio owns the reading
-/// side, and the blocking flag is shared by both), waiting for room with
-/// poll(2) when the socket buffer is full.
-fn write_all(s: &mut std::net::TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+struct TxState {
+    /// `None` once closed.
+    sock: Option<std::net::TcpStream>,
+    /// Frames not yet fully written; the first one is written from `head_off`.
+    backlog: std::collections::VecDeque<Vec<u8>>,
+    head_off: usize,
+}
+
+/// Writes as much of `buf` as the non-blocking socket takes now (tokio owns
+/// the reading side, and the blocking flag is shared by both). Returns how
+/// many bytes were written.
+fn write_some(s: &mut std::net::TcpStream, buf: &[u8]) -> std::io::Result<usize> {
     use std::io::Write;
-    use std::os::fd::AsRawFd;
-    while !buf.is_empty() {
-        match s.write(buf) {
+    let mut done = 0;
+    while done < buf.len() {
+        match s.write(&buf[done..]) {
             Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
+            Ok(n) => done += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let mut pfd = libc::pollfd {
-                    fd: s.as_raw_fd(),
-                    events: libc::POLLOUT,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd, for a socket we hold open.
-                let r = unsafe { libc::poll(&mut pfd, 1, 1000) };
-                if r < 0 {
-                    let e = std::io::Error::last_os_error();
-                    if e.kind() != std::io::ErrorKind::Interrupted {
-                        return Err(e);
-                    }
-                }
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(done)
+}
+
+impl TxState {
+    /// Writes backlogged frames until the socket would block; `Ok(true)` if
+    /// the backlog is empty afterwards.
+    fn flush(&mut self) -> std::io::Result<bool> {
+        let Some(sock) = self.sock.as_mut() else {
+            return Ok(self.backlog.is_empty());
+        };
+        while let Some(head) = self.backlog.front() {
+            let n = write_some(sock, &head[self.head_off..])?;
+            self.head_off += n;
+            if self.head_off < head.len() {
+                return Ok(false);
+            }
+            self.backlog.pop_front();
+            self.head_off = 0;
+        }
+        Ok(true)
+    }
+}
+
+/// The thread that writes backlogged frames when their sockets drain.
+struct Flusher {
+    pending: Mutex<bool>,
+    cv: Condvar,
+    stop: std::sync::atomic::AtomicBool,
+}
+
+impl Flusher {
+    fn kick(&self) {
+        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cv.notify_one();
+    }
+}
+
+fn flusher_loop(
+    flusher: Arc<Flusher>,
+    txs: Arc<Vec<Option<PeerTx>>>,
+    on_error: impl Fn(usize, std::io::Error),
+) {
+    use std::os::fd::AsRawFd;
+    loop {
+        {
+            let mut p = flusher.pending.lock().unwrap_or_else(|e| e.into_inner());
+            while !*p && !flusher.stop.load(Ordering::SeqCst) {
+                p = flusher.cv.wait(p).unwrap_or_else(|e| e.into_inner());
+            }
+            *p = false;
+        }
+        if flusher.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        // Until every backlog is empty: wait for room, then write.
+        loop {
+            let mut fds = Vec::new();
+            for (peer, tx) in txs.iter().enumerate() {
+                let Some(tx) = tx else { continue };
+                let mut st = tx.st.lock().unwrap_or_else(|e| e.into_inner());
+                match st.flush() {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        if let Some(s) = st.sock.as_ref() {
+                            fds.push(libc::pollfd {
+                                fd: s.as_raw_fd(),
+                                events: libc::POLLOUT,
+                                revents: 0,
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        st.backlog.clear();
+                        drop(st);
+                        on_error(peer, e);
+                    }
+                }
+            }
+            if fds.is_empty() || flusher.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            // SAFETY: `fds` is a valid array of pollfds for sockets held open
+            // by `txs` (a closed socket's fd may be reused meanwhile; a
+            // spurious POLLOUT only costs one more non-blocking write try).
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::warn!("hyfi-net flusher: poll failed: {e}");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
 }
 
 /// A node's communication thread and the handles to talk through it.
 pub struct Comm {
     rank: usize,
     nodes: usize,
-    tx: Vec<Option<PeerTx>>,
+    tx: Arc<Vec<Option<PeerTx>>>,
+    flusher: Arc<Flusher>,
+    flusher_thread: Mutex<Option<JoinHandle<()>>>,
     inbox: Arc<Inbox>,
     stats: Arc<NetStats>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -284,18 +446,24 @@ impl Comm {
         let (rank, nodes) = (links.rank, links.nodes);
         let inbox = Arc::new(Inbox::default());
         let stats = Arc::new(NetStats::default());
+        let on_failure: Arc<FailureHook> = Arc::new(on_failure);
         let mut txs = Vec::with_capacity(nodes);
         for p in &links.peers {
             txs.push(match p {
                 Some(sock) => Some(PeerTx {
-                    sock: Mutex::new(Some(
-                        sock.try_clone()
-                            .map_err(|e| NetError::io("cloning a link for writing", e))?,
-                    )),
+                    st: Mutex::new(TxState {
+                        sock: Some(
+                            sock.try_clone()
+                                .map_err(|e| NetError::io("cloning a link for writing", e))?,
+                        ),
+                        backlog: Default::default(),
+                        head_off: 0,
+                    }),
                 }),
                 None => None,
             });
         }
+        let txs = Arc::new(txs);
         for s in links.peers.iter().flatten() {
             s.set_nonblocking(true)
                 .map_err(|e| NetError::io("set_nonblocking", e))?;
@@ -304,6 +472,36 @@ impl Comm {
             l.set_nonblocking(true)
                 .map_err(|e| NetError::io("set_nonblocking", e))?;
         }
+        let flusher = Arc::new(Flusher {
+            pending: Mutex::new(false),
+            cv: Condvar::new(),
+            stop: Default::default(),
+        });
+        let flusher_thread = {
+            let (f, t, ib, hook) = (
+                flusher.clone(),
+                txs.clone(),
+                inbox.clone(),
+                on_failure.clone(),
+            );
+            std::thread::Builder::new()
+                .name("hyfi-flush".into())
+                .spawn(move || {
+                    flusher_loop(f, t, |peer, e| {
+                        fail(
+                            &ib,
+                            &hook,
+                            NetError::LostNode {
+                                me: rank,
+                                lost: peer,
+                                why: format!("writing to it failed: {e}"),
+                            }
+                            .to_string(),
+                        )
+                    })
+                })
+                .map_err(|e| NetError::io("spawning the flusher thread", e))?
+        };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -326,6 +524,8 @@ impl Comm {
             rank,
             nodes,
             tx: txs,
+            flusher,
+            flusher_thread: Mutex::new(Some(flusher_thread)),
             inbox,
             stats,
             thread: Mutex::new(Some(thread)),
@@ -350,19 +550,87 @@ impl Comm {
         &self.inbox
     }
 
-    /// Writes a frame to `peer` from the calling thread: no hand-off to the
-    /// communication thread, whose wake-up would cost more than the write.
-    /// A control frame waits at most for one frame already being written.
-    fn push(&self, peer: usize, frame: Vec<u8>) -> Result<(), NetError> {
+    /// Writes a frame to `peer` from the calling thread (no hand-off to the
+    /// communication thread, whose wake-up would cost more than the write),
+    /// never blocking: what the socket does not take now is backlogged for
+    /// the flusher thread. A control frame overtakes backlogged frames that
+    /// have not started, so control traffic waits at most for one frame
+    /// being written.
+    fn push(&self, peer: usize, frame: Vec<u8>, control: bool) -> Result<(), NetError> {
         let Some(Some(tx)) = self.tx.get(peer) else {
             return Err(self.failed_error(format!("no link to node {peer}")));
         };
-        let mut g = tx.sock.lock().unwrap_or_else(|e| e.into_inner());
-        match g.as_mut() {
-            Some(sock) => write_all(sock, &frame)
-                .map_err(|e| self.failed_error(format!("writing to node {peer}: {e}"))),
-            None => Err(self.failed_error(format!("link to node {peer} is closed"))),
+        let mut guard = tx.st.lock().unwrap_or_else(|e| e.into_inner());
+        let st = &mut *guard;
+        let Some(sock) = st.sock.as_mut() else {
+            return Err(self.failed_error(format!("link to node {peer} is closed")));
+        };
+        if st.backlog.is_empty() {
+            let n = write_some(sock, &frame)
+                .map_err(|e| self.failed_error(format!("writing to node {peer}: {e}")))?;
+            if n == frame.len() {
+                return Ok(());
+            }
+            st.backlog.push_back(frame);
+            st.head_off = n;
+        } else if control {
+            // Behind the frame being written, ahead of those not started.
+            let at = if st.head_off > 0 { 1 } else { 0 };
+            st.backlog.insert(at, frame);
+        } else {
+            st.backlog.push_back(frame);
         }
+        drop(guard);
+        self.flusher.kick();
+        Ok(())
+    }
+
+    /// Sends a bulk frame built with [`wire::bulk_frame`] or
+    /// [`wire::bulk_frame_with`] (so a page is copied once, straight into
+    /// the frame).
+    pub fn send_frame(&self, peer: usize, frame: Vec<u8>) -> Result<(), NetError> {
+        self.stats.bulk_sent.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bulk_bytes_sent
+            .fetch_add(frame.len() as u64, Ordering::Relaxed);
+        self.push(peer, frame, false)
+    }
+
+    /// Installs the handler of service `id`'s frames (bulk frames tagged
+    /// with [`service_tag`]`(id, ..)`): a layer above (the DSM, cross-node
+    /// stealing) that answers requests on the communication thread. Frames
+    /// that came before are handed over first, in order.
+    pub fn set_service(&self, id: u8, service: Arc<dyn Service>) -> Result<(), NetError> {
+        let mut slots = self
+            .inbox
+            .services
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let slot = slots.entry(id & 0x7f).or_default();
+        if let ServiceSlot::Ready(_) = slot {
+            return Err(NetError::Protocol {
+                me: self.rank,
+                from: self.rank,
+                why: format!("service {id} was installed twice on this node"),
+            });
+        }
+        let ServiceSlot::Pending(early) =
+            std::mem::replace(slot, ServiceSlot::Ready(service.clone()))
+        else {
+            unreachable!("checked above")
+        };
+        for (from, tag, payload) in early {
+            if let Err(why) = service.frame(from, tag, payload) {
+                drop(slots);
+                self.inbox.fail(why.clone());
+                return Err(self.aborted(why));
+            }
+        }
+        drop(slots);
+        if let Some(f) = self.inbox.failure() {
+            service.failed(&f);
+        }
+        Ok(())
     }
 
     fn failed_error(&self, fallback: String) -> NetError {
@@ -376,7 +644,7 @@ impl Comm {
         self.stats
             .control_bytes_sent
             .fetch_add(f.len() as u64, Ordering::Relaxed);
-        self.push(peer, f)
+        self.push(peer, f, true)
     }
 
     /// Queues raw bytes to `peer` under `tag` (never blocks).
@@ -386,7 +654,7 @@ impl Comm {
         self.stats
             .bulk_bytes_sent
             .fetch_add(f.len() as u64, Ordering::Relaxed);
-        self.push(peer, f)
+        self.push(peer, f, false)
     }
 
     /// Waits for the collective message `(from, seq, dir)`.
@@ -444,18 +712,15 @@ impl Comm {
         }
     }
 
-    /// Orderly end: says `Bye` to every peer after everything queued, waits
-    /// (at most `grace`) for theirs, and stops the thread.
+    /// Orderly end: says `Bye` to every peer (after everything queued),
+    /// keeps answering their requests until each has said `Bye` too (at
+    /// most `grace`), writes out what is backlogged, and stops the threads.
+    /// `Bye` means "I will ask for nothing more": a peer still reading pages
+    /// homed here after its program ended is served until it says so.
     pub fn close(&self, grace: Duration) {
         for p in 0..self.nodes {
             if p != self.rank {
                 let _ = self.send(p, &Msg::Bye);
-            }
-        }
-        // Our Bye is written (synchronously, above); close our sending half.
-        for tx in self.tx.iter().flatten() {
-            if let Some(sock) = tx.sock.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                let _ = sock.shutdown(std::net::Shutdown::Write);
             }
         }
         let deadline = Instant::now() + grace;
@@ -474,6 +739,33 @@ impl Comm {
                     .0;
             }
         }
+        // Every peer is done asking: write out what is left, then close our
+        // sending halves (the peers' readers see a clean end after our Bye).
+        let flush_until = Instant::now() + Duration::from_secs(5);
+        for tx in self.tx.iter().flatten() {
+            loop {
+                let mut st = tx.st.lock().unwrap_or_else(|e| e.into_inner());
+                let empty = st.flush().unwrap_or(true);
+                if empty || Instant::now() >= flush_until || self.inbox.failure().is_some() {
+                    if let Some(sock) = st.sock.take() {
+                        let _ = sock.shutdown(std::net::Shutdown::Write);
+                    }
+                    break;
+                }
+                drop(st);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        self.flusher.stop.store(true, Ordering::SeqCst);
+        self.flusher.kick();
+        if let Some(h) = self
+            .flusher_thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = h.join();
+        }
         // Whatever the peers did, the thread ends now: its remaining tasks
         // (readers of peers that never closed) are dropped with the runtime.
         self.shutdown.notify_one();
@@ -483,9 +775,8 @@ impl Comm {
     }
 }
 
-async fn run(links: Links, inbox: Arc<Inbox>, stats: Arc<NetStats>, on_failure: FailureHook) {
+async fn run(links: Links, inbox: Arc<Inbox>, stats: Arc<NetStats>, on_failure: Arc<FailureHook>) {
     let me = links.rank;
-    let on_failure = Arc::new(on_failure);
     let (done_tx, mut done_rx) = unbounded_channel::<()>();
     let mut tasks = 0usize;
     for (peer, stream) in links.peers.into_iter().enumerate() {
@@ -609,7 +900,13 @@ async fn read_frames(
                 stats
                     .bulk_bytes_received
                     .fetch_add(bytes, Ordering::Relaxed);
-                inbox.put_bulk(peer, h.tag, payload);
+                if h.tag & SERVICE_TAG != 0 {
+                    if let Err(why) = inbox.to_service(peer, h.tag, payload) {
+                        return protocol(why);
+                    }
+                } else {
+                    inbox.put_bulk(peer, h.tag, payload);
+                }
             }
             Kind::Control => {
                 stats.control_received.fetch_add(1, Ordering::Relaxed);

@@ -226,6 +226,28 @@ pub fn bulk_frame(tag: u64, bytes: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A bulk frame whose payload `fill` appends in place (at most `len_hint`
+/// bytes expected): a page goes from memory into the frame in one copy.
+pub fn bulk_frame_with(tag: u64, len_hint: usize, fill: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + len_hint);
+    out.extend_from_slice(&[0u8; HEADER_LEN]);
+    fill(&mut out);
+    let len = out.len() - HEADER_LEN;
+    assert!(
+        len <= MAX_FRAME,
+        "hyfi: a bulk frame of {len} bytes exceeds the frame limit"
+    );
+    out[..HEADER_LEN].copy_from_slice(
+        &Header {
+            len: len as u32,
+            kind: Kind::Bulk,
+            tag,
+        }
+        .encode(),
+    );
+    out
+}
+
 /// Decodes a control payload.
 pub fn decode_msg(payload: &[u8]) -> Result<Msg, String> {
     bincode::deserialize(payload).map_err(|e| format!("undecodable control message: {e}"))
