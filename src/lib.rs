@@ -22,4 +22,7 @@
 //! ```
 
 pub use hyfi_core::*;
+pub use hyfi_dsm::{
+    Dsm, DsmCounters, DsmError, DsmMatrix, DsmStats, DsmVec, MatrixView, Placement, View, ViewMut,
+};
 pub use hyfi_net::{init, init_nodes, init_with, Cluster, NetError};
