@@ -802,4 +802,7 @@ impl hyfi_core::PhaseEnd for Hook {
     ) -> Result<(), hyfi_core::LinkError> {
         self.0.release(phase).map_err(|e| e.into())
     }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
