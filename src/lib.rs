@@ -22,6 +22,8 @@
 //! ```
 
 pub use hyfi_core::*;
+/// The shared memory layer (page size, placement, statistics, errors).
+pub use hyfi_dsm as dsm;
 pub use hyfi_dsm::{
     Dsm, DsmCounters, DsmError, DsmMatrix, DsmStats, DsmVec, MatrixView, Placement, View, ViewMut,
 };

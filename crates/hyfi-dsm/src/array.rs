@@ -517,6 +517,11 @@ impl<T: Pod> DsmMatrix<T> {
         }
         v
     }
+    /// The home node of the page holding element `(i, j)`'s first byte.
+    pub fn home_of(&self, i: usize, j: usize) -> usize {
+        self.check(i, j);
+        self.sh.home_of(i * self.stride + j)
+    }
     /// The home node of row `i`'s first page.
     pub fn home_of_row(&self, i: usize) -> usize {
         self.check_row(i);
