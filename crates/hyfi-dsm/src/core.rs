@@ -396,10 +396,19 @@ impl Core {
                 break;
             }
             if let Some(why) = self.failure() {
-                panic!(
+                let msg = format!(
                     "hyfi-dsm: node {}: page {} of shared array #{} (home node {}) cannot arrive: {why}",
                     self.me, p, seg.seq, seg.homes[p]
                 );
+                if filthread::current_processor().is_some() {
+                    // On a server thread the runtime catches the unwind and
+                    // returns it from `start` as the filament's failure;
+                    // resume_unwind skips the panic hook, so the message is
+                    // reported once, not as a panic with a backtrace per
+                    // waiting filthread.
+                    std::panic::resume_unwind(Box::new(msg));
+                }
+                panic!("{msg}");
             }
             filthread::suspend(|w| {
                 let mut m = seg.lock(p);
