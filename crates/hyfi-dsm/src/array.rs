@@ -145,6 +145,32 @@ fn out_of_bounds(what: &str, index: String, shape: String) -> ! {
 
 /// A read-only view of consecutive elements, valid for the filament that
 /// took it (all its pages are present).
+///
+/// A view borrows the filament's `&Ctx`, so it cannot be kept past the
+/// filament (the release at the phase's end may invalidate its pages):
+///
+/// ```compile_fail
+/// use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
+/// use std::sync::Mutex;
+/// let rt = Runtime::new(Config::new().procs(1))?;
+/// let dsm = hyfi_dsm::Dsm::new(&rt)?;
+/// let v = dsm.vec::<f64>(8).zeroed()?;
+/// let kept = Mutex::new(None);
+/// let mut prog = Program::new();
+/// prog.phase(
+///     PoolArray::block(&rt, 0..1, 1),
+///     |ctx, _| *kept.lock().unwrap() = Some(v.slice(ctx, 0..8)), // error: borrowed `ctx` escapes
+///     |_| Control::Done,
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Nor can it move to another thread (it is neither `Send` nor `Sync`):
+///
+/// ```compile_fail
+/// fn send<T: Send>(_: T) {}
+/// fn f(v: hyfi_dsm::View<'_, f64>) { send(v) }
+/// ```
 pub struct View<'a, T: Pod> {
     ptr: *const T,
     len: usize,
