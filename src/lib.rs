@@ -1,12 +1,15 @@
 //! # hyfi — fine-grain parallelism for networks of multiprocessors
 //!
 //! Write a program once with *filaments* — iterative filaments in pools and
-//! phases, or fork-join filaments — and run it on one core or on all cores of
-//! a machine, after the HyFi package (Lowenthal & Subramanian, 2002).
+//! phases, or fork-join filaments — and run it on one core, on all cores of
+//! a machine, or on N machines of P cores, after the HyFi package
+//! (Lowenthal & Subramanian, 2002).
 //!
 //! This crate is the one place a user imports from; it re-exports the
-//! single-node runtime [`hyfi_core`]. See the README for a tour and
-//! [`Program`], [`Ctx::join`] and [`Reduction`] for the two models.
+//! single-node runtime [`hyfi_core`], the start of a multi-node job
+//! ([`init`], from `hyfi_net`) and the shared memory across nodes ([`Dsm`],
+//! from [`dsm`]). See the README for a tour and [`Program`], [`Ctx::join`],
+//! [`Reduction`] and [`Dsm`] for the models.
 //!
 //! ```
 //! use hyfi::{Config, Ctx, Runtime};
