@@ -137,6 +137,55 @@ impl<T: Pod> Shared<T> {
     }
 }
 
+/// The hit path of element access, from pointers kept in the array handle
+/// itself (no pointer chase through the shared state): one byte load and a
+/// branch, then the element. Elements whose size is not a power of two may
+/// straddle two pages and take the general path.
+#[derive(Clone, Copy)]
+pub(crate) struct Fast<T> {
+    base: *mut T,
+    state: *const std::sync::atomic::AtomicU8,
+}
+
+impl<T: Pod> Fast<T> {
+    fn of(sh: &Shared<T>) -> Self {
+        Fast {
+            base: sh.base,
+            state: sh.seg.state.as_ptr(),
+        }
+    }
+    const SIMPLE: bool = std::mem::size_of::<T>().is_power_of_two();
+
+    #[inline(always)]
+    fn load(&self, sh: &Shared<T>, e: usize) -> T {
+        if Self::SIMPLE {
+            let page = (e * std::mem::size_of::<T>()) >> SHIFT;
+            // SAFETY: the caller checked `e` is in bounds, so `page` is one
+            // of the segment's pages; a hit means the page is valid here.
+            unsafe {
+                if (*self.state.add(page)).load(Ordering::Acquire) >= READ {
+                    return elem::load(self.base.add(e));
+                }
+            }
+        }
+        sh.load(e)
+    }
+
+    #[inline(always)]
+    fn store(&self, sh: &Shared<T>, e: usize, v: T) {
+        if Self::SIMPLE {
+            let page = (e * std::mem::size_of::<T>()) >> SHIFT;
+            // SAFETY: as in load; WRITE means writable here (twin taken).
+            unsafe {
+                if (*self.state.add(page)).load(Ordering::Acquire) == WRITE {
+                    return elem::store(self.base.add(e), v);
+                }
+            }
+        }
+        sh.store(e, v)
+    }
+}
+
 #[cold]
 #[inline(never)]
 fn out_of_bounds(what: &str, index: String, shape: String) -> ! {
@@ -274,20 +323,36 @@ impl<'a, T: Pod> ViewMut<'a, T> {
 /// Made collectively with [`crate::Dsm::vec`]. Cloning the handle is cheap
 /// (both handles name the same shared elements).
 pub struct DsmVec<T: Pod> {
-    pub(crate) sh: Arc<Shared<T>>,
-    pub(crate) len: usize,
+    fast: Fast<T>,
+    len: usize,
+    sh: Arc<Shared<T>>,
 }
+
+// SAFETY: the raw pointers in `fast` point into the region and the page
+// table kept alive by `sh`, which is Send + Sync; access through them is
+// atomic (see the module docs).
+unsafe impl<T: Pod + Send + Sync> Send for DsmVec<T> {}
+// SAFETY: as above.
+unsafe impl<T: Pod + Send + Sync> Sync for DsmVec<T> {}
 
 impl<T: Pod> Clone for DsmVec<T> {
     fn clone(&self) -> Self {
         DsmVec {
-            sh: self.sh.clone(),
+            fast: self.fast,
             len: self.len,
+            sh: self.sh.clone(),
         }
     }
 }
 
 impl<T: Pod> DsmVec<T> {
+    pub(crate) fn new(sh: Arc<Shared<T>>, len: usize) -> Self {
+        DsmVec {
+            fast: Fast::of(&sh),
+            len,
+            sh,
+        }
+    }
     /// Elements.
     pub fn len(&self) -> usize {
         self.len
@@ -311,13 +376,13 @@ impl<T: Pod> DsmVec<T> {
     #[inline]
     pub fn get(&self, i: usize) -> T {
         self.check(i);
-        self.sh.load(i)
+        self.fast.load(&self.sh, i)
     }
     /// Sets element `i`.
     #[inline]
     pub fn set(&self, i: usize, v: T) {
         self.check(i);
-        self.sh.store(i, v)
+        self.fast.store(&self.sh, i, v)
     }
     /// A read view of `r`, for the filament owning `ctx`; every missing page
     /// of the range is requested at once.
@@ -373,19 +438,26 @@ impl<T: Pod> DsmVec<T> {
 ///
 /// Made collectively with [`crate::Dsm::matrix`].
 pub struct DsmMatrix<T: Pod> {
-    pub(crate) sh: Arc<Shared<T>>,
-    pub(crate) rows: usize,
-    pub(crate) cols: usize,
-    pub(crate) stride: usize,
+    fast: Fast<T>,
+    rows: usize,
+    cols: usize,
+    stride: usize,
+    sh: Arc<Shared<T>>,
 }
+
+// SAFETY: as for DsmVec.
+unsafe impl<T: Pod + Send + Sync> Send for DsmMatrix<T> {}
+// SAFETY: as for DsmVec.
+unsafe impl<T: Pod + Send + Sync> Sync for DsmMatrix<T> {}
 
 impl<T: Pod> Clone for DsmMatrix<T> {
     fn clone(&self) -> Self {
         DsmMatrix {
-            sh: self.sh.clone(),
+            fast: self.fast,
             rows: self.rows,
             cols: self.cols,
             stride: self.stride,
+            sh: self.sh.clone(),
         }
     }
 }
@@ -431,6 +503,15 @@ impl<'a, T: Pod> MatrixView<'a, T> {
 }
 
 impl<T: Pod> DsmMatrix<T> {
+    pub(crate) fn new(sh: Arc<Shared<T>>, rows: usize, cols: usize, stride: usize) -> Self {
+        DsmMatrix {
+            fast: Fast::of(&sh),
+            rows,
+            cols,
+            stride,
+            sh,
+        }
+    }
     /// Rows.
     pub fn rows(&self) -> usize {
         self.rows
@@ -463,13 +544,13 @@ impl<T: Pod> DsmMatrix<T> {
     #[inline]
     pub fn get(&self, i: usize, j: usize) -> T {
         self.check(i, j);
-        self.sh.load(i * self.stride + j)
+        self.fast.load(&self.sh, i * self.stride + j)
     }
     /// Sets element `(i, j)`.
     #[inline]
     pub fn set(&self, i: usize, j: usize, v: T) {
         self.check(i, j);
-        self.sh.store(i * self.stride + j, v)
+        self.fast.store(&self.sh, i * self.stride + j, v)
     }
     /// A read view of row `i`, for the filament owning `ctx`.
     pub fn row<'a>(&'a self, _ctx: &'a Ctx, i: usize) -> View<'a, T> {

@@ -420,7 +420,7 @@ impl<T: Pod + Send + Sync> VecAlloc<'_, T> {
     /// All zeros (valid on every node from the start).
     pub fn zeroed(self) -> Result<DsmVec<T>, DsmError> {
         let sh = self.dsm.alloc::<T>(self.len, 1, &self.placement, None)?;
-        Ok(DsmVec { sh, len: self.len })
+        Ok(DsmVec::new(sh, self.len))
     }
     /// Element `i` is `f(i)`. Each home computes its own pages; other nodes
     /// fetch them on first touch.
@@ -428,7 +428,7 @@ impl<T: Pod + Send + Sync> VecAlloc<'_, T> {
         let sh = self
             .dsm
             .alloc::<T>(self.len, 1, &self.placement, Some(&mut f))?;
-        Ok(DsmVec { sh, len: self.len })
+        Ok(DsmVec::new(sh, self.len))
     }
 }
 
@@ -468,12 +468,7 @@ impl<T: Pod + Send + Sync> MatrixAlloc<'_, T> {
         let sh = self
             .dsm
             .alloc::<T>(self.rows, stride, &self.placement, None)?;
-        Ok(DsmMatrix {
-            sh,
-            rows: self.rows,
-            cols: self.cols,
-            stride,
-        })
+        Ok(DsmMatrix::new(sh, self.rows, self.cols, stride))
     }
     /// Element `(i, j)` is `f(i, j)`. Each home computes its own pages;
     /// other nodes fetch them on first touch.
@@ -491,11 +486,6 @@ impl<T: Pod + Send + Sync> MatrixAlloc<'_, T> {
         let sh = self
             .dsm
             .alloc::<T>(self.rows, stride, &self.placement, Some(&mut g))?;
-        Ok(DsmMatrix {
-            sh,
-            rows: self.rows,
-            cols: self.cols,
-            stride,
-        })
+        Ok(DsmMatrix::new(sh, self.rows, self.cols, stride))
     }
 }
