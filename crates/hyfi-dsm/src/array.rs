@@ -271,32 +271,27 @@ impl<'a, T: Pod> View<'a, T> {
 }
 
 /// A writable view of consecutive elements, valid for the filament that
-/// took it (all its pages are writable here).
+/// took it (all its pages are writable here). Reads as a [`View`] does.
 pub struct ViewMut<'a, T: Pod> {
-    ptr: *mut T,
-    len: usize,
-    _life: PhantomData<(&'a T, *const ())>,
+    view: View<'a, T>,
+}
+
+impl<'a, T: Pod> std::ops::Deref for ViewMut<'a, T> {
+    type Target = View<'a, T>;
+    fn deref(&self) -> &View<'a, T> {
+        &self.view
+    }
 }
 
 impl<'a, T: Pod> ViewMut<'a, T> {
-    /// Elements in the view.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// Whether the view is empty.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// Element `j`.
-    #[inline(always)]
-    pub fn get(&self, j: usize) -> T {
-        if j >= self.len {
-            out_of_bounds("view", j.to_string(), format!("{} elements", self.len));
+    fn new(ptr: *mut T, len: usize) -> Self {
+        ViewMut {
+            view: View {
+                ptr,
+                len,
+                _life: PhantomData,
+            },
         }
-        // SAFETY: in bounds; writable pages are valid.
-        unsafe { elem::load(self.ptr.add(j)) }
     }
     /// Sets element `j`.
     #[inline(always)]
@@ -305,15 +300,16 @@ impl<'a, T: Pod> ViewMut<'a, T> {
             out_of_bounds("view", j.to_string(), format!("{} elements", self.len));
         }
         // SAFETY: in bounds; the pages were made writable (twins taken)
-        // when the view was made, and stay so until the filament ends.
-        unsafe { elem::store(self.ptr.add(j), v) }
+        // when the view was made, and stay so until the filament ends. The
+        // pointer came from a `*mut T` (see `new`).
+        unsafe { elem::store(self.view.ptr.cast_mut().add(j), v) }
     }
     /// Copies `src` (same length) into the view.
     pub fn copy_from(&self, src: &[T]) {
         assert_eq!(src.len(), self.len, "hyfi-dsm: copy_from length mismatch");
         for (j, &v) in src.iter().enumerate() {
             // SAFETY: as in set.
-            unsafe { elem::store(self.ptr.add(j), v) };
+            unsafe { elem::store(self.view.ptr.cast_mut().add(j), v) };
         }
     }
 }
@@ -404,11 +400,7 @@ impl<T: Pod> DsmVec<T> {
         if !r.is_empty() {
             self.sh.check_write(r.start, r.len());
         }
-        ViewMut {
-            ptr: self.sh.base.wrapping_add(r.start),
-            len: r.len(),
-            _life: PhantomData,
-        }
+        ViewMut::new(self.sh.base.wrapping_add(r.start), r.len())
     }
     /// Copies elements `start..start+out.len()` into `out`.
     pub fn read(&self, start: usize, out: &mut [T]) {
@@ -570,11 +562,7 @@ impl<T: Pod> DsmMatrix<T> {
         if self.cols > 0 {
             self.sh.check_write(i * self.stride, self.cols);
         }
-        ViewMut {
-            ptr: self.sh.base.wrapping_add(i * self.stride),
-            len: self.cols,
-            _life: PhantomData,
-        }
+        ViewMut::new(self.sh.base.wrapping_add(i * self.stride), self.cols)
     }
     /// A read view of rows `r`, for the filament owning `ctx`: every
     /// missing page of the block is requested at once.

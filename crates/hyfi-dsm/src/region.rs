@@ -81,7 +81,7 @@ pub(crate) fn size_from_env() -> Result<usize, DsmError> {
     let Ok(v) = std::env::var("HYFI_DSM_SIZE") else {
         return Ok(DEFAULT_SIZE);
     };
-    parse_size(&v)
+    hyfi_core::parse_size(&v)
         .filter(|s| *s >= PAGE)
         .map(|s| s.div_ceil(PAGE) * PAGE)
         .ok_or(DsmError::BadEnv {
@@ -111,30 +111,9 @@ pub(crate) fn addr_from_env() -> Result<Option<usize>, DsmError> {
         })
 }
 
-fn parse_size(v: &str) -> Option<usize> {
-    let t = v.trim();
-    let (num, mult) = match t.char_indices().last()? {
-        (i, 'k' | 'K') => (&t[..i], 1usize << 10),
-        (i, 'm' | 'M') => (&t[..i], 1 << 20),
-        (i, 'g' | 'G') => (&t[..i], 1 << 30),
-        (i, 't' | 'T') => (&t[..i], 1 << 40),
-        _ => (t, 1),
-    };
-    num.trim().parse::<usize>().ok()?.checked_mul(mult)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("4096"), Some(4096));
-        assert_eq!(parse_size("16G"), Some(16 << 30));
-        assert_eq!(parse_size(" 2m "), Some(2 << 20));
-        assert_eq!(parse_size("x"), None);
-        assert_eq!(parse_size(""), None);
-    }
 
     #[test]
     fn fixed_reservation_refuses_to_overlap() {
