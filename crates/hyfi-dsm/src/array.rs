@@ -110,6 +110,20 @@ impl<T: Pod> Shared<T> {
         unsafe { elem::store(self.base.add(e), v) }
     }
 
+    /// [`Shared::load`] kept out of line: the miss path of the fast accessors.
+    #[cold]
+    #[inline(never)]
+    fn load_cold(&self, e: usize) -> T {
+        self.load(e)
+    }
+
+    /// [`Shared::store`] kept out of line.
+    #[cold]
+    #[inline(never)]
+    fn store_cold(&self, e: usize, v: T) {
+        self.store(e, v)
+    }
+
     pub(crate) fn read_into(&self, e: usize, out: &mut [T]) {
         if out.is_empty() {
             return;
@@ -155,11 +169,13 @@ impl<T: Pod> Fast<T> {
         }
     }
     const SIMPLE: bool = std::mem::size_of::<T>().is_power_of_two();
+    /// log2 of the elements per page, for power-of-two element sizes.
+    const PER_PAGE_SHIFT: u32 = SHIFT - std::mem::size_of::<T>().trailing_zeros();
 
     #[inline(always)]
     fn load(&self, sh: &Shared<T>, e: usize) -> T {
         if Self::SIMPLE {
-            let page = (e * std::mem::size_of::<T>()) >> SHIFT;
+            let page = e >> Self::PER_PAGE_SHIFT;
             // SAFETY: the caller checked `e` is in bounds, so `page` is one
             // of the segment's pages; a hit means the page is valid here.
             unsafe {
@@ -168,13 +184,13 @@ impl<T: Pod> Fast<T> {
                 }
             }
         }
-        sh.load(e)
+        sh.load_cold(e)
     }
 
     #[inline(always)]
     fn store(&self, sh: &Shared<T>, e: usize, v: T) {
         if Self::SIMPLE {
-            let page = (e * std::mem::size_of::<T>()) >> SHIFT;
+            let page = e >> Self::PER_PAGE_SHIFT;
             // SAFETY: as in load; WRITE means writable here (twin taken).
             unsafe {
                 if (*self.state.add(page)).load(Ordering::Acquire) == WRITE {
@@ -182,7 +198,7 @@ impl<T: Pod> Fast<T> {
                 }
             }
         }
-        sh.store(e, v)
+        sh.store_cold(e, v)
     }
 }
 
@@ -190,6 +206,30 @@ impl<T: Pod> Fast<T> {
 #[inline(never)]
 fn out_of_bounds(what: &str, index: String, shape: String) -> ! {
     panic!("hyfi-dsm: {what} index {index} out of bounds for a shared array of {shape}")
+}
+
+// The hot accessors call these with plain numbers: the formatting stays out
+// of line, so an inlined `get` is a compare and a branch, not a panic's
+// argument set-up.
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn element_oob(i: usize, len: usize) -> ! {
+    out_of_bounds("vector", i.to_string(), format!("{len} elements"))
+}
+
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn view_oob(j: usize, len: usize) -> ! {
+    out_of_bounds("view", j.to_string(), format!("{len} elements"))
+}
+
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn matrix_oob(i: usize, j: usize, rows: usize, cols: usize) -> ! {
+    out_of_bounds("matrix", format!("({i}, {j})"), format!("{rows} × {cols}"))
 }
 
 /// A read-only view of consecutive elements, valid for the filament that
@@ -241,7 +281,7 @@ impl<'a, T: Pod> View<'a, T> {
     #[inline(always)]
     pub fn get(&self, j: usize) -> T {
         if j >= self.len {
-            out_of_bounds("view", j.to_string(), format!("{} elements", self.len));
+            view_oob(j, self.len);
         }
         // SAFETY: in bounds; the view's pages were made valid when it was
         // taken and stay so until the filament ends (views cannot outlive it).
@@ -297,7 +337,7 @@ impl<'a, T: Pod> ViewMut<'a, T> {
     #[inline(always)]
     pub fn set(&self, j: usize, v: T) {
         if j >= self.len {
-            out_of_bounds("view", j.to_string(), format!("{} elements", self.len));
+            view_oob(j, self.len);
         }
         // SAFETY: in bounds; the pages were made writable (twins taken)
         // when the view was made, and stay so until the filament ends. The
@@ -360,7 +400,7 @@ impl<T: Pod> DsmVec<T> {
     #[inline(always)]
     fn check(&self, i: usize) {
         if i >= self.len {
-            out_of_bounds("vector", i.to_string(), format!("{} elements", self.len));
+            element_oob(i, self.len);
         }
     }
     fn check_range(&self, r: &Range<usize>) {
@@ -520,11 +560,7 @@ impl<T: Pod> DsmMatrix<T> {
     #[inline(always)]
     fn check(&self, i: usize, j: usize) {
         if i >= self.rows || j >= self.cols {
-            out_of_bounds(
-                "matrix",
-                format!("({i}, {j})"),
-                format!("{} × {}", self.rows, self.cols),
-            );
+            matrix_oob(i, j, self.rows, self.cols);
         }
     }
     fn check_row(&self, i: usize) {
