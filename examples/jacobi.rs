@@ -307,9 +307,12 @@ fn main() {
     print!("{}", rt.stats());
     if let Some(d) = &par.dsm {
         print!("{d}");
+        // From the phase's own counters (folded at every release): the
+        // total also counts pages served to other nodes' final checks.
+        let sweep_bytes = d.per_phase.first().map_or(0, |c| c.bytes_sent);
         println!(
             "dsm bytes sent per sweep: {} (node {})",
-            d.total.bytes_sent / par.iters.max(1) as u64,
+            sweep_bytes / par.iters.max(1) as u64,
             rt.node()
         );
     }
