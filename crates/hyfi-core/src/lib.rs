@@ -76,6 +76,7 @@
 
 #![warn(missing_docs)]
 
+mod balance;
 mod config;
 mod error;
 pub mod filthread;
@@ -84,6 +85,7 @@ mod node;
 mod phase;
 mod pool;
 mod reduce;
+mod remote;
 mod runtime;
 mod shared;
 mod sleep;
@@ -104,5 +106,7 @@ pub use pool::{block, Index, Pool, PoolArray};
 pub use reduce::{Arith, Op, Reduction};
 pub use runtime::{Runtime, StatsHandle};
 pub use shared::{Element, Row, SharedMatrix, SharedVec};
-pub use stats::{ProcStats, Stats};
+pub use stats::{ProcStats, RemoteStats, Stats};
+pub use balance::{Balancer, FjNode, PortableJob, Slot};
+pub use remote::{is_registered, Failure, RemoteFn};
 pub use worker::Ctx;
