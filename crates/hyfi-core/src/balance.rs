@@ -431,6 +431,13 @@ impl FjNode {
         sh.notify_idle();
     }
 
+    /// Wakes the idle processors (to ask again after a refusal).
+    pub fn wake_idle(&self) {
+        if let Some(sh) = self.0.upgrade() {
+            sh.notify_idle();
+        }
+    }
+
     /// Counts a steal request sent to another node.
     pub fn count_request(&self) {
         if let Some(sh) = self.0.upgrade() {
