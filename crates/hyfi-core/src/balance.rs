@@ -132,6 +132,9 @@ pub(crate) struct NodeState {
     spread: AtomicUsize,
     /// Where the next export starts taking (round-robin over processors).
     take_from: AtomicUsize,
+    /// Bumped when idle processors should look again (a refused request):
+    /// an idle processor waits for work, the run's end, or a change here.
+    pub(crate) kick: AtomicU64,
     pub(crate) counters: Counters,
 }
 
@@ -434,6 +437,7 @@ impl FjNode {
     /// Wakes the idle processors (to ask again after a refusal).
     pub fn wake_idle(&self) {
         if let Some(sh) = self.0.upgrade() {
+            sh.fj.kick.fetch_add(1, Ordering::SeqCst);
             sh.notify_idle();
         }
     }

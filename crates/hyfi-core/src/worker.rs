@@ -431,7 +431,9 @@ impl Sched {
                     w.want_fork();
                 }
             }
-            // Nothing on this node: ask another one (paper §3.5).
+            // Nothing on this node: ask another one (paper §3.5). The kick
+            // is read first, so a refusal that comes meanwhile is not missed.
+            let kick = sh.fj.kick.load(Ordering::SeqCst);
             let ask_again = crate::balance::idle(ctx);
             self.idle_wait_until(
                 ctx,
@@ -440,6 +442,7 @@ impl Sched {
                         || !sh.injector.is_empty()
                         || sh.stealers.iter().any(|s| !s.is_empty())
                         || sh.workers.iter().any(|w| !w.incoming.is_empty())
+                        || sh.fj.kick.load(Ordering::SeqCst) != kick
                 },
                 ask_again,
             );
