@@ -217,14 +217,17 @@ fn ship(sh: &Shared, job: JobRef) -> Taken {
         }
     };
     let token = sh.fj.next_token.fetch_add(1, Ordering::Relaxed) + 1;
-    sh.fj.pending
+    sh.fj
+        .pending
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(token, Pending { ptr, vtable });
     // `fail` drains the table after setting `abort`: if it already ran, it
     // missed this entry, so complete it here.
     if sh.fj.abort.load(Ordering::SeqCst) {
-        let p = sh.fj.pending
+        let p = sh
+            .fj
+            .pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&token);
@@ -371,7 +374,9 @@ impl FjNode {
         let Some(sh) = self.0.upgrade() else {
             return Ok(());
         };
-        let p = sh.fj.pending
+        let p = sh
+            .fj
+            .pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&token);
@@ -382,7 +387,9 @@ impl FjNode {
                 (p.vtable.complete)(p.ptr, outcome);
                 Ok(())
             },
-            None => Err(format!("a result for filament {token}, which nobody waits for")),
+            None => Err(format!(
+                "a result for filament {token}, which nobody waits for"
+            )),
         }
     }
 
@@ -523,19 +530,16 @@ pub(crate) fn send_to_slot(ctx: &Ctx, job: JobRef, slot: Slot) {
             if let Err(e) = b.push(node, proc, run, pj) {
                 // The node failed: complete the job with the failure (unless
                 // `fail` already did).
-                let p = sh.fj.pending
+                let p = sh
+                    .fj
+                    .pending
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&token);
                 if let Some(p) = p {
                     // SAFETY: removed from the table: we are its only completer.
                     unsafe {
-                        (p.vtable.complete)(
-                            p.ptr,
-                            Err(Failure::Lost {
-                                why: e.to_string(),
-                            }),
-                        )
+                        (p.vtable.complete)(p.ptr, Err(Failure::Lost { why: e.to_string() }))
                     };
                 }
             }
@@ -642,8 +646,9 @@ impl Runtime {
             let job = move |ctx: &Ctx| {
                 let slot_ptr = slot_ptr;
                 let start = (total > 1).then_some(Slot { slot: 0, depth: 0 });
-                let mut r = with_startup(ctx, start, || catch_unwind(AssertUnwindSafe(|| root(ctx))))
-                    .map_err(|p| failure_of(me, ctx.proc(), p));
+                let mut r =
+                    with_startup(ctx, start, || catch_unwind(AssertUnwindSafe(|| root(ctx))))
+                        .map_err(|p| failure_of(me, ctx.proc(), p));
                 if let Some(b) = &balancer {
                     let bytes = match &r {
                         Ok(v) => bincode::serialize(v).map_err(|e| Failure::Codec {
@@ -680,7 +685,13 @@ impl Runtime {
         let r = if me == 0 {
             slot.expect("hyfi: fork-join run ended without its root")
         } else {
-            match sh.fj.outcome.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            match sh
+                .fj
+                .outcome
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+            {
                 Some(Ok(bytes)) => bincode::deserialize(&bytes).map_err(|e| Failure::Codec {
                     node: me,
                     name: "the root's result".into(),

@@ -52,7 +52,12 @@ pub(crate) struct JobRef {
 
 impl std::fmt::Debug for JobRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "JobRef({:p}, remote: {})", self.ptr, self.remote.is_some())
+        write!(
+            f,
+            "JobRef({:p}, remote: {})",
+            self.ptr,
+            self.remote.is_some()
+        )
     }
 }
 

@@ -93,6 +93,7 @@ mod stack;
 mod stats;
 mod worker;
 
+pub use balance::{Balancer, FjNode, PortableJob, Slot};
 /// Re-exported so reduction variables of your own `#[repr(C)]` types need
 /// no direct dependency: derive with
 /// `#[derive(Clone, Copy, hyfi::bytemuck::Pod, hyfi::bytemuck::Zeroable)]`
@@ -104,9 +105,8 @@ pub use node::{LinkError, NodeLink, PhaseEnd, SingleNode};
 pub use phase::{Control, PostPhase, Program};
 pub use pool::{block, Index, Pool, PoolArray};
 pub use reduce::{Arith, Op, Reduction};
+pub use remote::{is_registered, Failure, RemoteFn};
 pub use runtime::{Runtime, StatsHandle};
 pub use shared::{Element, Row, SharedMatrix, SharedVec};
 pub use stats::{ProcStats, RemoteStats, Stats};
-pub use balance::{Balancer, FjNode, PortableJob, Slot};
-pub use remote::{is_registered, Failure, RemoteFn};
 pub use worker::Ctx;

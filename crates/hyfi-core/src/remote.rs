@@ -273,7 +273,11 @@ where
     };
 
     fn as_job_ref(&self) -> JobRef {
-        JobRef::remote(self as *const Self as *const (), Self::execute, &Self::VTABLE)
+        JobRef::remote(
+            self as *const Self as *const (),
+            Self::execute,
+            &Self::VTABLE,
+        )
     }
 
     unsafe fn execute(this: *const (), ctx: &Ctx) {
