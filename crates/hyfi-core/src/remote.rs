@@ -239,12 +239,15 @@ pub(crate) fn run_imported(ctx: &Ctx, name: &str, args: &[u8]) -> Result<Vec<u8>
     }
 }
 
+/// A shipped filament: its function's name and its encoded argument.
+pub(crate) type Encoded = (&'static str, Vec<u8>);
+
 /// How the cluster layer handles a [`RemoteJob`] behind a type-erased
 /// pointer: one static table per argument and result type.
 pub(crate) struct RemoteVTable {
     /// The function's name and the encoded argument; the job keeps its
     /// argument if encoding fails.
-    pub(crate) export: unsafe fn(*const ()) -> Result<(&'static str, Vec<u8>), String>,
+    pub(crate) export: unsafe fn(*const ()) -> Result<Encoded, String>,
     /// Completes the job with what the node that ran it sent back.
     pub(crate) complete: unsafe fn(*const (), Result<Vec<u8>, Failure>),
     /// The start-up slot the job carries (see [`balance`]).
@@ -296,7 +299,7 @@ where
         Latch::set(&this.latch);
     }
 
-    unsafe fn export(this: *const ()) -> Result<(&'static str, Vec<u8>), String> {
+    unsafe fn export(this: *const ()) -> Result<Encoded, String> {
         let this = &*(this as *const Self);
         let args = (*this.args.get())
             .as_ref()
