@@ -66,7 +66,7 @@ pub fn print_fj_stats(rt: &hyfi::Runtime, seconds: f64) {
     }
     println!(
         "fjstats: node={} filaments={} local_steals={} local_tries={} remote_steals={} \
-         remote_tries={} moved_in={} moved_out={} idle_ms={:.1} time_s={seconds:.4}",
+         remote_tries={} moved_in={} moved_out={} idle_ms={:.1} steal_rtt_us={:.1} time_s={seconds:.4}",
         rt.node(),
         t.filaments,
         t.steals,
@@ -75,7 +75,8 @@ pub fn print_fj_stats(rt: &hyfi::Runtime, seconds: f64) {
         r.steal_requests,
         r.filaments_in,
         r.filaments_out,
-        t.idle_ns as f64 / 1e6
+        t.idle_ns as f64 / 1e6,
+        r.steal_wait_ns as f64 / 1e3 / r.steal_requests.max(1) as f64
     );
     println!();
 }

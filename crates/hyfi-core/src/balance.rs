@@ -147,6 +147,7 @@ pub(crate) struct Counters {
     filaments_out: AtomicU64,
     requests_served: AtomicU64,
     requests_refused: AtomicU64,
+    steal_wait_ns: AtomicU64,
 }
 
 impl Counters {
@@ -159,6 +160,7 @@ impl Counters {
             filaments_out: g(&self.filaments_out),
             requests_served: g(&self.requests_served),
             requests_refused: g(&self.requests_refused),
+            steal_wait_ns: g(&self.steal_wait_ns),
         }
     }
     pub(crate) fn reset(&self) {
@@ -169,6 +171,7 @@ impl Counters {
             &self.filaments_out,
             &self.requests_served,
             &self.requests_refused,
+            &self.steal_wait_ns,
         ] {
             a.store(0, Ordering::Relaxed);
         }
@@ -446,6 +449,14 @@ impl FjNode {
         if let Some(sh) = self.0.upgrade() {
             sh.fj.kick.fetch_add(1, Ordering::SeqCst);
             sh.notify_idle();
+        }
+    }
+
+    /// Counts the time from sending a steal request to having installed
+    /// its answer.
+    pub fn count_steal_wait(&self, d: Duration) {
+        if let Some(sh) = self.0.upgrade() {
+            bump(&sh.fj.counters.steal_wait_ns, d.as_nanos() as u64);
         }
     }
 

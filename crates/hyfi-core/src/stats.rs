@@ -55,6 +55,10 @@ pub struct RemoteStats {
     pub requests_served: u64,
     /// Requests from other nodes answered with none.
     pub requests_refused: u64,
+    /// Nanoseconds from sending a steal request to having installed the
+    /// answer, summed over this node's requests (divide by
+    /// `steal_requests` for the mean round trip).
+    pub steal_wait_ns: u64,
 }
 
 impl RemoteStats {
@@ -121,11 +125,12 @@ impl fmt::Display for Stats {
         if !r.is_zero() {
             writeln!(
                 f,
-                "node {:>2} across nodes: steals {} of {} requests; filaments moved in {} out {}; \
-                 requests from other nodes served {} refused {}",
+                "node {:>2} across nodes: steals {} of {} requests (mean round trip {:.1} us); \
+                 filaments moved in {} out {}; requests from other nodes served {} refused {}",
                 self.node,
                 r.steals,
                 r.steal_requests,
+                r.steal_wait_ns as f64 / 1e3 / r.steal_requests.max(1) as f64,
                 r.filaments_in,
                 r.filaments_out,
                 r.requests_served,

@@ -93,8 +93,8 @@ struct State {
     begun: u64,
     /// `Push` and `Done` messages of runs not begun yet, in arrival order.
     early: Vec<(usize, FjMsg)>,
-    /// A steal request is out.
-    asking: bool,
+    /// A steal request is out (since when).
+    asking: Option<Instant>,
     /// Requests refused since the last success or the last pause.
     refused: usize,
     /// Victims asked so far (the next one is `me + 1 + asked mod (N - 1)`).
@@ -186,8 +186,12 @@ impl Stealing {
                 let _ = self.send(from, &FjMsg::StealReply { run, jobs });
             }
             FjMsg::StealReply { run, jobs } => {
-                if run == st.run && st.asking {
-                    st.asking = false;
+                let asked = if run == st.run {
+                    st.asking.take()
+                } else {
+                    None
+                };
+                if asked.is_some() {
                     if jobs.is_empty() {
                         st.refused += 1;
                         if st.refused >= self.nodes - 1 {
@@ -207,6 +211,9 @@ impl Stealing {
                     self.node.wake_idle();
                 } else {
                     self.node.install(run, from, jobs, None);
+                }
+                if let Some(t) = asked {
+                    self.node.count_steal_wait(t.elapsed());
                 }
             }
             FjMsg::Push { run, proc, job } => {
@@ -246,7 +253,7 @@ impl Balancer for Stealing {
         let mut st = self.lock();
         st.run = run;
         st.begun = run;
-        st.asking = false;
+        st.asking = None;
         st.refused = 0;
         st.not_before = None;
         st.backoff = MIN_BACKOFF;
@@ -266,7 +273,7 @@ impl Balancer for Stealing {
         let mut st = self.lock();
         if st.run == run {
             st.run = 0;
-            st.asking = false;
+            st.asking = None;
         }
     }
 
@@ -276,7 +283,7 @@ impl Balancer for Stealing {
         }
         let victim = {
             let mut st = self.lock();
-            if st.failed || st.run != run || st.asking {
+            if st.failed || st.run != run || st.asking.is_some() {
                 return None;
             }
             if let Some(t) = st.not_before {
@@ -286,7 +293,7 @@ impl Balancer for Stealing {
                 }
                 st.not_before = None;
             }
-            st.asking = true;
+            st.asking = Some(Instant::now());
             let k = st.asked % (self.nodes - 1);
             st.asked += 1;
             (self.me + 1 + k) % self.nodes
@@ -294,7 +301,7 @@ impl Balancer for Stealing {
         self.node.count_request();
         if self.send(victim, &FjMsg::StealReq { run }).is_err() {
             // The node failed; its failure path ends the run.
-            self.lock().asking = false;
+            self.lock().asking = None;
             return Some(MAX_BACKOFF);
         }
         None
