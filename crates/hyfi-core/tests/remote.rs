@@ -104,12 +104,13 @@ fn every_branch_counts_as_a_filament() {
 #[test]
 fn start_up_distribution_gives_the_second_processor_work() {
     // Slot 1 of a 1 x 2 run is processor 1: the root's first fork goes to
-    // its list. A processor the OS does not schedule during a short run
-    // cannot take it (tests run in parallel), so allow a few runs.
+    // its list. A processor the OS does not schedule during a run cannot
+    // take it (processor 0 takes it back when it runs out of work, and tests
+    // run in parallel on few cores): make runs long enough, allow a few.
     let rt = runtime(2, true);
     rt.reset_stats();
-    for _ in 0..50 {
-        rt.run_distributed(|ctx| tree(ctx, (16, 0))).expect("runs");
+    for _ in 0..20 {
+        rt.run_distributed(|ctx| tree(ctx, (21, 0))).expect("runs");
         if rt.stats().procs[1].filaments > 0 {
             return;
         }
