@@ -5,8 +5,10 @@
 //! a machine, after the HyFi package (Lowenthal & Subramanian, 2002).
 //!
 //! This crate is the one place a user imports from; it re-exports the
-//! single-node runtime [`hyfi_core`]. See the README for a tour and
-//! [`Program`], [`Ctx::join`] and [`Reduction`] for the two models.
+//! single-node runtime [`hyfi_core`] and the cluster layer's entry points
+//! ([`init`], ...). See the README for a tour and [`Program`], [`Ctx::join`]
+//! and [`Reduction`] for the two models; [`Ctx::join_remote`], [`RemoteFn`]
+//! and [`Runtime::run_distributed`] for fork-join filaments across nodes.
 //!
 //! ```
 //! use hyfi::{Config, Ctx, Runtime};

@@ -283,6 +283,12 @@ where
         )
     }
 
+    /// Runs the job here (taken from a deque or an incoming list).
+    ///
+    /// # Safety
+    /// `this` points at a live `RemoteJob<B, RB>` that nobody else runs,
+    /// ships or completes: a `JobRef` is taken from its queue exactly once,
+    /// and the joiner waits for the latch before the frame goes away.
     unsafe fn execute(this: *const (), ctx: &Ctx) {
         let this = &*(this as *const Self);
         let a = (*this.args.get())
@@ -299,6 +305,11 @@ where
         Latch::set(&this.latch);
     }
 
+    /// Encodes the job's argument for another node.
+    ///
+    /// # Safety
+    /// As for [`Self::execute`]: the caller took the job from its queue and
+    /// owns it until it is completed.
     unsafe fn export(this: *const ()) -> Result<Encoded, String> {
         let this = &*(this as *const Self);
         let args = (*this.args.get())
@@ -310,6 +321,13 @@ where
         Ok((this.f.name, bytes))
     }
 
+    /// Stores what the node that ran the job sent back and sets the latch.
+    ///
+    /// # Safety
+    /// `this` was exported and removed from the pending table by the
+    /// caller, so this is its only completion; the joiner is still waiting.
+    /// Once the latch is set the joiner may free the job: nothing touches
+    /// `this` afterwards.
     unsafe fn complete(this: *const (), outcome: Result<Vec<u8>, Failure>) {
         let this = &*(this as *const Self);
         let r = match outcome {
@@ -326,6 +344,10 @@ where
         Latch::set(&this.latch);
     }
 
+    /// The start-up slot the job carries.
+    ///
+    /// # Safety
+    /// As for [`Self::export`].
     unsafe fn startup_of(this: *const ()) -> Option<Slot> {
         (*(this as *const Self)).startup.get()
     }
