@@ -4,6 +4,8 @@
 //! cross-node stealing installed), connected through a coordinator on a
 //! free 127.0.0.1 port.
 //!
+//! * `raw_tcp_16B`: the baseline, a blocking 16-byte request/response over
+//!   one loopback `TcpStream` pair with `TCP_NODELAY` (an echo thread).
 //! * `local_only`: a distributed run whose root forks one filament that
 //!   stays on node 0 (`Ctx::join`): the cost of a distributed run itself
 //!   (waking the server thread, the root, and the `Done` message to node 1).
@@ -17,6 +19,7 @@
 //!
 //! Run with `cargo bench --bench fj_rtt -- --noplot`.
 
+use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,9 +83,36 @@ fn two_nodes(job: u64) -> (Runtime, Arc<Cluster>, std::thread::JoinHandle<Arc<Cl
     (rt, cluster, follower)
 }
 
+/// The baseline: 16 bytes out and back over loopback TCP.
+fn raw_tcp(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let mut client = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+    let (mut server, _) = l.accept().expect("accept");
+    client.set_nodelay(true).expect("nodelay");
+    server.set_nodelay(true).expect("nodelay");
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 16];
+        while server.read_exact(&mut buf).is_ok() {
+            if server.write_all(&buf).is_err() {
+                break;
+            }
+        }
+    });
+    let (out, mut back) = ([7u8; 16], [0u8; 16]);
+    g.bench_function("raw_tcp_16B", |b| {
+        b.iter(|| {
+            client.write_all(&out).expect("write");
+            client.read_exact(&mut back).expect("read");
+        })
+    });
+    drop(client);
+    echo.join().expect("echo thread");
+}
+
 fn bench(c: &mut Criterion) {
     ECHO.register().expect("register");
     let mut g = c.benchmark_group("fj_remote_round_trip_2n");
+    raw_tcp(&mut g);
     for (name, remote, job) in [
         ("local_only", false, 0x464a_0001u64),
         ("remote_fork", true, 0x464a_0002),
