@@ -236,7 +236,7 @@ fn ship(sh: &Shared, job: JobRef) -> Taken {
             .remove(&token);
         if let Some(p) = p {
             // SAFETY: removed from the table: we are its only completer.
-            unsafe { (p.vtable.complete)(p.ptr, Err(sh.fj.failure())) };
+            unsafe { (p.vtable.complete)(p.ptr, Err(sh.fj.failure()), sh.link.my_node()) };
         }
         return Taken::Consumed;
     }
@@ -387,7 +387,7 @@ impl FjNode {
             // SAFETY: removed from the table, so this is the only completer;
             // the joiner is still waiting for the latch.
             Some(p) => unsafe {
-                (p.vtable.complete)(p.ptr, outcome);
+                (p.vtable.complete)(p.ptr, outcome, sh.link.my_node());
                 Ok(())
             },
             None => Err(format!(
@@ -434,7 +434,7 @@ impl FjNode {
             .collect();
         for p in pending {
             // SAFETY: drained from the table: we are its only completer.
-            unsafe { (p.vtable.complete)(p.ptr, Err(sh.fj.failure())) };
+            unsafe { (p.vtable.complete)(p.ptr, Err(sh.fj.failure()), sh.link.my_node()) };
         }
         // Node 0 ends when its root has unwound; the others end now.
         if sh.link.my_node() != 0 && sh.fj.run.load(Ordering::SeqCst) != 0 {
@@ -550,7 +550,11 @@ pub(crate) fn send_to_slot(ctx: &Ctx, job: JobRef, slot: Slot) {
                 if let Some(p) = p {
                     // SAFETY: removed from the table: we are its only completer.
                     unsafe {
-                        (p.vtable.complete)(p.ptr, Err(Failure::Lost { why: e.to_string() }))
+                        (p.vtable.complete)(
+                            p.ptr,
+                            Err(Failure::Lost { why: e.to_string() }),
+                            ctx.node,
+                        )
                     };
                 }
             }

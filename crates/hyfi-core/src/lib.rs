@@ -12,7 +12,10 @@
 //!   [`Reduction`].
 //! * **Fork-join filaments** split work recursively with [`Ctx::join`];
 //!   idle processors steal, and forks become plain calls (*pruning*) once
-//!   every processor is busy. See [`Runtime::run`].
+//!   every processor is busy. See [`Runtime::run`]. Filaments forked with
+//!   [`Ctx::join_remote`] (a [`RemoteFn`] of serde types) may also run on
+//!   other nodes, with [`Runtime::run_distributed`] (see [`remote`] and
+//!   [`balance`]: start-up distribution, cross-node stealing, termination).
 //!
 //! Jacobi iteration, the paper's Figure 1–2 program, checked against a
 //! sequential loop:
@@ -76,7 +79,7 @@
 
 #![warn(missing_docs)]
 
-mod balance;
+pub mod balance;
 mod config;
 mod error;
 pub mod filthread;
@@ -85,7 +88,7 @@ mod node;
 mod phase;
 mod pool;
 mod reduce;
-mod remote;
+pub mod remote;
 mod runtime;
 mod shared;
 mod sleep;

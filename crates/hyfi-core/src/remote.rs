@@ -248,8 +248,10 @@ pub(crate) struct RemoteVTable {
     /// The function's name and the encoded argument; the job keeps its
     /// argument if encoding fails.
     pub(crate) export: unsafe fn(*const ()) -> Result<Encoded, String>,
-    /// Completes the job with what the node that ran it sent back.
-    pub(crate) complete: unsafe fn(*const (), Result<Vec<u8>, Failure>),
+    /// Completes the job with what the node that ran it sent back (the
+    /// last argument is this node, for the error if the result will not
+    /// decode).
+    pub(crate) complete: unsafe fn(*const (), Result<Vec<u8>, Failure>, usize),
     /// The start-up slot the job carries (see [`balance`]).
     pub(crate) startup: unsafe fn(*const ()) -> Option<Slot>,
 }
@@ -328,12 +330,12 @@ where
     /// caller, so this is its only completion; the joiner is still waiting.
     /// Once the latch is set the joiner may free the job: nothing touches
     /// `this` afterwards.
-    unsafe fn complete(this: *const (), outcome: Result<Vec<u8>, Failure>) {
+    unsafe fn complete(this: *const (), outcome: Result<Vec<u8>, Failure>, node: usize) {
         let this = &*(this as *const Self);
         let r = match outcome {
             Ok(bytes) => bincode::deserialize::<RB>(&bytes).map_err(|e| {
                 Box::new(RemoteFailure(Failure::Codec {
-                    node: usize::MAX,
+                    node,
                     name: this.f.name.to_string(),
                     why: format!("decoding its result: {e}"),
                 })) as Box<dyn Any + Send>

@@ -404,6 +404,10 @@ impl Runtime {
     /// Runs a fork-join computation: `root` on one processor, its joins
     /// spread over all of them by stealing. Returns `root`'s result.
     ///
+    /// It stays on this node, whatever the cluster; to spread a
+    /// computation over every node, call
+    /// [`Runtime::run_distributed`] on every node.
+    ///
     /// A panic anywhere in the computation is returned as
     /// [`Error::FilamentPanic`] once every filament has stopped.
     pub fn run<R, F>(&self, root: F) -> Result<R, Error>
