@@ -228,16 +228,8 @@ fn ship(sh: &Shared, job: JobRef) -> Taken {
     // `fail` drains the table after setting `abort`: if it already ran, it
     // missed this entry, so complete it here.
     if sh.fj.abort.load(Ordering::SeqCst) {
-        let p = sh
-            .fj
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&token);
-        if let Some(p) = p {
-            // SAFETY: removed from the table: we are its only completer.
-            unsafe { (p.vtable.complete)(p.ptr, Err(sh.fj.failure()), sh.link.my_node()) };
-        }
+        sh.fj
+            .complete_pending(token, Err(sh.fj.failure()), sh.link.my_node());
         return Taken::Consumed;
     }
     bump(&sh.fj.counters.filaments_out, 1);
@@ -250,6 +242,26 @@ fn ship(sh: &Shared, job: JobRef) -> Taken {
 }
 
 impl NodeState {
+    /// Completes shipped filament `token` with `outcome` (`me` is this
+    /// node); `false` if no such filament waits (already completed by the
+    /// failure path, or never shipped).
+    fn complete_pending(&self, token: u64, outcome: Result<Vec<u8>, Failure>, me: usize) -> bool {
+        let p = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&token);
+        match p {
+            Some(p) => {
+                // SAFETY: removed from the table, so this is the only
+                // completer; the joiner is still waiting for the latch.
+                unsafe { (p.vtable.complete)(p.ptr, outcome, me) };
+                true
+            }
+            None => false,
+        }
+    }
+
     fn failure(&self) -> Failure {
         self.failure
             .lock()
@@ -377,22 +389,12 @@ impl FjNode {
         let Some(sh) = self.0.upgrade() else {
             return Ok(());
         };
-        let p = sh
-            .fj
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&token);
-        match p {
-            // SAFETY: removed from the table, so this is the only completer;
-            // the joiner is still waiting for the latch.
-            Some(p) => unsafe {
-                (p.vtable.complete)(p.ptr, outcome, sh.link.my_node());
-                Ok(())
-            },
-            None => Err(format!(
+        if sh.fj.complete_pending(token, outcome, sh.link.my_node()) {
+            Ok(())
+        } else {
+            Err(format!(
                 "a result for filament {token}, which nobody waits for"
-            )),
+            ))
         }
     }
 
@@ -541,22 +543,8 @@ pub(crate) fn send_to_slot(ctx: &Ctx, job: JobRef, slot: Slot) {
             if let Err(e) = b.push(node, proc, run, pj) {
                 // The node failed: complete the job with the failure (unless
                 // `fail` already did).
-                let p = sh
-                    .fj
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&token);
-                if let Some(p) = p {
-                    // SAFETY: removed from the table: we are its only completer.
-                    unsafe {
-                        (p.vtable.complete)(
-                            p.ptr,
-                            Err(Failure::Lost { why: e.to_string() }),
-                            ctx.node,
-                        )
-                    };
-                }
+                let lost = Failure::Lost { why: e.to_string() };
+                sh.fj.complete_pending(token, Err(lost), ctx.node);
             }
         }
         Taken::Local(job) => local(job),
