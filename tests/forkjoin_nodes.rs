@@ -31,6 +31,7 @@ struct Bins {
     quad: PathBuf,
     fib: PathBuf,
     probe: PathBuf,
+    hyfi_run: PathBuf,
 }
 
 /// The examples, built once with this test's profile (a no-op when fresh).
@@ -61,6 +62,10 @@ fn bins() -> &'static Bins {
             "fib",
             "--example",
             "fj_probe",
+            "-p",
+            "hyfi-net",
+            "--bin",
+            "hyfi-run",
             "--manifest-path",
         ])
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
@@ -80,6 +85,7 @@ fn bins() -> &'static Bins {
             quad: ex.join("quad"),
             fib: ex.join("fib"),
             probe: ex.join("fj_probe"),
+            hyfi_run: profile_dir.join("hyfi-run"),
         }
     })
 }
@@ -471,6 +477,78 @@ fn an_unregistered_function_fails_the_run_with_its_name() {
             "node {n}: {out:#?}"
         );
     }
+}
+
+/// Every node of a run whose output has no `[node i]` prefix (mpirun)
+/// printed `OK` and the same result line.
+fn all_ok_unprefixed(what: &str, st: ExitStatus, p: &Proc, nodes: usize) -> String {
+    let out = p.stdout();
+    let results: Vec<&String> = out.iter().filter(|l| l.starts_with("result: ")).collect();
+    let oks = out.iter().filter(|l| l.starts_with("OK: ")).count();
+    assert!(
+        st.success() && oks == nodes && results.len() == nodes,
+        "{what}: {st}, {oks} OK lines, results {results:?}{}",
+        p.dump()
+    );
+    assert!(
+        results.iter().all(|r| *r == results[0]),
+        "{what}: {results:?}"
+    );
+    results[0].clone()
+}
+
+#[test]
+fn fib_runs_unchanged_under_hyfi_run_and_mpirun() {
+    let _g = serial();
+    let (want, _) = run_ok(&bins().fib, 1, 1, &["--n", "25"]);
+    // hyfi-run: the launcher prefixes each node's lines.
+    let mut cmd = command(&bins().hyfi_run);
+    cmd.args(["-n", "3", "-p", "1", "--"])
+        .arg(&bins().fib)
+        .args(["--n", "25"]);
+    let (st, p) = run("hyfi-run -n 3 fib", cmd);
+    let per_node = by_node(&p.stdout(), 3);
+    assert!(
+        st.success() && per_node.len() == 3,
+        "hyfi-run: {st}{}",
+        p.dump()
+    );
+    for (n, lines) in &per_node {
+        assert!(
+            lines.contains(&want),
+            "hyfi-run node {n}: no {want:?}{}",
+            p.dump()
+        );
+        assert!(lines.iter().any(|l| l.starts_with("OK: ")), "{}", p.dump());
+    }
+    // mpirun (Open MPI), when installed (CI installs it).
+    let mpirun = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join("mpirun"))
+            .find(|p| p.is_file())
+    });
+    let Some(mpirun) = mpirun else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must install mpirun (see .ci/run)"
+        );
+        eprintln!("SKIPPED the mpirun part: mpirun not installed");
+        return;
+    };
+    let mut cmd = command(&mpirun);
+    cmd.args([
+        "--oversubscribe",
+        "--allow-run-as-root",
+        "-np",
+        "2",
+        "-x",
+        "HYFI_PIN=0",
+    ])
+    .arg(&bins().fib)
+    .args(["--n", "25", "--procs", "1"])
+    .env("OMPI_MCA_plm_rsh_agent", "false");
+    let (st, p) = run("mpirun -np 2 fib", cmd);
+    assert_eq!(all_ok_unprefixed("mpirun -np 2 fib", st, &p, 2), want);
 }
 
 fn free_port() -> u16 {
