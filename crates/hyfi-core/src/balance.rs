@@ -9,14 +9,10 @@
 //! sent to every node, and `run_distributed` returns it everywhere. Only
 //! filaments forked with [`Ctx::join_remote`] leave their node.
 //!
-//! **Start-up distribution.** The `N × P` processors are slots `0..N·P` of a
-//! logical binomial tree; slot `s` is processor `s / N` of node `s % N`, so
-//! consecutive slots alternate between nodes and the largest pieces of work
-//! cross nodes first. The root holds slot 0 at depth 0. A filament holding
-//! slot `s` at depth `d` sends its next forked filament to slot `s + 2^d`
-//! (which takes it over at depth `d + 1`) and goes on at depth `d + 1`,
-//! until `s + 2^d ≥ N·P`. After `log2(N·P)` forks every processor has a
-//! piece; from then on joins prune as usual.
+//! **Start-up distribution** (module `startup`): the first forks go out
+//! along a logical binomial tree of (node, processor) slots, largest pieces
+//! across nodes first, so every processor of every node has work after
+//! `log2(N·P)` forks.
 //!
 //! **Stealing.** An idle processor first steals on its own node (other
 //! processors' deques and incoming lists); then it asks the cluster layer
@@ -55,17 +51,9 @@ use crate::fork::{HeapJob, JobRef};
 use crate::node::LinkError;
 use crate::remote::{self, failure_of, Failure, RemoteFailure, RemoteVTable};
 use crate::runtime::{Command, Runtime, Shared};
+use crate::startup::{with_startup, Slot};
 use crate::stats::RemoteStats;
 use crate::worker::Ctx;
-
-/// A place in the start-up tree: slot `slot`, at depth `depth`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Slot {
-    /// Slot index, `0..nodes × procs`.
-    pub slot: u32,
-    /// How many forks of the tree lie above.
-    pub depth: u32,
-}
 
 /// A filament on its way to another node: its function's name and encoded
 /// argument, and the token its home node completes it by.
@@ -119,7 +107,7 @@ unsafe impl Send for Pending {}
 pub(crate) struct NodeState {
     pub(crate) balancer: OnceLock<Arc<dyn Balancer>>,
     /// The distributed run in progress, 0 if none.
-    run: AtomicU64,
+    pub(crate) run: AtomicU64,
     next_run: AtomicU64,
     /// Set when the cluster failed: every join unwinds.
     pub(crate) abort: AtomicBool,
@@ -195,7 +183,7 @@ impl std::fmt::Debug for FjNode {
 }
 
 /// What became of a job the donor took from a deque.
-enum Taken {
+pub(crate) enum Taken {
     Shipped(PortableJob),
     /// Not serializable (a plain `join`), or its argument would not encode.
     Local(JobRef),
@@ -204,7 +192,7 @@ enum Taken {
 }
 
 /// Encodes a job for another node and records it as pending.
-fn ship(sh: &Shared, job: JobRef) -> Taken {
+pub(crate) fn ship(sh: &Shared, job: JobRef) -> Taken {
     let Some((ptr, vtable)) = job.portable() else {
         return Taken::Local(job);
     };
@@ -245,7 +233,12 @@ impl NodeState {
     /// Completes shipped filament `token` with `outcome` (`me` is this
     /// node); `false` if no such filament waits (already completed by the
     /// failure path, or never shipped).
-    fn complete_pending(&self, token: u64, outcome: Result<Vec<u8>, Failure>, me: usize) -> bool {
+    pub(crate) fn complete_pending(
+        &self,
+        token: u64,
+        outcome: Result<Vec<u8>, Failure>,
+        me: usize,
+    ) -> bool {
         let p = self
             .pending
             .lock()
@@ -479,76 +472,6 @@ impl NodeState {
                 why: format!("a filament of fork-join run {run} arrived after that run ended"),
             }
         }
-    }
-}
-
-/// Runs `f` with `slot` as the calling processor's start-up slot.
-pub(crate) fn with_startup<T>(ctx: &Ctx, slot: Option<Slot>, f: impl FnOnce() -> T) -> T {
-    let prev = ctx.startup.replace(slot);
-    if slot.is_some() {
-        // The next join must take the slow path, where start-up forks are made.
-        ctx.want_fork();
-    }
-    let r = f();
-    ctx.startup.set(prev);
-    r
-}
-
-/// The slot the next forked filament goes to, if the caller still holds a
-/// start-up slot with children left; advances the caller's depth.
-pub(crate) fn next_startup_child(ctx: &Ctx) -> Option<Slot> {
-    let s = ctx.startup.get()?;
-    let total = (ctx.nodes * ctx.shared.procs) as u64;
-    let child = u64::from(s.slot) + (1u64 << s.depth.min(63));
-    if child >= total {
-        ctx.startup.set(None);
-        return None;
-    }
-    let depth = s.depth + 1;
-    let more = u64::from(s.slot) + (1u64 << depth.min(63)) < total;
-    ctx.startup.set(more.then_some(Slot {
-        slot: s.slot,
-        depth,
-    }));
-    if more {
-        ctx.want_fork();
-    } else {
-        ctx.clear_want();
-    }
-    Some(Slot {
-        slot: child as u32,
-        depth,
-    })
-}
-
-/// Sends a start-up filament to the processor that owns `slot`.
-pub(crate) fn send_to_slot(ctx: &Ctx, job: JobRef, slot: Slot) {
-    let sh = &*ctx.shared;
-    let nodes = ctx.nodes;
-    let (node, proc) = (slot.slot as usize % nodes, slot.slot as usize / nodes);
-    ctx.stats.forks.set(ctx.stats.forks.get() + 1);
-    let local = |job: JobRef| {
-        let proc = if node == ctx.node { proc } else { ctx.proc };
-        sh.workers[proc].incoming.push(job);
-        sh.workers[proc].notify();
-        sh.notify_idle();
-    };
-    let (Some(b), true) = (sh.fj.balancer.get(), node != ctx.node) else {
-        return local(job);
-    };
-    let run = sh.fj.run.load(Ordering::SeqCst);
-    match ship(sh, job) {
-        Taken::Shipped(pj) => {
-            let token = pj.token;
-            if let Err(e) = b.push(node, proc, run, pj) {
-                // The node failed: complete the job with the failure (unless
-                // `fail` already did).
-                let lost = Failure::Lost { why: e.to_string() };
-                sh.fj.complete_pending(token, Err(lost), ctx.node);
-            }
-        }
-        Taken::Local(job) => local(job),
-        Taken::Consumed => {}
     }
 }
 

@@ -93,10 +93,11 @@ mod runtime;
 mod shared;
 mod sleep;
 mod stack;
+mod startup;
 mod stats;
 mod worker;
 
-pub use balance::{Balancer, FjNode, PortableJob, Slot};
+pub use balance::{Balancer, FjNode, PortableJob};
 /// Re-exported so reduction variables of your own `#[repr(C)]` types need
 /// no direct dependency: derive with
 /// `#[derive(Clone, Copy, hyfi::bytemuck::Pod, hyfi::bytemuck::Zeroable)]`
@@ -111,5 +112,6 @@ pub use reduce::{Arith, Op, Reduction};
 pub use remote::{is_registered, Failure, RemoteFn};
 pub use runtime::{Runtime, StatsHandle};
 pub use shared::{Element, Row, SharedMatrix, SharedVec};
+pub use startup::Slot;
 pub use stats::{ProcStats, RemoteStats, Stats};
 pub use worker::Ctx;

@@ -43,10 +43,10 @@ use std::sync::RwLock;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::balance::{self, Slot};
 use crate::error::{panic_message, Error};
 use crate::fork::{JobRef, Latch};
 use crate::runtime::WANTED;
+use crate::startup::{self, Slot};
 use crate::worker::Ctx;
 
 /// A fork-join filament function that may run on any node: a stable name
@@ -252,7 +252,7 @@ pub(crate) struct RemoteVTable {
     /// last argument is this node, for the error if the result will not
     /// decode).
     pub(crate) complete: unsafe fn(*const (), Result<Vec<u8>, Failure>, usize),
-    /// The start-up slot the job carries (see [`balance`]).
+    /// The start-up slot the job carries (see [`startup`]).
     pub(crate) startup: unsafe fn(*const ()) -> Option<Slot>,
 }
 
@@ -297,7 +297,7 @@ where
             .take()
             .expect("hyfi: fork-join job executed twice");
         let slot = this.startup.get();
-        let r = balance::with_startup(ctx, slot, || {
+        let r = startup::with_startup(ctx, slot, || {
             catch_unwind(AssertUnwindSafe(|| {
                 ctx.count_filaments(1);
                 ctx.call_inline(|c| (this.f.f)(c, a))
@@ -412,9 +412,9 @@ impl Ctx {
         };
         // Start-up distribution: the first forks go to their slots of the
         // logical tree, not to this deque.
-        if let Some(child) = balance::next_startup_child(self) {
+        if let Some(child) = startup::next_startup_child(self) {
             job.startup.set(Some(child));
-            balance::send_to_slot(self, job.as_job_ref(), child);
+            startup::send_to_slot(self, job.as_job_ref(), child);
             self.count_filaments(1);
             let ra = catch_unwind(AssertUnwindSafe(|| self.call_inline(a)));
             // The job points into this frame: wait for it even if `a` panicked.

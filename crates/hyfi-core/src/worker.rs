@@ -92,8 +92,8 @@ pub struct Ctx {
     pub(crate) bounds: Cell<StackBounds>,
     pub(crate) stacks: RefCell<StackPool>,
     pub(crate) stats: LocalStats,
-    /// The start-up slot the running filament holds (see `balance`).
-    pub(crate) startup: Cell<Option<crate::balance::Slot>>,
+    /// The start-up slot the running filament holds (see `startup`).
+    pub(crate) startup: Cell<Option<crate::startup::Slot>>,
     next_id: Cell<u64>,
     rng: Cell<u64>,
 }
