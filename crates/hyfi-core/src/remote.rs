@@ -150,6 +150,7 @@ fn lookup(name: &str) -> Option<&'static dyn Erased> {
 /// Why a shipped filament (or the run it belongs to) failed, in a form that
 /// travels between nodes. Converted to [`Error`] where the run returns.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Failure {
     /// The filament (or one it joined) panicked.
     Panic {
