@@ -12,17 +12,22 @@
 //! are double-buffered: in sweep `k` (`ctx.iteration()`) the old grid is
 //! `grids[k % 2]`, so nothing has to be swapped.
 //!
-//! Run it with
+//! The grids are shared arrays of the DSM (`hyfi::Dsm`): rows padded to
+//! pages, each block of rows homed on the node whose filaments compute it,
+//! so a sweep moves only the boundary rows between nodes. The same program
+//! runs on one node or several:
 //!
 //! ```text
-//! cargo run --release --example jacobi -- --n 1024 --procs 2
+//! cargo run --release --example jacobi -- --n 1024 --procs 2           # 1 node × 2
+//! cargo run --release --example jacobi -- --n 1024 --nodes 2 --procs 1 # 2 local nodes × 1
+//! hyfi-run -n 2 -p 2 target/release/examples/jacobi --n 1024           # 2 × 2
 //! ```
 //!
-//! It then runs the same sweeps sequentially on plain `Vec<f64>`s and checks
-//! that both stopped after the same number of sweeps with the same grid, bit
-//! for bit (each point is computed by the same expression in both, and a
-//! maximum does not depend on the order it is taken in). It exits with
-//! status 1 if they differ, 2 if the runtime fails.
+//! Every node then runs the same sweeps sequentially on plain `Vec<f64>`s
+//! and checks that both stopped after the same number of sweeps with the
+//! same grid, bit for bit (each point is computed by the same expression in
+//! both, and a maximum does not depend on the order it is taken in). It
+//! exits with status 1 if they differ, 2 if the runtime fails.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -30,7 +35,7 @@ use common::at_least;
 use std::time::Instant;
 
 use clap::Parser;
-use hyfi::{Control, Op, PoolArray, Program, Runtime, SharedMatrix};
+use hyfi::{Control, Dsm, Op, Placement, PoolArray, Program, Runtime};
 
 /// Jacobi iteration on an n×n grid with hyfi's iterative filaments.
 #[derive(Parser, Debug, Clone)]
@@ -42,6 +47,10 @@ pub struct Args {
     /// Runtime options (--procs, --pin/--no-pin).
     #[command(flatten)]
     pub runtime: common::RuntimeArgs,
+    /// Nodes (local processes started by the program itself, unless a
+    /// launcher such as hyfi-run, mpirun or srun started it).
+    #[arg(long, value_parser = at_least(1))]
+    pub nodes: Option<usize>,
     /// Pools per processor (rows in blocks over them).
     #[arg(long, default_value_t = 1, value_parser = at_least(1))]
     pub pools_per_proc: usize,
@@ -69,6 +78,8 @@ pub struct Output {
     pub grid: Vec<f64>,
     /// Seconds the sweeps took.
     pub secs: f64,
+    /// This node's DSM counters (hyfi runs only).
+    pub dsm: Option<hyfi::DsmStats>,
 }
 
 impl Output {
@@ -128,17 +139,28 @@ fn average(up: f64, down: f64, left: f64, right: f64) -> f64 {
     (up + down + left + right) * 0.25
 }
 
-/// The sweeps with iterative filaments on `rt`.
-pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, hyfi::Error> {
+/// The sweeps with iterative filaments on `rt`, the grids in `rt`'s
+/// shared memory.
+pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, Box<dyn std::error::Error>> {
+    let dsm = Dsm::new(rt)?;
+    run_dsm(rt, &dsm, args)
+}
+
+/// The sweeps on `rt`, the grids allocated in `dsm`.
+pub fn run_dsm(rt: &Runtime, dsm: &Dsm, args: &Args) -> Result<Output, Box<dyn std::error::Error>> {
     let n = args.n;
     let inner = 1..n.saturating_sub(1);
     let eps = args.eps;
     let max_iters = args.iters;
-    // Both grids start with the edges, which no filament writes.
-    let grids = [
-        SharedMatrix::from_fn(n, n, init),
-        SharedMatrix::from_fn(n, n, init),
-    ];
+    // Both grids start with the edges, which no filament writes. A block of
+    // rows is homed where the pools below compute it; rows padded to pages.
+    let grid = || {
+        dsm.matrix::<f64>(n, n)
+            .pad_rows()
+            .placement(Placement::BlockRows(inner.clone()))
+            .from_fn(init)
+    };
+    let grids = [grid()?, grid()?];
     let maxdiff = rt.reduction(0.0f64);
     let (mut iters, mut last, mut converged) = (0usize, 0.0f64, false);
 
@@ -163,7 +185,8 @@ pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, hyfi::Error> {
             |ctx, i| {
                 let k = ctx.iteration() as usize;
                 let (old, new) = (&grids[k % 2], &grids[(k + 1) % 2]);
-                let (up, mid, down, out) = (old.row(i - 1), old.row(i), old.row(i + 1), new.row(i));
+                let (up, mid, down) = (old.row(ctx, i - 1), old.row(ctx, i), old.row(ctx, i + 1));
+                let out = new.row_mut(ctx, i);
                 // Keep the row's maximum locally; one update of the copy per row.
                 let mut m = 0.0f64;
                 for j in inner.clone() {
@@ -199,13 +222,16 @@ pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, hyfi::Error> {
     rt.start(&mut prog)?;
     let secs = t.elapsed().as_secs_f64();
     drop(prog);
+    let dsm_stats = dsm.stats();
     Ok(Output {
         iters,
         maxdiff: last,
         converged,
-        // After `iters` sweeps the newest grid is the one sweep `iters` would read.
+        // After `iters` sweeps the newest grid is the one sweep `iters` would
+        // read (on several nodes, read through the DSM from every home).
         grid: grids[iters % 2].to_vec(),
         secs,
+        dsm: Some(dsm_stats),
     })
 }
 
@@ -243,21 +269,25 @@ pub fn run_seq(args: &Args) -> Output {
         converged,
         grid: old,
         secs: t.elapsed().as_secs_f64(),
+        dsm: None,
     }
 }
 
 fn main() {
     let args = Args::parse();
-    let rt = common::or_exit("jacobi", args.runtime.config().and_then(Runtime::new));
+    let cfg = common::or_exit("jacobi", args.runtime.config());
+    let rt = common::or_exit("jacobi", hyfi::init_nodes(cfg, args.nodes));
     let par = common::or_exit("jacobi", run_hyfi(&rt, &args));
     let seq = run_seq(&args);
 
     let grain = if args.per_row { "row" } else { "point" };
     println!(
-        "jacobi n={} procs={} pools/proc={} one filament per {grain}",
+        "jacobi n={} nodes={} procs={} pools/proc={} one filament per {grain} (node {})",
         args.n,
+        rt.num_nodes(),
         rt.procs(),
-        args.pools_per_proc
+        args.pools_per_proc,
+        rt.node()
     );
     println!(
         "hyfi:       {:.4} s, {} sweeps, maxdiff {:.6e}{}",
@@ -275,11 +305,37 @@ fn main() {
         seq.secs, seq.iters, seq.maxdiff
     );
     print!("{}", rt.stats());
+    if let Some(d) = &par.dsm {
+        print!("{d}");
+        println!(
+            "dsm bytes sent per sweep: {} (node {})",
+            d.total.bytes_sent / par.iters.max(1) as u64,
+            rt.node()
+        );
+    }
+    if let Some(t) = rt.traffic() {
+        println!("traffic of node {}: {t}", rt.node());
+    }
     match par.check_same(&seq) {
-        Ok(()) => println!("OK: hyfi and sequential results are identical bit for bit"),
+        Ok(()) => println!(
+            "OK: hyfi and sequential results are identical bit for bit (grid_bits={:016x})",
+            fnv(&par.grid)
+        ),
         Err(what) => {
             eprintln!("jacobi: MISMATCH between hyfi and sequential: {what}");
             std::process::exit(1);
         }
     }
+}
+
+/// A fingerprint of the grid's bits, to compare runs across configurations.
+fn fnv(grid: &[f64]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for v in grid {
+        for b in v.to_bits().to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
 }

@@ -11,21 +11,30 @@
 //! cyclically over the processors (the work shrinks as `k` grows, so blocks
 //! would leave the first processors idle):
 //!
-//! * the **pivot** phase: each row `i ≥ k` offers `|a[i][k]|` to the reduction
-//!   variable `pivot`; its post-phase code reduces it (largest magnitude,
-//!   lowest row on ties, which is what a sequential scan picks) and swaps
-//!   row `k` with the pivot row;
-//! * the **elimination** phase: each row `i > k` stores its multiplier
-//!   `l = a[i][k] / a[k][k]` and subtracts `l × row k`; its post-phase code
-//!   ends the program after the last step.
+//! * the **pivot** phase: each row not yet chosen as a pivot offers
+//!   `|a[i][k]|` to the reduction variable `pivot`; its post-phase code
+//!   reduces it (largest magnitude, lowest row on ties) and records the
+//!   pivot row as step `k`'s;
+//! * the **elimination** phase: each row not yet chosen stores its
+//!   multiplier `l = a[i][k] / a[p][k]` and subtracts `l ×` the pivot row
+//!   `p`; its post-phase code ends the program after the last step.
 //!
-//! Filaments of rows already finished return at once: pools are built once,
-//! as in the paper.
+//! Rows are not moved: the permutation is kept aside (node-local, the same
+//! on every node because every node reduces the same pivot), and row `i`
+//! of `L·U` is the matrix's row `perm[i]` at the end. So no row is written
+//! by two nodes, and the pivot row is the only one a step moves between
+//! nodes: every node's filaments read it, and the DSM requests it once per
+//! node (its other waiters wait for the same reply).
+//!
+//! The matrix is a shared array of the DSM, rows padded to pages and homed
+//! cyclically exactly as the pools deal them out. Filaments of rows already
+//! finished return at once: pools are built once, as in the paper.
 //!
 //! Run it with
 //!
 //! ```text
 //! cargo run --release --example lu -- --n 512 --procs 2
+//! cargo run --release --example lu -- --n 512 --nodes 2 --procs 1
 //! ```
 //!
 //! It checks that a sequential LU of the same matrix gives the same factors
@@ -40,7 +49,8 @@ use std::time::Instant;
 
 use bytemuck::{Pod, Zeroable};
 use clap::Parser;
-use hyfi::{Control, PoolArray, Program, Runtime, SharedMatrix};
+use hyfi::{Control, Dsm, Placement, PoolArray, Program, Runtime};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// LU decomposition with partial pivoting with hyfi's iterative filaments.
 #[derive(Parser, Debug, Clone)]
@@ -52,6 +62,10 @@ pub struct Args {
     /// Runtime options (--procs, --pin/--no-pin).
     #[command(flatten)]
     pub runtime: common::RuntimeArgs,
+    /// Nodes (local processes started by the program itself, unless a
+    /// launcher started it).
+    #[arg(long, value_parser = at_least(1))]
+    pub nodes: Option<usize>,
     /// Seed of the pseudo-random matrix.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -69,6 +83,8 @@ pub struct Output {
     pub singular_at: Option<usize>,
     /// Seconds the factorization took.
     pub secs: f64,
+    /// This node's DSM counters (hyfi runs only).
+    pub dsm: Option<hyfi::DsmStats>,
 }
 
 impl Output {
@@ -153,25 +169,53 @@ fn better(a: Pivot, b: Pivot) -> Pivot {
 }
 
 /// The factorization of the matrix of `args` with iterative filaments on `rt`.
-pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, hyfi::Error> {
+pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, Box<dyn std::error::Error>> {
     factor_hyfi(rt, args.n, &matrix(args.n, args.seed))
 }
 
-/// The factorization of `a0` (`n × n`, row-major) with iterative filaments on `rt`.
-pub fn factor_hyfi(rt: &Runtime, n: usize, a0: &[f64]) -> Result<Output, hyfi::Error> {
+/// Not chosen as a pivot yet.
+const FREE: usize = usize::MAX;
+
+/// The factorization of `a0` (`n × n`, row-major) with iterative filaments
+/// on `rt`, the matrix in a new DSM of `rt`.
+pub fn factor_hyfi(
+    rt: &Runtime,
+    n: usize,
+    a0: &[f64],
+) -> Result<Output, Box<dyn std::error::Error>> {
+    let dsm = Dsm::new(rt)?;
+    factor_dsm(rt, &dsm, n, a0)
+}
+
+/// The factorization of `a0` with iterative filaments on `rt`, the matrix
+/// allocated in `dsm`.
+pub fn factor_dsm(
+    rt: &Runtime,
+    dsm: &Dsm,
+    n: usize,
+    a0: &[f64],
+) -> Result<Output, Box<dyn std::error::Error>> {
     assert_eq!(a0.len(), n * n, "factor_hyfi needs an n×n matrix");
-    let a = SharedMatrix::from_fn(n, n, |i, j| a0[i * n + j]);
+    let a = dsm
+        .matrix::<f64>(n, n)
+        .pad_rows()
+        .placement(Placement::CyclicRows(0..n))
+        .from_fn(|i, j| a0[i * n + j])?;
     let pivot = rt.reduction(NO_PIVOT);
-    let mut perm: Vec<usize> = (0..n).collect();
+    // Node-local and the same on every node: the step at which each row was
+    // chosen as pivot (FREE if not yet), and the current pivot row.
+    let step_of: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(FREE)).collect();
+    let piv = AtomicUsize::new(0);
+    let mut perm: Vec<usize> = Vec::with_capacity(n);
     let mut singular_at = None;
 
     let mut prog = Program::new();
-    // Phase 0, pivot: rows k.. offer their candidate.
+    // Phase 0, pivot: the rows not chosen yet offer their candidate.
     prog.phase(
         PoolArray::cyclic(rt, 0..n),
         |ctx, i| {
             let k = ctx.iteration() as usize;
-            if i >= k {
+            if step_of[i].load(Relaxed) == FREE {
                 let c = Pivot {
                     mag: a.get(i, k).abs(),
                     row: i as u64,
@@ -187,29 +231,27 @@ pub fn factor_hyfi(rt: &Runtime, n: usize, a0: &[f64]) -> Result<Output, hyfi::E
                 singular_at = Some(k);
                 return Control::Done;
             }
-            // One processor swaps while the others wait at the barrier.
             let p = p.row as usize;
-            if p != k {
-                let (rk, rp) = (a.row(k).to_vec(), a.row(p).to_vec());
-                a.row(k).copy_from(&rp);
-                a.row(p).copy_from(&rk);
-                perm.swap(k, p);
-            }
+            step_of[p].store(k, Relaxed);
+            piv.store(p, Relaxed);
+            perm.push(p);
             Control::Continue
         },
     );
-    // Phase 1, elimination: rows below k subtract their multiple of row k.
+    // Phase 1, elimination: the rows not chosen yet subtract their multiple
+    // of the pivot row.
     prog.phase(
         PoolArray::cyclic(rt, 0..n),
         |ctx, i| {
             let k = ctx.iteration() as usize;
-            if i > k {
+            if step_of[i].load(Relaxed) == FREE {
+                let rp = a.row(ctx, piv.load(Relaxed));
+                let ri = a.row_mut(ctx, i);
                 // The multiplier goes where the eliminated entry was.
-                let (rk, ri) = (a.row(k), a.row(i));
-                let l = ri.get(k) / rk.get(k);
+                let l = ri.get(k) / rp.get(k);
                 ri.set(k, l);
                 for j in k + 1..n {
-                    ri.set(j, ri.get(j) - l * rk.get(j));
+                    ri.set(j, ri.get(j) - l * rp.get(j));
                 }
             }
         },
@@ -226,11 +268,19 @@ pub fn factor_hyfi(rt: &Runtime, n: usize, a0: &[f64]) -> Result<Output, hyfi::E
     rt.start(&mut prog)?;
     let secs = t.elapsed().as_secs_f64();
     drop(prog);
+    let dsm_stats = dsm.stats();
+    // Rows never chosen (a singular matrix) follow in their order.
+    perm.extend((0..n).filter(|&r| step_of[r].load(Relaxed) == FREE));
+    let all = a.to_vec();
     Ok(Output {
-        lu: a.to_vec(),
+        lu: perm
+            .iter()
+            .flat_map(|&r| all[r * n..(r + 1) * n].iter().copied())
+            .collect(),
         perm,
         singular_at,
         secs,
+        dsm: Some(dsm_stats),
     })
 }
 
@@ -239,16 +289,19 @@ pub fn run_seq(args: &Args) -> Output {
     factor_seq(args.n, &matrix(args.n, args.seed))
 }
 
-/// The factorization of `a0` (`n × n`, row-major), sequentially.
+/// The factorization of `a0` (`n × n`, row-major), sequentially: the same
+/// pivots (largest magnitude, lowest row on ties) and the same flops in
+/// the same order as the filaments.
 pub fn factor_seq(n: usize, a0: &[f64]) -> Output {
     assert_eq!(a0.len(), n * n, "factor_seq needs an n×n matrix");
     let mut a = a0.to_vec();
-    let mut perm: Vec<usize> = (0..n).collect();
+    let mut chosen = vec![false; n];
+    let mut perm: Vec<usize> = Vec::with_capacity(n);
     let mut singular_at = None;
     let t = Instant::now();
     for k in 0..n {
         let mut best = NO_PIVOT;
-        for i in k..n {
+        for i in (0..n).filter(|&i| !chosen[i]) {
             best = better(
                 best,
                 Pivot {
@@ -262,28 +315,28 @@ pub fn factor_seq(n: usize, a0: &[f64]) -> Output {
             break;
         }
         let p = best.row as usize;
-        if p != k {
-            for j in 0..n {
-                a.swap(k * n + j, p * n + j);
-            }
-            perm.swap(k, p);
-        }
-        let (top, rest) = a.split_at_mut((k + 1) * n);
-        let rk = &top[k * n..];
-        for ri in rest.chunks_exact_mut(n) {
-            // The same flops as the filament, in the same order.
-            let l = ri[k] / rk[k];
+        chosen[p] = true;
+        perm.push(p);
+        let rp = a[p * n..(p + 1) * n].to_vec();
+        for i in (0..n).filter(|&i| !chosen[i]) {
+            let ri = &mut a[i * n..(i + 1) * n];
+            let l = ri[k] / rp[k];
             ri[k] = l;
             for j in k + 1..n {
-                ri[j] -= l * rk[j];
+                ri[j] -= l * rp[j];
             }
         }
     }
+    perm.extend((0..n).filter(|&r| !chosen[r]));
     Output {
-        lu: a,
+        lu: perm
+            .iter()
+            .flat_map(|&r| a[r * n..(r + 1) * n].iter().copied())
+            .collect(),
         perm,
         singular_at,
         secs: t.elapsed().as_secs_f64(),
+        dsm: None,
     }
 }
 
@@ -321,19 +374,25 @@ pub const RESIDUAL_LIMIT: f64 = 100.0;
 
 fn main() {
     let args = Args::parse();
-    let rt = common::or_exit("lu", args.runtime.config().and_then(Runtime::new));
+    let cfg = common::or_exit("lu", args.runtime.config());
+    let rt = common::or_exit("lu", hyfi::init_nodes(cfg, args.nodes));
     let par = common::or_exit("lu", run_hyfi(&rt, &args));
     let seq = run_seq(&args);
 
     println!(
-        "lu n={} procs={} seed={} (partial pivoting, rows cyclic)",
+        "lu n={} nodes={} procs={} seed={} (partial pivoting, rows cyclic) (node {})",
         args.n,
+        rt.num_nodes(),
         rt.procs(),
-        args.seed
+        args.seed,
+        rt.node()
     );
     println!("hyfi:       {:.4} s", par.secs);
     println!("sequential: {:.4} s", seq.secs);
     print!("{}", rt.stats());
+    if let Some(d) = &par.dsm {
+        print!("{d}");
+    }
     if let Err(what) = par.check_same(&seq) {
         eprintln!("lu: MISMATCH between hyfi and sequential: {what}");
         std::process::exit(1);

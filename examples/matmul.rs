@@ -14,6 +14,7 @@
 //!
 //! ```text
 //! cargo run --release --example matmul -- --n 512 --procs 2
+//! cargo run --release --example matmul -- --n 512 --nodes 2 --procs 1
 //! ```
 //!
 //! It checks that a sequential triple loop summing over `k` in the same
@@ -26,7 +27,7 @@ use common::at_least;
 use std::time::Instant;
 
 use clap::Parser;
-use hyfi::{Control, PoolArray, Program, Runtime, SharedMatrix};
+use hyfi::{Control, Dsm, Placement, PoolArray, Program, Runtime};
 
 /// C = A×B with hyfi's iterative filaments, one filament per element of C.
 #[derive(Parser, Debug, Clone)]
@@ -38,6 +39,10 @@ pub struct Args {
     /// Runtime options (--procs, --pin/--no-pin).
     #[command(flatten)]
     pub runtime: common::RuntimeArgs,
+    /// Nodes (local processes started by the program itself, unless a
+    /// launcher started it).
+    #[arg(long, value_parser = at_least(1))]
+    pub nodes: Option<usize>,
     /// Pools per processor (rows of C in blocks over them).
     #[arg(long, default_value_t = 1, value_parser = at_least(1))]
     pub pools_per_proc: usize,
@@ -53,6 +58,8 @@ pub struct Output {
     pub c: Vec<f64>,
     /// Seconds the multiplication took.
     pub secs: f64,
+    /// This node's DSM counters (hyfi runs only).
+    pub dsm: Option<hyfi::DsmStats>,
 }
 
 impl Output {
@@ -105,19 +112,36 @@ pub fn inputs(args: &Args) -> (Vec<f64>, Vec<f64>) {
     (matrix(args.n, args.seed), matrix(args.n, b_seed))
 }
 
-/// The multiplication with iterative filaments on `rt`.
-pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, hyfi::Error> {
+/// The multiplication with iterative filaments on `rt`, the matrices in
+/// `rt`'s shared memory: rows of `A` and `C` homed where the pools compute
+/// them, `Bᵀ` in blocks over the nodes (every node reads all of it, and
+/// fetches each page it lacks once).
+pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, Box<dyn std::error::Error>> {
     let n = args.n;
     let (a0, b0) = inputs(args);
-    let a = SharedMatrix::from_fn(n, n, |i, k| a0[i * n + k]);
-    let bt = SharedMatrix::from_fn(n, n, |j, k| b0[k * n + j]);
-    let c = SharedMatrix::<f64>::new(n, n);
+    let dsm = Dsm::new(rt)?;
+    let rows = Placement::BlockRows(0..n);
+    let a = dsm
+        .matrix(n, n)
+        .pad_rows()
+        .placement(rows.clone())
+        .from_fn(|i, k| a0[i * n + k])?;
+    let bt = dsm
+        .matrix(n, n)
+        .pad_rows()
+        .placement(Placement::Block)
+        .from_fn(|j, k| b0[k * n + j])?;
+    let c = dsm
+        .matrix::<f64>(n, n)
+        .pad_rows()
+        .placement(rows)
+        .zeroed()?;
 
     let mut prog = Program::new();
     prog.phase(
         PoolArray::block_rows(rt, 0..n, 0..n, args.pools_per_proc),
-        |_ctx, (i, j)| {
-            let (ai, bj) = (a.row(i), bt.row(j));
+        |ctx, (i, j)| {
+            let (ai, bj) = (a.row(ctx, i), bt.row(ctx, j));
             // Sum in k order from 0.0, as the sequential loop does.
             let mut s = 0.0f64;
             for k in 0..n {
@@ -133,9 +157,11 @@ pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, hyfi::Error> {
     rt.start(&mut prog)?;
     let secs = t.elapsed().as_secs_f64();
     drop(prog);
+    let dsm_stats = dsm.stats();
     Ok(Output {
         c: c.to_vec(),
         secs,
+        dsm: Some(dsm_stats),
     })
 }
 
@@ -157,21 +183,25 @@ pub fn run_seq(args: &Args) -> Output {
     Output {
         c,
         secs: t.elapsed().as_secs_f64(),
+        dsm: None,
     }
 }
 
 fn main() {
     let args = Args::parse();
-    let rt = common::or_exit("matmul", args.runtime.config().and_then(Runtime::new));
+    let cfg = common::or_exit("matmul", args.runtime.config());
+    let rt = common::or_exit("matmul", hyfi::init_nodes(cfg, args.nodes));
     let par = common::or_exit("matmul", run_hyfi(&rt, &args));
     let seq = run_seq(&args);
 
     println!(
-        "matmul n={} procs={} pools/proc={} seed={} (one filament per element of C)",
+        "matmul n={} nodes={} procs={} pools/proc={} seed={} (one filament per element of C) (node {})",
         args.n,
+        rt.num_nodes(),
         rt.procs(),
         args.pools_per_proc,
-        args.seed
+        args.seed,
+        rt.node()
     );
     println!("hyfi:       {:.4} s", par.secs);
     println!(
@@ -179,6 +209,9 @@ fn main() {
         seq.secs
     );
     print!("{}", rt.stats());
+    if let Some(d) = &par.dsm {
+        print!("{d}");
+    }
     match par.check_same(&seq, args.n) {
         Ok(()) => println!("OK: hyfi and sequential C are identical bit for bit"),
         Err(what) => {

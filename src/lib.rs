@@ -1,14 +1,17 @@
 //! # hyfi — fine-grain parallelism for networks of multiprocessors
 //!
 //! Write a program once with *filaments* — iterative filaments in pools and
-//! phases, or fork-join filaments — and run it on one core or on all cores of
-//! a machine, after the HyFi package (Lowenthal & Subramanian, 2002).
+//! phases, or fork-join filaments — and run it on one core, on all cores of
+//! a machine, or on N machines of P cores, after the HyFi package
+//! (Lowenthal & Subramanian, 2002).
 //!
 //! This crate is the one place a user imports from; it re-exports the
-//! single-node runtime [`hyfi_core`] and the cluster layer's entry points
-//! ([`init`], ...). See the README for a tour and [`Program`], [`Ctx::join`]
-//! and [`Reduction`] for the two models; [`Ctx::join_remote`], [`RemoteFn`]
-//! and [`Runtime::run_distributed`] for fork-join filaments across nodes.
+//! single-node runtime [`hyfi_core`], the start of a multi-node job
+//! ([`init`], from `hyfi_net`) and the shared memory across nodes ([`Dsm`],
+//! from [`dsm`]). See the README for a tour and [`Program`], [`Ctx::join`],
+//! [`Reduction`] and [`Dsm`] for the iterative model; [`Ctx::join_remote`],
+//! [`RemoteFn`] and [`Runtime::run_distributed`] for fork-join filaments
+//! across nodes.
 //!
 //! ```
 //! use hyfi::{Config, Ctx, Runtime};
@@ -24,4 +27,9 @@
 //! ```
 
 pub use hyfi_core::*;
+/// The shared memory layer (page size, placement, statistics, errors).
+pub use hyfi_dsm as dsm;
+pub use hyfi_dsm::{
+    Dsm, DsmCounters, DsmError, DsmMatrix, DsmStats, DsmVec, MatrixView, Placement, View, ViewMut,
+};
 pub use hyfi_net::{init, init_nodes, init_with, Cluster, NetError};

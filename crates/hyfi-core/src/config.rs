@@ -189,12 +189,20 @@ fn parse_bool(v: &str) -> Option<bool> {
     }
 }
 
-fn parse_size(v: &str) -> Option<usize> {
+/// A size as the `HYFI_*` variables write it: bytes, or with a K, M, G or
+/// T suffix (powers of 1024). `None` if it is not one.
+///
+/// ```
+/// assert_eq!(hyfi_core::parse_size("512K"), Some(512 << 10));
+/// assert_eq!(hyfi_core::parse_size("lots"), None);
+/// ```
+pub fn parse_size(v: &str) -> Option<usize> {
     let t = v.trim();
     let (num, mult) = match t.char_indices().last()? {
         (i, 'k' | 'K') => (&t[..i], 1usize << 10),
         (i, 'm' | 'M') => (&t[..i], 1 << 20),
         (i, 'g' | 'G') => (&t[..i], 1 << 30),
+        (i, 't' | 'T') => (&t[..i], 1 << 40),
         _ => (t, 1),
     };
     num.trim().parse::<usize>().ok()?.checked_mul(mult)

@@ -200,3 +200,10 @@ fn suspend_current(ctx: &Ctx) {
 pub fn in_filthread() -> bool {
     crate::worker::try_current_ctx().is_some_and(|c| !c.yielder.get().is_null())
 }
+
+/// The processor (server thread index on this node) the caller runs on, or
+/// `None` off the server threads. For layers that keep per-processor
+/// counters on their slow paths (the DSM's outstanding requests).
+pub fn current_processor() -> Option<usize> {
+    crate::worker::try_current_ctx().map(|c| c.proc)
+}

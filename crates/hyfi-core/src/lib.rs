@@ -103,7 +103,7 @@ pub use balance::{Balancer, FjNode, PortableJob};
 /// `#[derive(Clone, Copy, hyfi::bytemuck::Pod, hyfi::bytemuck::Zeroable)]`
 /// and `#[bytemuck(crate = "hyfi::bytemuck")]`.
 pub use bytemuck;
-pub use config::{Config, DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
+pub use config::{parse_size, Config, DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
 pub use error::Error;
 pub use node::{LinkError, NodeLink, PhaseEnd, SingleNode};
 pub use phase::{Control, PostPhase, Program};

@@ -50,6 +50,9 @@ pub trait PhaseEnd: Send + Sync + 'static {
     /// Ends phase `phase` (its index in the program) on this node; must not
     /// return before every node has ended it too.
     fn end_phase(&self, phase: usize, link: &dyn NodeLink) -> Result<(), LinkError>;
+    /// The hook as `Any`, so its layer can find its own state again on a
+    /// runtime it already set up.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// The link of a one-node run.

@@ -311,6 +311,11 @@ impl Runtime {
             .map_err(|_| Error::PhaseEndTaken)
     }
 
+    /// The phase-end hook installed, if any.
+    pub fn phase_end(&self) -> Option<&Arc<dyn PhaseEnd>> {
+        self.shared.phase_end.get()
+    }
+
     /// Processors (server threads) on this node.
     pub fn procs(&self) -> usize {
         self.shared.procs

@@ -424,17 +424,140 @@ fn flusher_loop(
     }
 }
 
-/// A node's communication thread and the handles to talk through it.
-pub struct Comm {
+/// What sending needs: the links' writing halves and the flusher. Shared
+/// by [`Comm`] and every [`Sender`] handed out.
+pub struct SenderInner {
     rank: usize,
     nodes: usize,
     tx: Arc<Vec<Option<PeerTx>>>,
     flusher: Arc<Flusher>,
-    flusher_thread: Mutex<Option<JoinHandle<()>>>,
     inbox: Arc<Inbox>,
     stats: Arc<NetStats>,
+}
+
+/// A handle for sending to the peers, independent of the [`Comm`]'s own
+/// lifetime: a [`Service`] keeps one to answer requests while its node
+/// closes (the node serves its peers until each has said `Bye`).
+#[derive(Clone)]
+pub struct Sender(Arc<SenderInner>);
+
+impl std::ops::Deref for Sender {
+    type Target = SenderInner;
+    fn deref(&self) -> &SenderInner {
+        &self.0
+    }
+}
+
+/// A node's communication thread and the handles to talk through it.
+pub struct Comm {
+    sender: Sender,
+    flusher_thread: Mutex<Option<JoinHandle<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     shutdown: Arc<tokio::sync::Notify>,
+}
+
+impl std::ops::Deref for Comm {
+    type Target = Sender;
+    fn deref(&self) -> &Sender {
+        &self.sender
+    }
+}
+
+impl Sender {
+    /// This node's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// Number of nodes.
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+    /// Traffic counters.
+    pub fn stats(&self) -> &NetStats {
+        &self.stats
+    }
+    /// Writes a frame to `peer` from the calling thread (no hand-off to the
+    /// communication thread, whose wake-up would cost more than the write),
+    /// never blocking: what the socket does not take now is backlogged for
+    /// the flusher thread. A control frame overtakes backlogged frames that
+    /// have not started, so control traffic waits at most for one frame
+    /// being written.
+    pub(crate) fn push(&self, peer: usize, frame: Vec<u8>, control: bool) -> Result<(), NetError> {
+        let Some(Some(tx)) = self.tx.get(peer) else {
+            return Err(self.failed_error(format!("no link to node {peer}")));
+        };
+        let mut guard = tx.st.lock().unwrap_or_else(|e| e.into_inner());
+        let st = &mut *guard;
+        let Some(sock) = st.sock.as_mut() else {
+            return Err(self.failed_error(format!("link to node {peer} is closed")));
+        };
+        if st.backlog.is_empty() {
+            let n = write_some(sock, &frame)
+                .map_err(|e| self.failed_error(format!("writing to node {peer}: {e}")))?;
+            if n == frame.len() {
+                return Ok(());
+            }
+            st.backlog.push_back(frame);
+            st.head_off = n;
+        } else if control {
+            // Behind the frame being written, ahead of those not started.
+            let at = if st.head_off > 0 { 1 } else { 0 };
+            st.backlog.insert(at, frame);
+        } else {
+            st.backlog.push_back(frame);
+        }
+        drop(guard);
+        self.flusher.kick();
+        Ok(())
+    }
+
+    /// Sends a bulk frame built with [`wire::bulk_frame`] or
+    /// [`wire::bulk_frame_with`] (so a page is copied once, straight into
+    /// the frame).
+    pub fn send_frame(&self, peer: usize, frame: Vec<u8>) -> Result<(), NetError> {
+        self.stats.bulk_sent.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bulk_bytes_sent
+            .fetch_add(frame.len() as u64, Ordering::Relaxed);
+        self.push(peer, frame, false)
+    }
+
+    pub(crate) fn failed_error(&self, fallback: String) -> NetError {
+        self.aborted(self.inbox.failure().unwrap_or(fallback))
+    }
+
+    /// Queues a control message to `peer` (never blocks).
+    pub fn send(&self, peer: usize, msg: &Msg) -> Result<(), NetError> {
+        let f = wire::control_frame(msg);
+        self.stats.control_sent.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .control_bytes_sent
+            .fetch_add(f.len() as u64, Ordering::Relaxed);
+        self.push(peer, f, true)
+    }
+
+    /// Queues raw bytes to `peer` under `tag` (never blocks).
+    pub fn send_bulk(&self, peer: usize, tag: u64, bytes: &[u8]) -> Result<(), NetError> {
+        let f = wire::bulk_frame(tag, bytes);
+        self.stats.bulk_sent.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bulk_bytes_sent
+            .fetch_add(f.len() as u64, Ordering::Relaxed);
+        self.push(peer, f, false)
+    }
+
+    pub(crate) fn aborted(&self, cause: String) -> NetError {
+        // Failure texts already name this node; do not name it twice.
+        let prefix = format!("node {}: ", self.rank);
+        let cause = cause
+            .strip_prefix(&prefix)
+            .map(str::to_string)
+            .unwrap_or(cause);
+        NetError::Aborted {
+            me: self.rank,
+            cause,
+        }
+    }
 }
 
 /// Called once, on the communication thread, when the node fails.
@@ -521,79 +644,28 @@ impl Comm {
             })
             .map_err(|e| NetError::io("spawning the communication thread", e))?;
         Ok(Comm {
-            rank,
-            nodes,
-            tx: txs,
-            flusher,
+            sender: Sender(Arc::new(SenderInner {
+                rank,
+                nodes,
+                tx: txs,
+                flusher,
+                inbox,
+                stats,
+            })),
             flusher_thread: Mutex::new(Some(flusher_thread)),
-            inbox,
-            stats,
             thread: Mutex::new(Some(thread)),
             shutdown,
         })
     }
 
-    /// This node's rank.
-    pub fn rank(&self) -> usize {
-        self.rank
-    }
-    /// Number of nodes.
-    pub fn nodes(&self) -> usize {
-        self.nodes
-    }
-    /// Traffic counters.
-    pub fn stats(&self) -> &NetStats {
-        &self.stats
-    }
     /// The inbox (for waiting on replies).
     pub fn inbox(&self) -> &Inbox {
         &self.inbox
     }
 
-    /// Writes a frame to `peer` from the calling thread (no hand-off to the
-    /// communication thread, whose wake-up would cost more than the write),
-    /// never blocking: what the socket does not take now is backlogged for
-    /// the flusher thread. A control frame overtakes backlogged frames that
-    /// have not started, so control traffic waits at most for one frame
-    /// being written.
-    fn push(&self, peer: usize, frame: Vec<u8>, control: bool) -> Result<(), NetError> {
-        let Some(Some(tx)) = self.tx.get(peer) else {
-            return Err(self.failed_error(format!("no link to node {peer}")));
-        };
-        let mut guard = tx.st.lock().unwrap_or_else(|e| e.into_inner());
-        let st = &mut *guard;
-        let Some(sock) = st.sock.as_mut() else {
-            return Err(self.failed_error(format!("link to node {peer} is closed")));
-        };
-        if st.backlog.is_empty() {
-            let n = write_some(sock, &frame)
-                .map_err(|e| self.failed_error(format!("writing to node {peer}: {e}")))?;
-            if n == frame.len() {
-                return Ok(());
-            }
-            st.backlog.push_back(frame);
-            st.head_off = n;
-        } else if control {
-            // Behind the frame being written, ahead of those not started.
-            let at = if st.head_off > 0 { 1 } else { 0 };
-            st.backlog.insert(at, frame);
-        } else {
-            st.backlog.push_back(frame);
-        }
-        drop(guard);
-        self.flusher.kick();
-        Ok(())
-    }
-
-    /// Sends a bulk frame built with [`wire::bulk_frame`] or
-    /// [`wire::bulk_frame_with`] (so a page is copied once, straight into
-    /// the frame).
-    pub fn send_frame(&self, peer: usize, frame: Vec<u8>) -> Result<(), NetError> {
-        self.stats.bulk_sent.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .bulk_bytes_sent
-            .fetch_add(frame.len() as u64, Ordering::Relaxed);
-        self.push(peer, frame, false)
+    /// A sending handle that outlives nothing it should not (see [`Sender`]).
+    pub fn sender(&self) -> Sender {
+        self.sender.clone()
     }
 
     /// Installs the handler of service `id`'s frames (bulk frames tagged
@@ -631,30 +703,6 @@ impl Comm {
             service.failed(&f);
         }
         Ok(())
-    }
-
-    fn failed_error(&self, fallback: String) -> NetError {
-        self.aborted(self.inbox.failure().unwrap_or(fallback))
-    }
-
-    /// Queues a control message to `peer` (never blocks).
-    pub fn send(&self, peer: usize, msg: &Msg) -> Result<(), NetError> {
-        let f = wire::control_frame(msg);
-        self.stats.control_sent.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .control_bytes_sent
-            .fetch_add(f.len() as u64, Ordering::Relaxed);
-        self.push(peer, f, true)
-    }
-
-    /// Queues raw bytes to `peer` under `tag` (never blocks).
-    pub fn send_bulk(&self, peer: usize, tag: u64, bytes: &[u8]) -> Result<(), NetError> {
-        let f = wire::bulk_frame(tag, bytes);
-        self.stats.bulk_sent.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .bulk_bytes_sent
-            .fetch_add(f.len() as u64, Ordering::Relaxed);
-        self.push(peer, f, false)
     }
 
     /// Waits for the collective message `(from, seq, dir)`.
@@ -696,19 +744,6 @@ impl Comm {
                     },
                 );
             }
-        }
-    }
-
-    fn aborted(&self, cause: String) -> NetError {
-        // Failure texts already name this node; do not name it twice.
-        let prefix = format!("node {}: ", self.rank);
-        let cause = cause
-            .strip_prefix(&prefix)
-            .map(str::to_string)
-            .unwrap_or(cause);
-        NetError::Aborted {
-            me: self.rank,
-            cause,
         }
     }
 
@@ -772,6 +807,13 @@ impl Comm {
         if let Some(h) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = h.join();
         }
+        // Services hold a Sender, which holds the inbox, which holds them:
+        // break the cycle now that nothing is served any more.
+        self.inbox
+            .services
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 }
 

@@ -1,0 +1,625 @@
+//! Shared vectors and matrices, and the views filaments take of them.
+//!
+//! Every access checks the per-page state byte: on a hit that is one byte
+//! load and a predictable branch. A miss requests every missing page of
+//! the range at once and suspends the filthread (see core.rs).
+//!
+//! **Soundness.** Elements are read and written with relaxed atomics of
+//! their own width (elem.rs), so concurrent writes of different elements —
+//! even by several processors and the communication thread — are not
+//! undefined behaviour, and no `&`/`&mut` to shared bytes is ever handed
+//! out. A view ([`View`], [`ViewMut`], [`MatrixView`]) is only made from a
+//! filament's `&Ctx` and borrows it: it cannot outlive the filament, so
+//! the release at the phase barrier (which may invalidate its pages) never
+//! races a live view. Views are neither `Send` nor `Sync`.
+
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use hyfi_core::Ctx;
+
+use crate::core::{Core, Segment, READ, WRITE};
+use crate::elem;
+use crate::region::PAGE;
+
+const SHIFT: u32 = PAGE.trailing_zeros();
+
+/// What an array shares: its segment and the DSM.
+pub(crate) struct Shared<T> {
+    pub(crate) core: Arc<Core>,
+    pub(crate) seg: Arc<Segment>,
+    pub(crate) base: *mut T,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: `base` points into the DSM region, kept alive by `core`; all
+// access to the bytes is atomic (elem.rs) and the page protocol is
+// thread-safe.
+unsafe impl<T: Pod + Send> Send for Shared<T> {}
+// SAFETY: as above.
+unsafe impl<T: Pod + Sync> Sync for Shared<T> {}
+
+impl<T: Pod> Shared<T> {
+    pub(crate) fn new(core: Arc<Core>, seg: Arc<Segment>) -> Self {
+        let base = seg.base.cast::<T>();
+        Shared {
+            core,
+            seg,
+            base,
+            _t: PhantomData,
+        }
+    }
+
+    /// Pages holding elements `e..e+n` (n ≥ 1).
+    #[inline(always)]
+    fn pages_of(e: usize, n: usize) -> (usize, usize) {
+        let s = std::mem::size_of::<T>();
+        ((e * s) >> SHIFT, ((e + n) * s - 1) >> SHIFT)
+    }
+
+    /// Makes elements `e..e+n` readable here.
+    #[inline(always)]
+    pub(crate) fn check_read(&self, e: usize, n: usize) {
+        let (lo, hi) = Self::pages_of(e, n);
+        // SAFETY: callers checked e + n ≤ the array's extent, whose pages
+        // all exist.
+        if lo == hi && unsafe { self.seg.state.get_unchecked(lo) }.load(Ordering::Acquire) >= READ {
+            return;
+        }
+        self.slow(lo, hi, false);
+    }
+
+    /// Makes elements `e..e+n` writable here.
+    #[inline(always)]
+    pub(crate) fn check_write(&self, e: usize, n: usize) {
+        let (lo, hi) = Self::pages_of(e, n);
+        // SAFETY: as in check_read.
+        if lo == hi && unsafe { self.seg.state.get_unchecked(lo) }.load(Ordering::Acquire) == WRITE
+        {
+            return;
+        }
+        self.slow(lo, hi, true);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn slow(&self, lo: usize, hi: usize, write: bool) {
+        let need = if write { WRITE } else { READ };
+        if (lo..=hi).all(|p| self.seg.state[p].load(Ordering::Acquire) >= need) {
+            return;
+        }
+        self.core.ensure(&self.seg, lo, hi, write);
+    }
+
+    /// Reads element `e`. The caller checked it is in bounds.
+    #[inline(always)]
+    pub(crate) fn load(&self, e: usize) -> T {
+        self.check_read(e, 1);
+        // SAFETY: in bounds, valid here (checked above), read atomically.
+        unsafe { elem::load(self.base.add(e)) }
+    }
+
+    /// Writes element `e`. The caller checked it is in bounds.
+    #[inline(always)]
+    pub(crate) fn store(&self, e: usize, v: T) {
+        self.check_write(e, 1);
+        // SAFETY: in bounds, writable here (checked above), written atomically.
+        unsafe { elem::store(self.base.add(e), v) }
+    }
+
+    pub(crate) fn read_into(&self, e: usize, out: &mut [T]) {
+        if out.is_empty() {
+            return;
+        }
+        self.check_read(e, out.len());
+        for (k, o) in out.iter_mut().enumerate() {
+            // SAFETY: in bounds (caller), valid (checked above).
+            *o = unsafe { elem::load(self.base.add(e + k)) };
+        }
+    }
+
+    pub(crate) fn write_from(&self, e: usize, src: &[T]) {
+        if src.is_empty() {
+            return;
+        }
+        self.check_write(e, src.len());
+        for (k, &v) in src.iter().enumerate() {
+            // SAFETY: in bounds (caller), writable (checked above).
+            unsafe { elem::store(self.base.add(e + k), v) };
+        }
+    }
+
+    pub(crate) fn home_of(&self, e: usize) -> usize {
+        self.seg.homes[Self::pages_of(e, 1).0] as usize
+    }
+}
+
+/// The hit path of element access, from pointers kept in the array handle
+/// itself (no pointer chase through the shared state): one byte load and a
+/// branch, then the element. Elements whose size is not a power of two may
+/// straddle two pages and take the general path.
+#[derive(Clone, Copy)]
+pub(crate) struct Fast<T> {
+    base: *mut T,
+    state: *const std::sync::atomic::AtomicU8,
+}
+
+impl<T: Pod> Fast<T> {
+    fn of(sh: &Shared<T>) -> Self {
+        Fast {
+            base: sh.base,
+            state: sh.seg.state.as_ptr(),
+        }
+    }
+    const SIMPLE: bool = std::mem::size_of::<T>().is_power_of_two();
+
+    #[inline(always)]
+    fn load(&self, sh: &Shared<T>, e: usize) -> T {
+        if Self::SIMPLE {
+            let page = (e * std::mem::size_of::<T>()) >> SHIFT;
+            // SAFETY: the caller checked `e` is in bounds, so `page` is one
+            // of the segment's pages; a hit means the page is valid here.
+            unsafe {
+                if (*self.state.add(page)).load(Ordering::Acquire) >= READ {
+                    return elem::load(self.base.add(e));
+                }
+            }
+        }
+        sh.load(e)
+    }
+
+    #[inline(always)]
+    fn store(&self, sh: &Shared<T>, e: usize, v: T) {
+        if Self::SIMPLE {
+            let page = (e * std::mem::size_of::<T>()) >> SHIFT;
+            // SAFETY: as in load; WRITE means writable here (twin taken).
+            unsafe {
+                if (*self.state.add(page)).load(Ordering::Acquire) == WRITE {
+                    return elem::store(self.base.add(e), v);
+                }
+            }
+        }
+        sh.store(e, v)
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn out_of_bounds(what: &str, index: String, shape: String) -> ! {
+    panic!("hyfi-dsm: {what} index {index} out of bounds for a shared array of {shape}")
+}
+
+/// A read-only view of consecutive elements, valid for the filament that
+/// took it (all its pages are present).
+///
+/// A view borrows the filament's `&Ctx`, so it cannot be kept past the
+/// filament (the release at the phase's end may invalidate its pages):
+///
+/// ```compile_fail
+/// use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
+/// use std::sync::Mutex;
+/// let rt = Runtime::new(Config::new().procs(1))?;
+/// let dsm = hyfi_dsm::Dsm::new(&rt)?;
+/// let v = dsm.vec::<f64>(8).zeroed()?;
+/// let kept = Mutex::new(None);
+/// let mut prog = Program::new();
+/// prog.phase(
+///     PoolArray::block(&rt, 0..1, 1),
+///     |ctx, _| *kept.lock().unwrap() = Some(v.slice(ctx, 0..8)), // error: borrowed `ctx` escapes
+///     |_| Control::Done,
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Nor can it move to another thread (it is neither `Send` nor `Sync`):
+///
+/// ```compile_fail
+/// fn send<T: Send>(_: T) {}
+/// fn f(v: hyfi_dsm::View<'_, f64>) { send(v) }
+/// ```
+pub struct View<'a, T: Pod> {
+    ptr: *const T,
+    len: usize,
+    _life: PhantomData<(&'a T, *const ())>,
+}
+
+impl<'a, T: Pod> View<'a, T> {
+    /// Elements in the view.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the view is empty.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Element `j` of the view.
+    #[inline(always)]
+    pub fn get(&self, j: usize) -> T {
+        if j >= self.len {
+            out_of_bounds("view", j.to_string(), format!("{} elements", self.len));
+        }
+        // SAFETY: in bounds; the view's pages were made valid when it was
+        // taken and stay so until the filament ends (views cannot outlive it).
+        unsafe { elem::load(self.ptr.add(j)) }
+    }
+    /// Copies the view into `out` (same length).
+    pub fn copy_to(&self, out: &mut [T]) {
+        assert_eq!(out.len(), self.len, "hyfi-dsm: copy_to length mismatch");
+        for (j, o) in out.iter_mut().enumerate() {
+            // SAFETY: as in get.
+            *o = unsafe { elem::load(self.ptr.add(j)) };
+        }
+    }
+    /// The view's elements.
+    pub fn to_vec(&self) -> Vec<T> {
+        let mut v = vec![T::zeroed(); self.len];
+        self.copy_to(&mut v);
+        v
+    }
+    /// Iterates over the elements.
+    pub fn iter(&self) -> impl Iterator<Item = T> + '_ {
+        (0..self.len).map(move |j| {
+            // SAFETY: as in get.
+            unsafe { elem::load(self.ptr.add(j)) }
+        })
+    }
+}
+
+/// A writable view of consecutive elements, valid for the filament that
+/// took it (all its pages are writable here). Reads as a [`View`] does.
+pub struct ViewMut<'a, T: Pod> {
+    view: View<'a, T>,
+}
+
+impl<'a, T: Pod> std::ops::Deref for ViewMut<'a, T> {
+    type Target = View<'a, T>;
+    fn deref(&self) -> &View<'a, T> {
+        &self.view
+    }
+}
+
+impl<'a, T: Pod> ViewMut<'a, T> {
+    fn new(ptr: *mut T, len: usize) -> Self {
+        ViewMut {
+            view: View {
+                ptr,
+                len,
+                _life: PhantomData,
+            },
+        }
+    }
+    /// Sets element `j`.
+    #[inline(always)]
+    pub fn set(&self, j: usize, v: T) {
+        if j >= self.len {
+            out_of_bounds("view", j.to_string(), format!("{} elements", self.len));
+        }
+        // SAFETY: in bounds; the pages were made writable (twins taken)
+        // when the view was made, and stay so until the filament ends. The
+        // pointer came from a `*mut T` (see `new`).
+        unsafe { elem::store(self.view.ptr.cast_mut().add(j), v) }
+    }
+    /// Copies `src` (same length) into the view.
+    pub fn copy_from(&self, src: &[T]) {
+        assert_eq!(src.len(), self.len, "hyfi-dsm: copy_from length mismatch");
+        for (j, &v) in src.iter().enumerate() {
+            // SAFETY: as in set.
+            unsafe { elem::store(self.view.ptr.cast_mut().add(j), v) };
+        }
+    }
+}
+
+/// A shared vector: `len` elements spread over the nodes' pages.
+///
+/// Made collectively with [`crate::Dsm::vec`]. Cloning the handle is cheap
+/// (both handles name the same shared elements).
+pub struct DsmVec<T: Pod> {
+    fast: Fast<T>,
+    len: usize,
+    sh: Arc<Shared<T>>,
+}
+
+// SAFETY: the raw pointers in `fast` point into the region and the page
+// table kept alive by `sh`, which is Send + Sync; access through them is
+// atomic (see the module docs).
+unsafe impl<T: Pod + Send + Sync> Send for DsmVec<T> {}
+// SAFETY: as above.
+unsafe impl<T: Pod + Send + Sync> Sync for DsmVec<T> {}
+
+impl<T: Pod> Clone for DsmVec<T> {
+    fn clone(&self) -> Self {
+        DsmVec {
+            fast: self.fast,
+            len: self.len,
+            sh: self.sh.clone(),
+        }
+    }
+}
+
+impl<T: Pod> DsmVec<T> {
+    pub(crate) fn new(sh: Arc<Shared<T>>, len: usize) -> Self {
+        DsmVec {
+            fast: Fast::of(&sh),
+            len,
+            sh,
+        }
+    }
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    #[inline(always)]
+    fn check(&self, i: usize) {
+        if i >= self.len {
+            out_of_bounds("vector", i.to_string(), format!("{} elements", self.len));
+        }
+    }
+    fn check_range(&self, r: &Range<usize>) {
+        if r.start > r.end || r.end > self.len {
+            out_of_bounds("vector", format!("{r:?}"), format!("{} elements", self.len));
+        }
+    }
+    /// Element `i` (fetched first if its page is not here).
+    #[inline]
+    pub fn get(&self, i: usize) -> T {
+        self.check(i);
+        self.fast.load(&self.sh, i)
+    }
+    /// Sets element `i`.
+    #[inline]
+    pub fn set(&self, i: usize, v: T) {
+        self.check(i);
+        self.fast.store(&self.sh, i, v)
+    }
+    /// A read view of `r`, for the filament owning `ctx`; every missing page
+    /// of the range is requested at once.
+    pub fn slice<'a>(&'a self, _ctx: &'a Ctx, r: Range<usize>) -> View<'a, T> {
+        self.check_range(&r);
+        if !r.is_empty() {
+            self.sh.check_read(r.start, r.len());
+        }
+        View {
+            // SAFETY (of the arithmetic): r.start ≤ len.
+            ptr: self.sh.base.wrapping_add(r.start),
+            len: r.len(),
+            _life: PhantomData,
+        }
+    }
+    /// A writable view of `r`, for the filament owning `ctx`.
+    pub fn slice_mut<'a>(&'a self, _ctx: &'a Ctx, r: Range<usize>) -> ViewMut<'a, T> {
+        self.check_range(&r);
+        if !r.is_empty() {
+            self.sh.check_write(r.start, r.len());
+        }
+        ViewMut::new(self.sh.base.wrapping_add(r.start), r.len())
+    }
+    /// Copies elements `start..start+out.len()` into `out`.
+    pub fn read(&self, start: usize, out: &mut [T]) {
+        self.check_range(&(start..start + out.len()));
+        self.sh.read_into(start, out)
+    }
+    /// Writes `src` at `start`.
+    pub fn write(&self, start: usize, src: &[T]) {
+        self.check_range(&(start..start + src.len()));
+        self.sh.write_from(start, src)
+    }
+    /// All elements (fetching what is not here).
+    pub fn to_vec(&self) -> Vec<T> {
+        let mut v = vec![T::zeroed(); self.len];
+        self.read(0, &mut v);
+        v
+    }
+    /// The home node of element `i`'s page.
+    pub fn home_of(&self, i: usize) -> usize {
+        self.check(i);
+        self.sh.home_of(i)
+    }
+}
+
+/// A shared matrix: `rows × cols` elements in row-major order (each row
+/// optionally padded to whole pages), spread over the nodes' pages.
+///
+/// Made collectively with [`crate::Dsm::matrix`].
+pub struct DsmMatrix<T: Pod> {
+    fast: Fast<T>,
+    rows: usize,
+    cols: usize,
+    stride: usize,
+    sh: Arc<Shared<T>>,
+}
+
+// SAFETY: as for DsmVec.
+unsafe impl<T: Pod + Send + Sync> Send for DsmMatrix<T> {}
+// SAFETY: as for DsmVec.
+unsafe impl<T: Pod + Send + Sync> Sync for DsmMatrix<T> {}
+
+impl<T: Pod> Clone for DsmMatrix<T> {
+    fn clone(&self) -> Self {
+        DsmMatrix {
+            fast: self.fast,
+            rows: self.rows,
+            cols: self.cols,
+            stride: self.stride,
+            sh: self.sh.clone(),
+        }
+    }
+}
+
+/// A read view of a block of rows, for one filament.
+pub struct MatrixView<'a, T: Pod> {
+    ptr: *const T,
+    rows: Range<usize>,
+    cols: usize,
+    stride: usize,
+    _life: PhantomData<(&'a T, *const ())>,
+}
+
+impl<'a, T: Pod> MatrixView<'a, T> {
+    /// Element `(i, j)`, `i` an absolute row index inside the view's rows.
+    #[inline(always)]
+    pub fn get(&self, i: usize, j: usize) -> T {
+        if !self.rows.contains(&i) || j >= self.cols {
+            out_of_bounds(
+                "matrix view",
+                format!("({i}, {j})"),
+                format!("rows {:?} × {} columns", self.rows, self.cols),
+            );
+        }
+        // SAFETY: in bounds; the view's pages are valid for its lifetime.
+        unsafe { elem::load(self.ptr.add((i - self.rows.start) * self.stride + j)) }
+    }
+    /// Row `i` of the view.
+    pub fn row(&self, i: usize) -> View<'a, T> {
+        if !self.rows.contains(&i) {
+            out_of_bounds(
+                "matrix view row",
+                i.to_string(),
+                format!("rows {:?}", self.rows),
+            );
+        }
+        View {
+            ptr: self.ptr.wrapping_add((i - self.rows.start) * self.stride),
+            len: self.cols,
+            _life: PhantomData,
+        }
+    }
+}
+
+impl<T: Pod> DsmMatrix<T> {
+    pub(crate) fn new(sh: Arc<Shared<T>>, rows: usize, cols: usize, stride: usize) -> Self {
+        DsmMatrix {
+            fast: Fast::of(&sh),
+            rows,
+            cols,
+            stride,
+            sh,
+        }
+    }
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// Elements from one row's start to the next (≥ `cols`; more if rows
+    /// are padded to pages).
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+    #[inline(always)]
+    fn check(&self, i: usize, j: usize) {
+        if i >= self.rows || j >= self.cols {
+            out_of_bounds(
+                "matrix",
+                format!("({i}, {j})"),
+                format!("{} × {}", self.rows, self.cols),
+            );
+        }
+    }
+    fn check_row(&self, i: usize) {
+        if i >= self.rows {
+            out_of_bounds("matrix row", i.to_string(), format!("{} rows", self.rows));
+        }
+    }
+    /// Element `(i, j)` (fetched first if its page is not here).
+    #[inline]
+    pub fn get(&self, i: usize, j: usize) -> T {
+        self.check(i, j);
+        self.fast.load(&self.sh, i * self.stride + j)
+    }
+    /// Sets element `(i, j)`.
+    #[inline]
+    pub fn set(&self, i: usize, j: usize, v: T) {
+        self.check(i, j);
+        self.fast.store(&self.sh, i * self.stride + j, v)
+    }
+    /// A read view of row `i`, for the filament owning `ctx`.
+    pub fn row<'a>(&'a self, _ctx: &'a Ctx, i: usize) -> View<'a, T> {
+        self.check_row(i);
+        if self.cols > 0 {
+            self.sh.check_read(i * self.stride, self.cols);
+        }
+        View {
+            ptr: self.sh.base.wrapping_add(i * self.stride),
+            len: self.cols,
+            _life: PhantomData,
+        }
+    }
+    /// A writable view of row `i`, for the filament owning `ctx`.
+    pub fn row_mut<'a>(&'a self, _ctx: &'a Ctx, i: usize) -> ViewMut<'a, T> {
+        self.check_row(i);
+        if self.cols > 0 {
+            self.sh.check_write(i * self.stride, self.cols);
+        }
+        ViewMut::new(self.sh.base.wrapping_add(i * self.stride), self.cols)
+    }
+    /// A read view of rows `r`, for the filament owning `ctx`: every
+    /// missing page of the block is requested at once.
+    pub fn rows_view<'a>(&'a self, _ctx: &'a Ctx, r: Range<usize>) -> MatrixView<'a, T> {
+        if r.start > r.end || r.end > self.rows {
+            out_of_bounds(
+                "matrix rows",
+                format!("{r:?}"),
+                format!("{} rows", self.rows),
+            );
+        }
+        if !r.is_empty() && self.cols > 0 {
+            let first = r.start * self.stride;
+            let n = (r.len() - 1) * self.stride + self.cols;
+            self.sh.check_read(first, n);
+        }
+        MatrixView {
+            ptr: self.sh.base.wrapping_add(r.start * self.stride),
+            rows: r,
+            cols: self.cols,
+            stride: self.stride,
+            _life: PhantomData,
+        }
+    }
+    /// Copies row `i` into `out` (`cols` long).
+    pub fn read_row(&self, i: usize, out: &mut [T]) {
+        self.check_row(i);
+        assert_eq!(out.len(), self.cols, "hyfi-dsm: read_row length mismatch");
+        self.sh.read_into(i * self.stride, out)
+    }
+    /// Writes `src` (`cols` long) into row `i`.
+    pub fn write_row(&self, i: usize, src: &[T]) {
+        self.check_row(i);
+        assert_eq!(src.len(), self.cols, "hyfi-dsm: write_row length mismatch");
+        self.sh.write_from(i * self.stride, src)
+    }
+    /// The whole matrix, row-major without padding (fetching what is not
+    /// here: all missing pages at once).
+    pub fn to_vec(&self) -> Vec<T> {
+        if self.rows > 0 && self.cols > 0 {
+            self.sh
+                .check_read(0, (self.rows - 1) * self.stride + self.cols);
+        }
+        let mut v = vec![T::zeroed(); self.rows * self.cols];
+        for (i, row) in v.chunks_mut(self.cols.max(1)).enumerate().take(self.rows) {
+            self.sh.read_into(i * self.stride, row);
+        }
+        v
+    }
+    /// The home node of the page holding element `(i, j)`'s first byte.
+    pub fn home_of(&self, i: usize, j: usize) -> usize {
+        self.check(i, j);
+        self.sh.home_of(i * self.stride + j)
+    }
+    /// The home node of row `i`'s first page.
+    pub fn home_of_row(&self, i: usize) -> usize {
+        self.check_row(i);
+        self.sh.home_of(i * self.stride)
+    }
+}

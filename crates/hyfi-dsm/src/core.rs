@@ -1,0 +1,817 @@
+//! The coherence protocol: page table, page server, release.
+//!
+//! **Page states** (one byte per page, what the accessors check):
+//! `INVALID` (no valid copy here), `PENDING` (requested, in flight),
+//! `READ` (a valid copy, not written this phase), `WRITE` (valid, written
+//! this phase: a non-home writer keeps a *twin*, the copy as it was before
+//! its first write). A home's own pages are never invalid.
+//!
+//! **Page table** (paper §3.3): a lock per page guards its state changes,
+//! twin, waiters and pending bits against faulting workers and the
+//! communication thread. A page is requested only by the first processor
+//! that finds it `INVALID`; later ones (pending bit set) wait for the same
+//! reply; every waiter is woken when it arrives. Registering a waiter and
+//! installing the page happen under the same lock, and the state becomes
+//! `READ` only after the bytes are in. Per processor, an outstanding-request
+//! counter tells the release that the node's phase work is done.
+//!
+//! **Release** (home-based lazy release consistency, at every phase end,
+//! on every node, in place of the phase barrier):
+//! 1. every page first written this phase is on the node's dirty list; a
+//!    non-home page's diff against its twin (byte-exact runs) is computed;
+//! 2. each node sends every other node one `REL` message: its write
+//!    notices (the pages it wrote, as ranges) and the diffs of pages homed
+//!    there. A page written only by its home moves no diff;
+//! 3. a node waits for the `REL` of every other node (so this is a
+//!    barrier). Homes apply diffs as they arrive; then every copy named in
+//!    another node's notices is invalidated. A page written by this node
+//!    alone keeps its copy (it equals the home's now).
+//!
+//! **Epochs.** A node's epoch counts its completed releases. A page request
+//! carries the requester's epoch *e*; the home serves it only once its own
+//! epoch is ≥ *e*, i.e. once it has applied every diff of the phases before
+//! (a request can overtake a slow node's diffs to the home). `REL` messages
+//! of a later epoch (a fast node) wait until the current release is done,
+//! so diffs are applied in phase order.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
+use std::time::Instant;
+
+use crossbeam_utils::CachePadded;
+use hyfi_core::filthread::{self, Waker};
+use hyfi_net::comm::{service_tag, split_service_tag, Sender, Service};
+use hyfi_net::wire;
+
+use crate::elem::{self, Words};
+use crate::region::{Region, PAGE};
+use crate::stats::{AtomicCounters, DsmCounters, DsmStats};
+
+pub(crate) const INVALID: u8 = 0;
+pub(crate) const PENDING: u8 = 1;
+pub(crate) const READ: u8 = 2;
+pub(crate) const WRITE: u8 = 3;
+
+/// The DSM's service id on the communication thread.
+pub(crate) const SERVICE_ID: u8 = 1;
+const REQ: u64 = 1;
+const PAGES: u64 = 2;
+const REL: u64 = 3;
+/// Pages per reply frame.
+const REPLY_BATCH: usize = 64;
+
+/// One page's protected state.
+#[derive(Default)]
+pub(crate) struct Meta {
+    waiters: Vec<Waker>,
+    twin: Option<Box<Words>>,
+    /// The slot (processor) whose request is in flight.
+    requester: usize,
+    /// Pending bit per slot (mod 64): who waits for this page.
+    pending: u64,
+}
+
+/// One shared array's pages.
+pub(crate) struct Segment {
+    pub(crate) seq: u64,
+    pub(crate) base: *mut u8,
+    /// Global number of the first page.
+    pub(crate) first: u64,
+    pub(crate) homes: Box<[u16]>,
+    pub(crate) state: Box<[AtomicU8]>,
+    meta: Box<[Mutex<Meta>]>,
+}
+
+// SAFETY: `base` points into the region, which outlives every segment (the
+// core owns both); the bytes behind it are only accessed through atomics
+// (elem.rs), and the per-page metadata is behind locks.
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    pub(crate) fn pages(&self) -> usize {
+        self.homes.len()
+    }
+    fn page_ptr(&self, p: usize) -> *mut u8 {
+        // SAFETY (of the arithmetic): p < pages, inside the allocation.
+        self.base.wrapping_add(p * PAGE)
+    }
+    fn lock(&self, p: usize) -> std::sync::MutexGuard<'_, Meta> {
+        self.meta[p].lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+struct Proto {
+    /// `REL` messages of the current epoch received.
+    got: usize,
+    /// Their write notices (page ranges).
+    notices: Vec<(u64, u32)>,
+    /// `REL` messages of later epochs: (from, epoch, payload).
+    early: Vec<(usize, u64, Vec<u8>)>,
+    /// Page requests waiting for this node's epoch: (from, epoch, pages).
+    deferred: Vec<(usize, u64, Vec<u64>)>,
+}
+
+struct PhaseTable {
+    last: DsmCounters,
+    per_phase: Vec<DsmCounters>,
+    releases: u64,
+}
+
+/// A node's DSM.
+pub(crate) struct Core {
+    pub(crate) me: usize,
+    pub(crate) nodes: usize,
+    pub(crate) procs: usize,
+    pub(crate) region: Region,
+    pub(crate) segs: RwLock<Vec<Arc<Segment>>>,
+    /// Allocation cursor (bytes from the region's base) and count.
+    pub(crate) alloc: Mutex<(usize, u64)>,
+    sender: Option<Sender>,
+    /// Completed releases (mirrors the value changed under `proto`).
+    completed: AtomicU64,
+    proto: Mutex<Proto>,
+    proto_cv: Condvar,
+    failed: OnceLock<String>,
+    /// Pages first written in this phase (global numbers).
+    dirty: Mutex<Vec<u64>>,
+    /// Requests in flight, per slot (processors, then one for other threads).
+    outstanding: Box<[CachePadded<AtomicUsize>]>,
+    counters: Box<[CachePadded<AtomicCounters>]>,
+    phases: Mutex<PhaseTable>,
+}
+
+/// What a lookup of a global page finds.
+struct Found {
+    seg: Arc<Segment>,
+    idx: usize,
+}
+
+/// A little reader of message payloads.
+struct Rd<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Rd<'a> {
+    fn new(b: &'a [u8]) -> Self {
+        Rd { b, at: 0 }
+    }
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let s = self
+            .b
+            .get(self.at..self.at + n)
+            .ok_or_else(|| format!("DSM message truncated at byte {}", self.at))?;
+        self.at += n;
+        Ok(s)
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.bytes(4)?.try_into().expect("4")))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.bytes(8)?.try_into().expect("8")))
+    }
+    fn rest(&self) -> &'a [u8] {
+        &self.b[self.at..]
+    }
+}
+
+impl Core {
+    pub(crate) fn new(
+        me: usize,
+        nodes: usize,
+        procs: usize,
+        region: Region,
+        sender: Option<Sender>,
+    ) -> Core {
+        Core {
+            me,
+            nodes,
+            procs,
+            region,
+            segs: RwLock::new(Vec::new()),
+            alloc: Mutex::new((0, 0)),
+            sender,
+            completed: AtomicU64::new(0),
+            proto: Mutex::new(Proto {
+                got: 0,
+                notices: Vec::new(),
+                early: Vec::new(),
+                deferred: Vec::new(),
+            }),
+            proto_cv: Condvar::new(),
+            failed: OnceLock::new(),
+            dirty: Mutex::new(Vec::new()),
+            outstanding: (0..=procs).map(|_| Default::default()).collect(),
+            counters: (0..=procs).map(|_| Default::default()).collect(),
+            phases: Mutex::new(PhaseTable {
+                last: DsmCounters::default(),
+                per_phase: Vec::new(),
+                releases: 0,
+            }),
+        }
+    }
+
+    /// Registers a new segment (allocation order = address order).
+    pub(crate) fn add_segment(&self, seg: Arc<Segment>) {
+        self.segs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(seg);
+    }
+
+    /// Builds a segment whose pages start in `state0` (home pages: `home0`).
+    pub(crate) fn segment(
+        &self,
+        seq: u64,
+        off: usize,
+        homes: Vec<u16>,
+        state0: u8,
+        home0: u8,
+    ) -> Segment {
+        let me = self.me as u16;
+        Segment {
+            seq,
+            // SAFETY (of the arithmetic): off + pages*PAGE ≤ region size,
+            // checked by the allocator.
+            base: self.region.base.wrapping_add(off),
+            first: (off / PAGE) as u64,
+            state: homes
+                .iter()
+                .map(|&h| AtomicU8::new(if h == me { home0 } else { state0 }))
+                .collect(),
+            meta: homes.iter().map(|_| Mutex::default()).collect(),
+            homes: homes.into_boxed_slice(),
+        }
+    }
+
+    /// The counters slot of the calling thread.
+    #[inline]
+    fn slot(&self) -> usize {
+        filthread::current_processor()
+            .filter(|&p| p < self.procs)
+            .unwrap_or(self.procs)
+    }
+
+    fn ctr(&self, slot: usize) -> &AtomicCounters {
+        &self.counters[slot]
+    }
+
+    fn find(&self, gp: u64) -> Option<Found> {
+        let segs = self.segs.read().unwrap_or_else(|e| e.into_inner());
+        let k = segs.partition_point(|s| s.first <= gp);
+        let seg = segs.get(k.checked_sub(1)?)?;
+        let idx = (gp - seg.first) as usize;
+        (idx < seg.pages()).then(|| Found {
+            seg: seg.clone(),
+            idx,
+        })
+    }
+
+    pub(crate) fn failure(&self) -> Option<&String> {
+        self.failed.get()
+    }
+
+    /// The node failed: every waiter wakes and reports `why`.
+    pub(crate) fn fail(&self, why: &str) {
+        if self.failed.set(why.to_string()).is_err() {
+            return;
+        }
+        let segs = self.segs.read().unwrap_or_else(|e| e.into_inner()).clone();
+        for seg in segs {
+            for p in 0..seg.pages() {
+                let w = std::mem::take(&mut seg.lock(p).waiters);
+                for w in w {
+                    w.wake();
+                }
+            }
+        }
+        let _g = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+        self.proto_cv.notify_all();
+    }
+
+    fn send(&self, to: usize, frame: Vec<u8>, slot: usize) {
+        let Some(s) = &self.sender else { return };
+        let c = self.ctr(slot);
+        c.messages_sent.fetch_add(1, Ordering::Relaxed);
+        c.bytes_sent
+            .fetch_add(frame.len() as u64, Ordering::Relaxed);
+        if let Err(e) = s.send_frame(to, frame) {
+            self.fail(&e.to_string());
+        }
+    }
+
+    // ---------------------------------------------------------------
+    // The faulting side.
+
+    /// Makes pages `lo..=hi` of `seg` readable (or writable) here: requests
+    /// every missing page at once (one message per home), then waits for
+    /// them, suspending the filthread so its processor runs other pools.
+    #[cold]
+    pub(crate) fn ensure(&self, seg: &Segment, lo: usize, hi: usize, write: bool) {
+        let slot = self.slot();
+        let need = if write { WRITE } else { READ };
+        let bit = 1u64 << (slot % 64);
+        loop {
+            let mut reqs: Vec<(u16, u64)> = Vec::new();
+            let mut wait_on: Vec<usize> = Vec::new();
+            for p in lo..=hi {
+                if seg.state[p].load(Ordering::Acquire) >= need {
+                    continue;
+                }
+                let mut m = seg.lock(p);
+                match seg.state[p].load(Ordering::Acquire) {
+                    INVALID => {
+                        seg.state[p].store(PENDING, Ordering::Relaxed);
+                        m.requester = slot;
+                        m.pending |= bit;
+                        self.outstanding[slot].fetch_add(1, Ordering::Relaxed);
+                        reqs.push((seg.homes[p], seg.first + p as u64));
+                        wait_on.push(p);
+                        self.ctr(slot).read_faults.fetch_add(1, Ordering::Relaxed);
+                    }
+                    PENDING => {
+                        // Already requested on this node: never twice.
+                        m.pending |= bit;
+                        wait_on.push(p);
+                    }
+                    READ if write => {
+                        if seg.homes[p] as usize != self.me {
+                            // SAFETY: a page of this segment, valid here.
+                            m.twin = Some(unsafe { elem::twin(seg.page_ptr(p)) });
+                        }
+                        self.dirty
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(seg.first + p as u64);
+                        // After the twin: a writer that sees WRITE writes
+                        // into a page whose twin is already taken.
+                        seg.state[p].store(WRITE, Ordering::Release);
+                        self.ctr(slot).write_faults.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {}
+                }
+            }
+            if reqs.is_empty() && wait_on.is_empty() {
+                return;
+            }
+            self.request(reqs, slot);
+            for p in wait_on {
+                self.wait_valid(seg, p, slot);
+            }
+        }
+    }
+
+    fn request(&self, mut reqs: Vec<(u16, u64)>, slot: usize) {
+        if reqs.is_empty() {
+            return;
+        }
+        reqs.sort_unstable();
+        let epoch = self.completed.load(Ordering::Acquire);
+        let mut i = 0;
+        while i < reqs.len() {
+            let home = reqs[i].0;
+            let j = i + reqs[i..].iter().take_while(|r| r.0 == home).count();
+            let n = j - i;
+            let frame = wire::bulk_frame_with(service_tag(SERVICE_ID, REQ), 12 + 8 * n, |b| {
+                b.extend_from_slice(&epoch.to_le_bytes());
+                b.extend_from_slice(&(n as u32).to_le_bytes());
+                for r in &reqs[i..j] {
+                    b.extend_from_slice(&r.1.to_le_bytes());
+                }
+            });
+            self.send(home as usize, frame, slot);
+            i = j;
+        }
+    }
+
+    fn wait_valid(&self, seg: &Segment, p: usize, slot: usize) {
+        if seg.state[p].load(Ordering::Acquire) >= READ {
+            return;
+        }
+        let t = Instant::now();
+        loop {
+            if seg.state[p].load(Ordering::Acquire) >= READ {
+                break;
+            }
+            if let Some(why) = self.failure() {
+                let msg = format!(
+                    "hyfi-dsm: node {}: page {} of shared array #{} (home node {}) cannot arrive: {why}",
+                    self.me, p, seg.seq, seg.homes[p]
+                );
+                if filthread::current_processor().is_some() {
+                    // On a server thread the runtime catches the unwind and
+                    // returns it from `start` as the filament's failure;
+                    // resume_unwind skips the panic hook, so the message is
+                    // reported once, not as a panic with a backtrace per
+                    // waiting filthread.
+                    std::panic::resume_unwind(Box::new(msg));
+                }
+                panic!("{msg}");
+            }
+            filthread::suspend(|w| {
+                let mut m = seg.lock(p);
+                if seg.state[p].load(Ordering::Acquire) >= READ || self.failure().is_some() {
+                    return false;
+                }
+                m.waiters.push(w);
+                true
+            });
+        }
+        self.ctr(slot)
+            .wait_ns
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    // ---------------------------------------------------------------
+    // The communication thread's side.
+
+    fn on_request(&self, from: usize, payload: &[u8]) -> Result<(), String> {
+        let mut r = Rd::new(payload);
+        let epoch = r.u64()?;
+        let n = r.u32()? as usize;
+        let mut pages = Vec::with_capacity(n);
+        for _ in 0..n {
+            let gp = r.u64()?;
+            let f = self
+                .find(gp)
+                .ok_or_else(|| format!("request for page {gp}, which no shared array holds"))?;
+            if f.seg.homes[f.idx] as usize != self.me {
+                return Err(format!(
+                    "request for page {gp}, whose home is node {}, not this one",
+                    f.seg.homes[f.idx]
+                ));
+            }
+            pages.push(gp);
+        }
+        {
+            let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            if self.completed.load(Ordering::Acquire) < epoch {
+                // The requester is a phase ahead: serve once this node has
+                // applied every diff of the phase before.
+                pr.deferred.push((from, epoch, pages));
+                self.ctr(self.procs)
+                    .requests_deferred
+                    .fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
+        self.serve(from, &pages);
+        Ok(())
+    }
+
+    fn serve(&self, to: usize, pages: &[u64]) {
+        for chunk in pages.chunks(REPLY_BATCH) {
+            let frame = wire::bulk_frame_with(
+                service_tag(SERVICE_ID, PAGES),
+                4 + chunk.len() * (8 + PAGE),
+                |b| {
+                    b.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
+                    for gp in chunk {
+                        b.extend_from_slice(&gp.to_le_bytes());
+                    }
+                    for &gp in chunk {
+                        let f = self.find(gp).expect("checked when the request came");
+                        // SAFETY: a page of a live segment of our region.
+                        unsafe { elem::copy_out(f.seg.page_ptr(f.idx), b) };
+                    }
+                },
+            );
+            self.ctr(self.procs)
+                .pages_served
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            self.send(to, frame, self.procs);
+        }
+    }
+
+    fn on_pages(&self, from: usize, payload: &[u8]) -> Result<(), String> {
+        let mut r = Rd::new(payload);
+        let n = r.u32()? as usize;
+        let gps: Vec<u64> = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+        for gp in gps {
+            let bytes = r.bytes(PAGE)?;
+            let f = self
+                .find(gp)
+                .ok_or_else(|| format!("page {gp} arrived, but no shared array holds it"))?;
+            let (seg, p) = (&f.seg, f.idx);
+            if seg.homes[p] as usize != from {
+                return Err(format!(
+                    "page {gp} arrived from a node that is not its home"
+                ));
+            }
+            let waiters = {
+                let mut m = seg.lock(p);
+                if seg.state[p].load(Ordering::Acquire) != PENDING {
+                    return Err(format!("page {gp} arrived, but it was not requested"));
+                }
+                // SAFETY: a page of a live segment; PENDING, so nobody here
+                // reads or writes it until the state below says READ.
+                unsafe { elem::copy_in(seg.page_ptr(p), bytes) };
+                seg.state[p].store(READ, Ordering::Release);
+                self.outstanding[m.requester].fetch_sub(1, Ordering::Relaxed);
+                self.ctr(m.requester)
+                    .pages_fetched
+                    .fetch_add(1, Ordering::Relaxed);
+                m.pending = 0;
+                std::mem::take(&mut m.waiters)
+            };
+            for w in waiters {
+                w.wake();
+            }
+        }
+        Ok(())
+    }
+
+    fn on_release(&self, from: usize, payload: Vec<u8>) -> Result<(), String> {
+        let epoch = Rd::new(&payload).u64()?;
+        let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+        let now = self.completed.load(Ordering::Acquire);
+        if epoch == now {
+            self.apply_release(from, &payload, &mut pr)?;
+            self.proto_cv.notify_all();
+            Ok(())
+        } else if epoch > now {
+            pr.early.push((from, epoch, payload));
+            Ok(())
+        } else {
+            Err(format!(
+                "a release of epoch {epoch} came after this node completed {now}"
+            ))
+        }
+    }
+
+    /// Applies one node's `REL`: its diffs to our home pages, its notices
+    /// kept for the invalidation step.
+    fn apply_release(&self, from: usize, payload: &[u8], pr: &mut Proto) -> Result<(), String> {
+        let mut r = Rd::new(payload);
+        r.u64()?;
+        let nr = r.u32()? as usize;
+        for _ in 0..nr {
+            let start = r.u64()?;
+            let len = r.u32()?;
+            pr.notices.push((start, len));
+        }
+        let nd = r.u32()? as usize;
+        for _ in 0..nd {
+            let gp = r.u64()?;
+            let runs = r.u32()?;
+            let f = self
+                .find(gp)
+                .ok_or_else(|| format!("a diff for page {gp}, which no shared array holds"))?;
+            if f.seg.homes[f.idx] as usize != self.me {
+                return Err(format!(
+                    "a diff for page {gp} from node {from}, but its home is node {}",
+                    f.seg.homes[f.idx]
+                ));
+            }
+            // SAFETY: a page of a live segment homed here; diff bytes are
+            // written with byte atomics.
+            let used = unsafe { elem::apply(f.seg.page_ptr(f.idx), runs, r.rest()) }
+                .ok_or_else(|| format!("a malformed diff for page {gp}"))?;
+            r.bytes(used)?;
+            self.ctr(self.procs)
+                .diffs_applied
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        pr.got += 1;
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------
+    // The release, at the end of every phase.
+
+    pub(crate) fn release(&self, phase: usize) -> Result<(), String> {
+        let t0 = Instant::now();
+        let slot = self.slot();
+        if self.nodes > 1 {
+            self.release_multi(slot)?;
+        }
+        self.ctr(slot)
+            .release_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let total = self.totals();
+        let mut t = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        if t.per_phase.len() <= phase {
+            t.per_phase.resize(phase + 1, DsmCounters::default());
+        }
+        let d = total.since(&t.last);
+        t.per_phase[phase].accumulate(&d);
+        t.last = total;
+        t.releases += 1;
+        Ok(())
+    }
+
+    fn release_multi(&self, slot: usize) -> Result<(), String> {
+        // The node's phase work is done: no request of it is in flight.
+        while self
+            .outstanding
+            .iter()
+            .any(|o| o.load(Ordering::Acquire) != 0)
+        {
+            if let Some(f) = self.failure() {
+                return Err(f.clone());
+            }
+            std::thread::yield_now();
+        }
+        let epoch = self.completed.load(Ordering::Acquire);
+        let mut dirty = std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|e| e.into_inner()));
+        dirty.sort_unstable();
+        dirty.dedup();
+
+        // 1. Diffs per home, pages back to READ.
+        let mut diffs: Vec<(u32, Vec<u8>)> = vec![(0, Vec::new()); self.nodes];
+        let mut cache: Option<Arc<Segment>> = None;
+        for &gp in &dirty {
+            let f = self
+                .find_cached(gp, &mut cache)
+                .expect("dirty pages belong to segments");
+            let (seg, p) = (&f.0, f.1);
+            let home = seg.homes[p] as usize;
+            let mut m = seg.lock(p);
+            if home != self.me {
+                let twin = m
+                    .twin
+                    .take()
+                    .expect("a non-home page written here has a twin");
+                let (n, buf) = &mut diffs[home];
+                let at = buf.len();
+                buf.extend_from_slice(&gp.to_le_bytes());
+                buf.extend_from_slice(&[0; 4]);
+                // SAFETY: a page of a live segment; no filament runs now.
+                let runs = unsafe { elem::diff(seg.page_ptr(p), &twin, buf) };
+                if runs == 0 {
+                    buf.truncate(at); // written, but back to what it was
+                } else {
+                    buf[at + 8..at + 12].copy_from_slice(&runs.to_le_bytes());
+                    *n += 1;
+                    let c = self.ctr(slot);
+                    c.diffs_sent.fetch_add(1, Ordering::Relaxed);
+                    c.diff_bytes_sent
+                        .fetch_add((buf.len() - at - 12) as u64, Ordering::Relaxed);
+                }
+            }
+            seg.state[p].store(READ, Ordering::Release);
+        }
+
+        // 2. Notices as ranges of consecutive pages.
+        let mut ranges: Vec<(u64, u32)> = Vec::new();
+        for &gp in &dirty {
+            match ranges.last_mut() {
+                Some((s, l)) if *s + *l as u64 == gp && *l < u32::MAX => *l += 1,
+                _ => ranges.push((gp, 1)),
+            }
+        }
+        self.ctr(slot)
+            .notices_sent
+            .fetch_add(dirty.len() as u64, Ordering::Relaxed);
+        for (q, (n, body)) in diffs.into_iter().enumerate() {
+            if q == self.me {
+                continue;
+            }
+            let frame = wire::bulk_frame_with(
+                service_tag(SERVICE_ID, REL),
+                16 + ranges.len() * 12 + body.len(),
+                |b| {
+                    b.extend_from_slice(&epoch.to_le_bytes());
+                    b.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
+                    for (s, l) in &ranges {
+                        b.extend_from_slice(&s.to_le_bytes());
+                        b.extend_from_slice(&l.to_le_bytes());
+                    }
+                    b.extend_from_slice(&n.to_le_bytes());
+                    b.extend_from_slice(&body);
+                },
+            );
+            self.send(q, frame, slot);
+        }
+
+        // 3. Wait for every other node's release of this epoch.
+        let notices = {
+            let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            while pr.got < self.nodes - 1 {
+                if let Some(f) = self.failure() {
+                    return Err(f.clone());
+                }
+                pr = self
+                    .proto_cv
+                    .wait_timeout(pr, std::time::Duration::from_millis(100))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            if let Some(f) = self.failure() {
+                return Err(f.clone());
+            }
+            std::mem::take(&mut pr.notices)
+        };
+
+        // 4. Invalidate the copies others wrote.
+        let mut invalidated = 0u64;
+        for (start, len) in notices {
+            for gp in start..start + len as u64 {
+                let Some((seg, p)) = self.find_cached(gp, &mut cache) else {
+                    return Err(format!(
+                        "a write notice for page {gp}, which no shared array holds"
+                    ));
+                };
+                if seg.homes[p] as usize != self.me
+                    && seg.state[p].load(Ordering::Acquire) != INVALID
+                {
+                    let _m = seg.lock(p);
+                    seg.state[p].store(INVALID, Ordering::Release);
+                    invalidated += 1;
+                }
+            }
+        }
+        self.ctr(slot)
+            .invalidations
+            .fetch_add(invalidated, Ordering::Relaxed);
+
+        // 5. Next epoch: serve what waited for it, take in early releases.
+        let ready = {
+            let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            let next = epoch + 1;
+            self.completed.store(next, Ordering::Release);
+            pr.got = 0;
+            let early = std::mem::take(&mut pr.early);
+            for (from, e, payload) in early {
+                if e == next {
+                    self.apply_release(from, &payload, &mut pr)?;
+                } else {
+                    pr.early.push((from, e, payload));
+                }
+            }
+            let deferred = std::mem::take(&mut pr.deferred);
+            let (ready, later): (Vec<_>, Vec<_>) = deferred.into_iter().partition(|d| d.1 <= next);
+            pr.deferred = later;
+            ready
+        };
+        for (from, _, pages) in ready {
+            self.serve(from, &pages);
+        }
+        Ok(())
+    }
+
+    fn find_cached(
+        &self,
+        gp: u64,
+        cache: &mut Option<Arc<Segment>>,
+    ) -> Option<(Arc<Segment>, usize)> {
+        if let Some(s) = cache {
+            if gp >= s.first && gp < s.first + s.pages() as u64 {
+                return Some((s.clone(), (gp - s.first) as usize));
+            }
+        }
+        let f = self.find(gp)?;
+        *cache = Some(f.seg.clone());
+        Some((f.seg, f.idx))
+    }
+
+    // ---------------------------------------------------------------
+
+    pub(crate) fn totals(&self) -> DsmCounters {
+        let snaps: Vec<DsmCounters> = self.counters.iter().map(|c| c.snapshot()).collect();
+        DsmCounters::sum(&snaps)
+    }
+
+    pub(crate) fn stats(&self) -> DsmStats {
+        let t = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        DsmStats {
+            node: self.me,
+            releases: t.releases,
+            total: self.totals(),
+            per_phase: t.per_phase.clone(),
+        }
+    }
+}
+
+impl Service for Core {
+    fn frame(&self, from: usize, tag: u64, payload: Vec<u8>) -> Result<(), String> {
+        match split_service_tag(tag).1 {
+            REQ => self.on_request(from, &payload),
+            PAGES => self.on_pages(from, &payload),
+            REL => self.on_release(from, payload),
+            k => Err(format!("unknown DSM message kind {k}")),
+        }
+        .map_err(|why| format!("shared memory: {why}"))
+    }
+    fn failed(&self, why: &str) {
+        self.fail(why);
+    }
+}
+
+/// The release as hyfi-core's phase-end hook.
+pub(crate) struct Hook(pub(crate) Arc<Core>);
+
+impl hyfi_core::PhaseEnd for Hook {
+    fn end_phase(
+        &self,
+        phase: usize,
+        _link: &dyn hyfi_core::NodeLink,
+    ) -> Result<(), hyfi_core::LinkError> {
+        self.0.release(phase).map_err(|e| e.into())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}

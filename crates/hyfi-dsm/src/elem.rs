@@ -1,0 +1,284 @@
+//! Element and page access in shared memory, all through relaxed atomics.
+//!
+//! Several filaments (on several processors) write different elements of
+//! one page at once, and the communication thread copies whole pages out
+//! (to serve them) while the home's filaments write into them. With plain
+//! loads and stores those would be data races, undefined behaviour in
+//! Rust; relaxed atomics of the element's width make them defined, and
+//! compile to the same plain moves on x86-64 and AArch64. Ordering between
+//! phases comes from the release at the phase barrier.
+//!
+//! Pages are copied as 64-bit words and diffs applied as bytes, so a page
+//! copy may use a different width than an element's own accesses. Mixed-size
+//! atomic accesses to overlapping bytes are not described by the Rust
+//! memory model, but both target architectures define them (single-copy
+//! atomicity per aligned access); none of them is ever a non-atomic access.
+
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+
+use bytemuck::Pod;
+
+use crate::region::PAGE;
+
+/// Width in bytes of the atomic units one element is accessed with.
+#[inline(always)]
+const fn unit<T>() -> usize {
+    let (s, a) = (std::mem::size_of::<T>(), std::mem::align_of::<T>());
+    let mut w = if a < 8 { a } else { 8 };
+    while s % w != 0 {
+        w /= 2;
+    }
+    w
+}
+
+/// Reads the element at `p`.
+///
+/// # Safety
+/// `p` is aligned for `T` and points into the region's mapped memory.
+#[inline(always)]
+pub(crate) unsafe fn load<T: Pod>(p: *const T) -> T {
+    match (std::mem::size_of::<T>(), unit::<T>()) {
+        (8, 8) => bytemuck::cast((*(p as *const AtomicU64)).load(Relaxed)),
+        (4, 4) => bytemuck::cast((*(p as *const AtomicU32)).load(Relaxed)),
+        (2, 2) => bytemuck::cast((*(p as *const AtomicU16)).load(Relaxed)),
+        (1, 1) => bytemuck::cast((*(p as *const AtomicU8)).load(Relaxed)),
+        (s, w) => {
+            let mut v = T::zeroed();
+            let dst = bytemuck::bytes_of_mut(&mut v);
+            let src = p as *const u8;
+            for k in (0..s).step_by(w) {
+                load_unit(src.add(k), w, &mut dst[k..k + w]);
+            }
+            v
+        }
+    }
+}
+
+/// Writes `v` at `p`.
+///
+/// # Safety
+/// As for [`load`].
+#[inline(always)]
+pub(crate) unsafe fn store<T: Pod>(p: *mut T, v: T) {
+    match (std::mem::size_of::<T>(), unit::<T>()) {
+        (8, 8) => (*(p as *const AtomicU64)).store(bytemuck::cast(v), Relaxed),
+        (4, 4) => (*(p as *const AtomicU32)).store(bytemuck::cast(v), Relaxed),
+        (2, 2) => (*(p as *const AtomicU16)).store(bytemuck::cast(v), Relaxed),
+        (1, 1) => (*(p as *const AtomicU8)).store(bytemuck::cast(v), Relaxed),
+        (s, w) => {
+            let src = bytemuck::bytes_of(&v);
+            let dst = p as *mut u8;
+            for k in (0..s).step_by(w) {
+                store_unit(dst.add(k), w, &src[k..k + w]);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn load_unit(p: *const u8, w: usize, out: &mut [u8]) {
+    match w {
+        8 => out.copy_from_slice(&(*(p as *const AtomicU64)).load(Relaxed).to_ne_bytes()),
+        4 => out.copy_from_slice(&(*(p as *const AtomicU32)).load(Relaxed).to_ne_bytes()),
+        2 => out.copy_from_slice(&(*(p as *const AtomicU16)).load(Relaxed).to_ne_bytes()),
+        _ => out[0] = (*(p as *const AtomicU8)).load(Relaxed),
+    }
+}
+
+#[inline(always)]
+unsafe fn store_unit(p: *mut u8, w: usize, b: &[u8]) {
+    match w {
+        8 => (*(p as *const AtomicU64)).store(u64::from_ne_bytes(b.try_into().unwrap()), Relaxed),
+        4 => (*(p as *const AtomicU32)).store(u32::from_ne_bytes(b.try_into().unwrap()), Relaxed),
+        2 => (*(p as *const AtomicU16)).store(u16::from_ne_bytes(b.try_into().unwrap()), Relaxed),
+        _ => (*(p as *const AtomicU8)).store(b[0], Relaxed),
+    }
+}
+
+/// A page's bytes as 64-bit words.
+pub(crate) type Words = [u64; PAGE / 8];
+
+/// Copies the page at `page` out, word by word.
+///
+/// # Safety
+/// `page` is a page-aligned page of the region.
+pub(crate) unsafe fn copy_out(page: *const u8, out: &mut Vec<u8>) {
+    let w = page as *const AtomicU64;
+    out.reserve(PAGE);
+    for k in 0..PAGE / 8 {
+        out.extend_from_slice(&(*w.add(k)).load(Relaxed).to_ne_bytes());
+    }
+}
+
+/// Copies the page at `page` into a twin.
+///
+/// # Safety
+/// As for [`copy_out`].
+pub(crate) unsafe fn twin(page: *const u8) -> Box<Words> {
+    let w = page as *const AtomicU64;
+    let mut t: Box<Words> = Box::new([0; PAGE / 8]);
+    for (k, x) in t.iter_mut().enumerate() {
+        *x = (*w.add(k)).load(Relaxed);
+    }
+    t
+}
+
+/// Writes a whole page's bytes (a fetched copy) into `page`.
+///
+/// # Safety
+/// As for [`copy_out`]; `bytes` is `PAGE` long.
+pub(crate) unsafe fn copy_in(page: *mut u8, bytes: &[u8]) {
+    let w = page as *const AtomicU64;
+    for (k, c) in bytes.chunks_exact(8).enumerate() {
+        (*w.add(k)).store(u64::from_ne_bytes(c.try_into().unwrap()), Relaxed);
+    }
+}
+
+/// Appends to `out` the diff of the page at `page` against its twin: runs
+/// of changed bytes as `(offset u16, length u16, bytes)`. Returns the
+/// number of runs. Byte-exact, so two nodes writing different bytes of one
+/// word (two `u8` or `f32` elements) both keep their writes.
+///
+/// # Safety
+/// As for [`copy_out`].
+pub(crate) unsafe fn diff(page: *const u8, twin: &Words, out: &mut Vec<u8>) -> u32 {
+    let w = page as *const AtomicU64;
+    let mut runs = 0u32;
+    let mut open: Option<(usize, usize)> = None; // (start, header position)
+    fn close(open: &mut Option<(usize, usize)>, end: usize, out: &mut [u8]) {
+        if let Some((start, at)) = open.take() {
+            let len = (end - start) as u16;
+            out[at + 2..at + 4].copy_from_slice(&len.to_le_bytes());
+        }
+    }
+    for (k, &old) in twin.iter().enumerate() {
+        let cur = (*w.add(k)).load(Relaxed);
+        if cur == old {
+            close(&mut open, k * 8, out.as_mut_slice());
+            continue;
+        }
+        let (cb, ob) = (cur.to_ne_bytes(), old.to_ne_bytes());
+        for b in 0..8 {
+            let off = k * 8 + b;
+            if cb[b] != ob[b] {
+                if open.is_none() {
+                    let at = out.len();
+                    out.extend_from_slice(&(off as u16).to_le_bytes());
+                    out.extend_from_slice(&[0, 0]);
+                    open = Some((off, at));
+                    runs += 1;
+                }
+                out.push(cb[b]);
+            } else {
+                close(&mut open, off, out.as_mut_slice());
+            }
+        }
+    }
+    close(&mut open, PAGE, out.as_mut_slice());
+    runs
+}
+
+/// Applies `runs` runs from `src` (as written by [`diff`]) to the page at
+/// `page`; returns the bytes consumed, or `None` if `src` is malformed.
+///
+/// # Safety
+/// As for [`copy_out`].
+pub(crate) unsafe fn apply(page: *mut u8, runs: u32, src: &[u8]) -> Option<usize> {
+    let mut at = 0usize;
+    for _ in 0..runs {
+        let h = src.get(at..at + 4)?;
+        let off = u16::from_le_bytes([h[0], h[1]]) as usize;
+        let len = u16::from_le_bytes([h[2], h[3]]) as usize;
+        at += 4;
+        if off + len > PAGE {
+            return None;
+        }
+        let bytes = src.get(at..at + len)?;
+        for (i, &b) in bytes.iter().enumerate() {
+            (*(page.add(off + i) as *const AtomicU8)).store(b, Relaxed);
+        }
+        at += len;
+    }
+    Some(at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[repr(C, align(4))]
+    #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+    struct P3 {
+        x: f32,
+        y: f32,
+        z: f32,
+    }
+
+    #[test]
+    fn elements_round_trip() {
+        let mut buf = vec![0u64; 8];
+        let p = buf.as_mut_ptr() as *mut u8;
+        unsafe {
+            store(p as *mut f64, 2.5);
+            assert_eq!(load(p as *const f64), 2.5);
+            store(
+                p.add(8) as *mut P3,
+                P3 {
+                    x: 1.0,
+                    y: 2.0,
+                    z: 3.0,
+                },
+            );
+            assert_eq!(
+                load(p.add(8) as *const P3),
+                P3 {
+                    x: 1.0,
+                    y: 2.0,
+                    z: 3.0
+                }
+            );
+            store(p.add(20) as *mut [u8; 3], [7, 8, 9]);
+            assert_eq!(load(p.add(20) as *const [u8; 3]), [7, 8, 9]);
+        }
+        assert_eq!(unit::<P3>(), 4);
+        assert_eq!(unit::<[u8; 3]>(), 1);
+        assert_eq!(unit::<[f64; 2]>(), 8);
+    }
+
+    #[test]
+    fn diffs_are_byte_exact_and_apply() {
+        let mut page = vec![0u64; PAGE / 8];
+        let p = page.as_mut_ptr() as *mut u8;
+        for (k, w) in page.iter_mut().enumerate() {
+            *w = k as u64 * 0x0101_0101;
+        }
+        let t = unsafe { twin(p) };
+        unsafe {
+            // Bytes 0 and 2 of word 3 (byte 1 untouched), and a run across
+            // a word boundary.
+            *p.add(24) = 0xaa;
+            *p.add(26) = 0xbb;
+            for i in 60..70 {
+                *p.add(i) = 0xcc;
+            }
+            *p.add(PAGE - 1) = 0xdd;
+        }
+        let mut out = Vec::new();
+        let runs = unsafe { diff(p, &t, &mut out) };
+        assert_eq!(runs, 4);
+        // Apply to a copy of the original: it becomes the modified page.
+        let mut other: Vec<u64> = t.to_vec();
+        let q = other.as_mut_ptr() as *mut u8;
+        assert_eq!(unsafe { apply(q, runs, &out) }, Some(out.len()));
+        assert_eq!(other, page);
+        // A third party's write to byte 25 (between the two runs) survives.
+        let mut third: Vec<u64> = t.to_vec();
+        let r = third.as_mut_ptr() as *mut u8;
+        unsafe {
+            *r.add(25) = 0x11;
+            apply(r, runs, &out).unwrap();
+            assert_eq!((*r.add(24), *r.add(25), *r.add(26)), (0xaa, 0x11, 0xbb));
+        }
+        assert_eq!(unsafe { apply(q, runs + 1, &out) }, None);
+    }
+}

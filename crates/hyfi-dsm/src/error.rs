@@ -1,0 +1,112 @@
+//! What can go wrong in the DSM, each with what to do about it.
+
+/// Errors of the shared memory.
+#[derive(Debug, thiserror::Error)]
+pub enum DsmError {
+    /// The shared region could not be reserved at the same address everywhere.
+    #[error(
+        "node {node} could not reserve the shared region of {size} bytes at {addr:#x}: {why}; \
+         set HYFI_DSM_ADDR to another free address (hex, page-aligned, the same on every node) \
+         or HYFI_DSM_SIZE to a smaller size"
+    )]
+    Region {
+        /// The node that failed.
+        node: usize,
+        /// The address tried.
+        addr: usize,
+        /// The region size.
+        size: usize,
+        /// The system's reason.
+        why: String,
+    },
+
+    /// The nodes did not agree on the region (different settings per node).
+    #[error(
+        "the nodes reserved different shared regions (addresses {lo:#x}..{hi:#x}): \
+         give every node the same HYFI_DSM_ADDR and HYFI_DSM_SIZE"
+    )]
+    RegionMismatch {
+        /// Lowest address reported.
+        lo: usize,
+        /// Highest address reported.
+        hi: usize,
+    },
+
+    /// The shared region has no room left for an allocation.
+    #[error(
+        "the shared region is full: allocation #{seq} needs {asked} bytes, {free} of {size} are free; \
+         raise HYFI_DSM_SIZE (bytes, or with a K/M/G/T suffix)"
+    )]
+    RegionFull {
+        /// Allocation sequence number.
+        seq: u64,
+        /// Bytes asked (page-rounded).
+        asked: usize,
+        /// Bytes free.
+        free: usize,
+        /// Region size.
+        size: usize,
+    },
+
+    /// Not every node made the same allocation.
+    #[error(
+        "shared allocation #{seq} differs between nodes ({what}): every node must make the same \
+         shared allocations (same types, shapes and placements) in the same order"
+    )]
+    Mismatch {
+        /// Allocation sequence number.
+        seq: u64,
+        /// What differed.
+        what: &'static str,
+    },
+
+    /// A placement named a node that does not exist, or had the wrong length.
+    #[error("bad placement: {0}")]
+    Placement(String),
+
+    /// An element type that cannot live in shared pages.
+    #[error("element type {ty} ({size} bytes, alignment {align}) cannot be shared: elements must be at most one page ({page} bytes)")]
+    Element {
+        /// Type name.
+        ty: &'static str,
+        /// Its size.
+        size: usize,
+        /// Its alignment.
+        align: usize,
+        /// The page size.
+        page: usize,
+    },
+
+    /// A bad environment variable.
+    #[error("{var}={value:?} is not valid: expected {expected}")]
+    BadEnv {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What it should be.
+        expected: &'static str,
+    },
+
+    /// The runtime's link is not a hyfi-net cluster.
+    #[error(
+        "this runtime spans {nodes} nodes through a link that is not a hyfi-net Cluster: \
+         start it with hyfi::init (or hyfi_net::init_nodes) to share memory across nodes"
+    )]
+    NotACluster {
+        /// Node count of the link.
+        nodes: usize,
+    },
+
+    /// The runtime refused the DSM's phase-end hook.
+    #[error(transparent)]
+    Core(#[from] hyfi_core::Error),
+
+    /// The network failed during a collective step of the DSM.
+    #[error("shared memory: {0}")]
+    Net(#[from] hyfi_net::NetError),
+
+    /// A collective step failed through the runtime's link.
+    #[error("shared memory: a collective step failed: {0}")]
+    Link(hyfi_core::LinkError),
+}

@@ -1,0 +1,137 @@
+//! DSM counters: per processor while a phase runs (no sharing on the hot
+//! path), folded per phase at every release.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// Counters of one node, for one phase or in total.
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct DsmCounters {
+            $($(#[$doc])* pub $name: u64,)*
+        }
+
+        #[derive(Default)]
+        pub(crate) struct AtomicCounters {
+            $(pub(crate) $name: AtomicU64,)*
+        }
+
+        impl AtomicCounters {
+            pub(crate) fn snapshot(&self) -> DsmCounters {
+                DsmCounters { $($name: self.$name.load(Relaxed),)* }
+            }
+        }
+
+        impl DsmCounters {
+            fn add(&mut self, o: &DsmCounters) {
+                $(self.$name += o.$name;)*
+            }
+            fn sub(&self, o: &DsmCounters) -> DsmCounters {
+                DsmCounters { $($name: self.$name - o.$name,)* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Reads that found a page missing and requested it.
+    read_faults,
+    /// First writes to a page in a phase (a twin made, or the home marking it).
+    write_faults,
+    /// Pages that arrived from their homes.
+    pages_fetched,
+    /// Pages this node sent as a home.
+    pages_served,
+    /// Page requests that came before the home's release was complete and waited for it.
+    requests_deferred,
+    /// Diffs sent to homes.
+    diffs_sent,
+    /// Bytes of diff runs sent.
+    diff_bytes_sent,
+    /// Diffs applied here as a home.
+    diffs_applied,
+    /// Pages of this node's write notices.
+    notices_sent,
+    /// Copies invalidated by other nodes' write notices.
+    invalidations,
+    /// Nanoseconds filthreads (and threads) spent waiting for pages.
+    wait_ns,
+    /// Nanoseconds spent in releases (diffs, notices, waiting for the other nodes).
+    release_ns,
+    /// DSM messages sent.
+    messages_sent,
+    /// DSM bytes sent (frames included).
+    bytes_sent,
+}
+
+impl DsmCounters {
+    /// Sum of several.
+    pub fn sum<'a>(all: impl IntoIterator<Item = &'a DsmCounters>) -> DsmCounters {
+        let mut t = DsmCounters::default();
+        for c in all {
+            t.add(c);
+        }
+        t
+    }
+    pub(crate) fn since(&self, before: &DsmCounters) -> DsmCounters {
+        self.sub(before)
+    }
+    pub(crate) fn accumulate(&mut self, o: &DsmCounters) {
+        self.add(o)
+    }
+}
+
+impl fmt::Display for DsmCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "read faults {}, write faults {}, pages fetched {} served {} (deferred {}), \
+             diffs sent {} ({} B) applied {}, notices {}, invalidations {}, \
+             waiting {:.3} ms, releases {:.3} ms, {} messages ({} B)",
+            self.read_faults,
+            self.write_faults,
+            self.pages_fetched,
+            self.pages_served,
+            self.requests_deferred,
+            self.diffs_sent,
+            self.diff_bytes_sent,
+            self.diffs_applied,
+            self.notices_sent,
+            self.invalidations,
+            self.wait_ns as f64 / 1e6,
+            self.release_ns as f64 / 1e6,
+            self.messages_sent,
+            self.bytes_sent
+        )
+    }
+}
+
+/// A node's DSM statistics: the total and one entry per program phase
+/// index (what was counted from the end of the previous release to the end
+/// of this phase's release).
+#[derive(Clone, Debug, Default)]
+pub struct DsmStats {
+    /// This node.
+    pub node: usize,
+    /// Releases completed (phases ended).
+    pub releases: u64,
+    /// Everything so far.
+    pub total: DsmCounters,
+    /// By phase index of the program(s) run (index 0 is the first phase).
+    pub per_phase: Vec<DsmCounters>,
+}
+
+impl fmt::Display for DsmStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "dsm node {}: {} releases; {}",
+            self.node, self.releases, self.total
+        )?;
+        for (k, c) in self.per_phase.iter().enumerate() {
+            writeln!(f, "dsm node {} phase {k}: {c}", self.node)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,401 @@
+//! The DSM across real processes on loopback: the randomized multi-writer
+//! check on every configuration, the special cases (home-only writers,
+//! many waiters on one page), the iterative examples agreeing bit for bit
+//! on 1×1, 1×2, 2×1, 2×2 and 4×1, allocation errors with their messages,
+//! and a node lost while pages are in flight.
+//!
+//! Every test is bounded and kills what it started (see `common`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::*;
+
+/// The configurations every program must agree on: (nodes, processors).
+const CONFIGS: [(usize, usize); 5] = [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)];
+
+/// `exe args` on `nodes` local nodes of `procs` processors (the embedded
+/// launcher), unpinned.
+fn on(exe: &Path, nodes: usize, procs: usize, args: &[&str]) -> Command {
+    let mut cmd = command(exe);
+    cmd.args(args).args(["--procs", &procs.to_string()]);
+    if nodes > 1 {
+        cmd.args(["--nodes", &nodes.to_string()]);
+    }
+    cmd
+}
+
+/// Runs `cmd` to completion; every node must succeed. Returns each node's
+/// stdout lines (unprefixed).
+fn run_ok(what: &str, cmd: Command, nodes: usize) -> BTreeMap<usize, Vec<String>> {
+    let mut job = Job::new(what);
+    job.spawn("program", cmd);
+    let st = job.wait(0, BOUND);
+    if !st.success() {
+        job.fail(&format!("exited with {st}"));
+    }
+    job.no_panics();
+    let out = job.stdout(0);
+    let per_node = split_nodes(&out, nodes);
+    if per_node.len() != nodes {
+        job.fail(&format!("expected output from {nodes} nodes"));
+    }
+    per_node
+}
+
+/// Output lines by node: `[node i] ...` prefixes, or all of it for one node.
+fn split_nodes(lines: &[String], nodes: usize) -> BTreeMap<usize, Vec<String>> {
+    let mut m: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for l in lines {
+        if nodes == 1 {
+            m.entry(0).or_default().push(l.clone());
+        } else if let Some(rest) = l.strip_prefix("[node ") {
+            if let Some((n, text)) = rest.split_once("] ") {
+                if let Ok(n) = n.parse() {
+                    m.entry(n).or_default().push(text.to_owned());
+                }
+            }
+        }
+    }
+    m
+}
+
+/// The value of `key=` in the first line starting with `prefix`.
+fn stat(lines: &[String], prefix: &str, key: &str) -> u64 {
+    let line = lines
+        .iter()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} line in {lines:#?}"));
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key).and_then(|w| w.strip_prefix('=')))
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("{key} in {line:?}: {e}"))
+}
+
+fn all_say(what: &str, per_node: &BTreeMap<usize, Vec<String>>, needle: &str) {
+    for (n, lines) in per_node {
+        assert!(
+            lines.iter().any(|l| l.contains(needle)),
+            "{what}: node {n} did not print {needle:?}:\n{}",
+            lines.join("\n")
+        );
+    }
+}
+
+#[test]
+fn random_multi_writer_rounds_agree_with_the_model_everywhere() {
+    for (nodes, procs) in CONFIGS {
+        let what = format!("dsm_stress random {nodes}x{procs}");
+        let out = run_ok(
+            &what,
+            on(
+                &bins().dsm_stress,
+                nodes,
+                procs,
+                &["--rounds", "8", "--seed", "7"],
+            ),
+            nodes,
+        );
+        all_say(&what, &out, "dsm_stress: OK mode=Random rounds=9");
+        if nodes > 1 {
+            // The protocol's paths were all taken: first-touch fetches,
+            // multi-writer pages (diffs), invalidations.
+            for lines in out.values() {
+                assert!(stat(lines, "stats:", "fetched") > 0, "{what}: no fetch");
+                assert!(stat(lines, "stats:", "diffs") > 0, "{what}: no diff");
+                assert!(
+                    stat(lines, "stats:", "invalidations") > 0,
+                    "{what}: no invalidation"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn home_only_writers_move_no_diffs() {
+    for (nodes, procs) in [(2, 2), (3, 1)] {
+        let what = format!("dsm_stress home-only {nodes}x{procs}");
+        let out = run_ok(
+            &what,
+            on(
+                &bins().dsm_stress,
+                nodes,
+                procs,
+                &["--mode", "home-only", "--rounds", "6"],
+            ),
+            nodes,
+        );
+        all_say(&what, &out, "dsm_stress: OK mode=HomeOnly");
+        for lines in out.values() {
+            assert_eq!(stat(lines, "stats:", "diffs"), 0, "{what}");
+            assert_eq!(stat(lines, "stats:", "diff_bytes"), 0, "{what}");
+            assert!(stat(lines, "stats:", "fetched") > 0, "{what}");
+            assert!(stat(lines, "stats:", "invalidations") > 0, "{what}");
+        }
+    }
+}
+
+#[test]
+fn many_waiters_on_one_page_cost_one_request_per_node() {
+    let rounds = 10;
+    let what = "dsm_stress many-waiters 2x2, 8 pools per processor";
+    let out = run_ok(
+        what,
+        on(
+            &bins().dsm_stress,
+            2,
+            2,
+            &[
+                "--mode",
+                "many-waiters",
+                "--rounds",
+                &rounds.to_string(),
+                "--pools-per-proc",
+                "8",
+            ],
+        ),
+        2,
+    );
+    all_say(what, &out, "dsm_stress: OK mode=ManyWaiters");
+    let reader = &out[&1];
+    // 16 filaments read the page each round; it is requested once a round.
+    assert_eq!(stat(reader, "stats:", "fetched"), rounds, "{what}");
+    assert_eq!(stat(reader, "stats:", "read_faults"), rounds, "{what}");
+    assert!(
+        stat(reader, "stats:", "suspensions") >= rounds,
+        "{what}: the waiters should have suspended"
+    );
+}
+
+/// A fingerprint field of the `OK` line (jacobi prints `grid_bits=`).
+fn ok_field(lines: &[String], key: &str) -> String {
+    let l = lines
+        .iter()
+        .find(|l| l.starts_with("OK"))
+        .unwrap_or_else(|| panic!("no OK line in {lines:#?}"));
+    l.split(&format!("{key}="))
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_hexdigit()).next())
+        .unwrap_or_else(|| panic!("no {key}= in {l:?}"))
+        .to_owned()
+}
+
+#[test]
+fn jacobi_gives_the_same_bits_on_every_configuration() {
+    for args in [
+        &["--n", "66", "--iters", "30"][..],
+        &[
+            "--n",
+            "70",
+            "--iters",
+            "25",
+            "--per-row",
+            "--pools-per-proc",
+            "3",
+        ][..],
+    ] {
+        let mut bits = Vec::new();
+        for (nodes, procs) in CONFIGS {
+            let what = format!("jacobi {args:?} on {nodes}x{procs}");
+            let out = run_ok(&what, on(&bins().jacobi, nodes, procs, args), nodes);
+            for lines in out.values() {
+                bits.push((what.clone(), ok_field(lines, "grid_bits")));
+            }
+        }
+        let first = &bits[0].1;
+        for (what, b) in &bits {
+            assert_eq!(b, first, "{what} differs from {}", bits[0].0);
+        }
+    }
+}
+
+#[test]
+fn lu_and_matmul_match_sequential_on_every_configuration() {
+    for (nodes, procs) in CONFIGS {
+        let what = format!("lu on {nodes}x{procs}");
+        let out = run_ok(
+            &what,
+            on(&bins().lu, nodes, procs, &["--n", "48", "--seed", "4"]),
+            nodes,
+        );
+        all_say(&what, &out, "OK: identical to sequential bit for bit");
+        let what = format!("matmul on {nodes}x{procs}");
+        let out = run_ok(
+            &what,
+            on(
+                &bins().matmul,
+                nodes,
+                procs,
+                &["--n", "40", "--pools-per-proc", "2"],
+            ),
+            nodes,
+        );
+        all_say(&what, &out, "OK: hyfi and sequential C are identical");
+    }
+}
+
+/// Runs `cmd`, which must fail; returns its stderr.
+fn run_failing(what: &str, cmd: Command) -> String {
+    let mut job = Job::new(what);
+    job.spawn("program", cmd);
+    let st = job.wait(0, BOUND);
+    if st.success() {
+        job.fail("should have failed");
+    }
+    job.no_panics();
+    job.stderr(0)
+}
+
+#[test]
+fn a_region_that_cannot_be_reserved_is_a_clear_error() {
+    let mut cmd = on(&bins().jacobi, 2, 1, &["--n", "20", "--iters", "2"]);
+    cmd.env("HYFI_DSM_SIZE", "200T");
+    let err = run_failing("region too large", cmd);
+    assert!(
+        err.contains("could not reserve the shared region of 219902325555200 bytes")
+            && err.contains("HYFI_DSM_SIZE"),
+        "{err}"
+    );
+    let mut cmd = on(&bins().jacobi, 1, 1, &["--n", "20", "--iters", "2"]);
+    cmd.env("HYFI_DSM_ADDR", "0x1001");
+    let err = run_failing("unaligned address", cmd);
+    assert!(
+        err.contains("HYFI_DSM_ADDR=\"0x1001\" is not valid"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_full_region_names_the_allocation_and_the_remedy() {
+    let mut cmd = on(&bins().jacobi, 2, 1, &["--n", "66", "--iters", "2"]);
+    // 66 padded rows of one page each do not fit in 64 KiB.
+    cmd.env("HYFI_DSM_SIZE", "64K");
+    let err = run_failing("region full", cmd);
+    assert!(
+        err.contains("the shared region is full: allocation #0 needs 270336 bytes, 65536 of 65536 are free; raise HYFI_DSM_SIZE"),
+        "{err}"
+    );
+}
+
+/// Two nodes started by hand with per-node arguments and environment.
+fn two_by_hand(
+    what: &str,
+    exe: &Path,
+    args: [&[&str]; 2],
+    env: [&[(&str, &str)]; 2],
+) -> (Vec<String>, Vec<bool>) {
+    let coord = format!("127.0.0.1:{}", free_port());
+    let mut job = Job::new(what);
+    for rank in 0..2 {
+        let mut cmd = command(exe);
+        cmd.args(args[rank])
+            .args(["--procs", "1"])
+            .env("HYFI_RANK", rank.to_string())
+            .env("HYFI_NODES", "2")
+            .env("HYFI_COORD", &coord)
+            .env("HYFI_TIMEOUT", "10");
+        for (k, v) in env[rank] {
+            cmd.env(k, v);
+        }
+        job.spawn(&format!("rank {rank}"), cmd);
+    }
+    let st = job.wait_all(BOUND);
+    job.no_panics();
+    (
+        (0..2).map(|r| job.stderr(r)).collect(),
+        st.iter().map(|s| s.success()).collect(),
+    )
+}
+
+#[test]
+fn nodes_that_disagree_on_the_region_or_an_allocation_both_fail() {
+    let (err, ok) = two_by_hand(
+        "different HYFI_DSM_ADDR per node",
+        &bins().jacobi,
+        [&["--n", "20"], &["--n", "20"]],
+        [
+            &[("HYFI_DSM_ADDR", "0x200000000000")],
+            &[("HYFI_DSM_ADDR", "0x300000000000")],
+        ],
+    );
+    for r in 0..2 {
+        assert!(!ok[r], "node {r} should fail");
+        assert!(
+            err[r].contains("the nodes reserved different shared regions (addresses 0x200000000000..0x300000000000)"),
+            "node {r}: {}",
+            err[r]
+        );
+    }
+    let (err, ok) = two_by_hand(
+        "different allocations per node",
+        &bins().jacobi,
+        [&["--n", "20"], &["--n", "40"]],
+        [&[], &[]],
+    );
+    for r in 0..2 {
+        assert!(!ok[r], "node {r} should fail");
+        assert!(
+            err[r].contains("shared allocation #0 differs between nodes (page count)"),
+            "node {r}: {}",
+            err[r]
+        );
+    }
+}
+
+#[test]
+fn a_node_lost_while_pages_are_in_flight_ends_the_job_everywhere() {
+    let mut job = Job::new("node 1 stopped then killed mid-run");
+    let mut cmd = on(
+        &bins().dsm_stress,
+        2,
+        1,
+        &["--rounds", "0", "--pools-per-proc", "4"],
+    );
+    cmd.env("HYFI_TIMEOUT", "10");
+    job.spawn("launcher", cmd);
+    let mut pids = Vec::new();
+    for rank in 0..2 {
+        let prefix = format!("[node {rank}] node {rank} of 2 ");
+        let line = job.wait_line(0, &format!("node {rank}'s header"), |l| {
+            l.starts_with(&prefix)
+        });
+        let pid: u32 = line
+            .rsplit("pid ")
+            .next()
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| job.fail(&format!("no pid in {line:?}")));
+        job.track(pid);
+        pids.push(pid);
+    }
+    job.wait_line(0, "a few rounds", |l| l.contains("round 20 checked"));
+    // Stopped, node 1 answers nothing: node 0's requests stay in flight.
+    assert!(send_signal(&pids[1].to_string(), "STOP"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(send_signal(&pids[1].to_string(), "KILL"));
+    let killed = Instant::now();
+    let status = job.wait(0, Duration::from_secs(10));
+    let took = job.exited_at(0) - killed;
+    if status.success() {
+        job.fail("the job should fail");
+    }
+    let err = job.stderr(0);
+    if !err.contains("[node 0] hyfi: node 0: lost node 1") {
+        job.fail(&format!(
+            "node 0 did not report the lost node (after {took:?})"
+        ));
+    }
+    // Reported as an error, not as a panic per waiting filthread.
+    job.no_panics();
+    let gone_by = Instant::now() + Duration::from_secs(3);
+    while pids.iter().any(|&p| example_alive(p)) && Instant::now() < gone_by {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if pids.iter().any(|&p| example_alive(p)) {
+        job.fail("a node outlived the job");
+    }
+}
