@@ -1,7 +1,8 @@
 //! Recursive Fibonacci with fork-join filaments and pruning (HyFi paper, §4.5).
 //!
 //! Computes `fib(n)` as `fib(n - 1) + fib(n - 2)`, the two calls a fork-join
-//! filament pair (`ctx.join`). Each call does almost nothing, so this
+//! filament pair (`ctx.join_remote`: the forked call is a serializable
+//! filament, so it may run on another node). Each call does almost nothing, so this
 //! measures the cost of a fork: with pruning (the default) forks become
 //! plain calls once every processor is busy, and idle processors steal the
 //! shallowest pending calls; with `--no-prune` every fork is real. With
@@ -13,7 +14,12 @@
 //! ```text
 //! cargo run --release --example fib -- --n 37 --procs 2
 //! cargo run --release --example fib -- --n 30 --procs 2 --no-prune
+//! cargo run --release --example fib -- --n 40 --nodes 2 --procs 1   # two local nodes
+//! hyfi-run -n 4 -p 1 target/release/examples/fib --n 38             # four local nodes
 //! ```
+//!
+//! On several nodes every node runs the same program (`run_distributed`),
+//! prints the result, and prints its own counters and an `fjstats:` line.
 //!
 //! It checks the result against an iterative `fib`, and prints the time, the
 //! value, the ratio to the plain sequential recursion timed in the same run,
@@ -25,7 +31,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use hyfi::{Ctx, Runtime};
+use hyfi::{Ctx, RemoteFn};
 
 /// Largest `n` whose Fibonacci number fits in a `u64`.
 pub const MAX_N: u64 = 93;
@@ -39,12 +45,13 @@ pub fn fib_hyfi(ctx: &Ctx, n: u64, cutoff: u64) -> u64 {
     if n < cutoff {
         return fib_seq(n);
     }
-    let (a, b) = ctx.join(
-        |c| fib_hyfi(c, n - 1, cutoff),
-        |c| fib_hyfi(c, n - 2, cutoff),
-    );
+    let (a, b) = ctx.join_remote(|c| fib_hyfi(c, n - 1, cutoff), &FIB, (n - 2, cutoff));
     a + b
 }
+
+/// [`fib_hyfi`] as a filament function any node can run: `(n, cutoff)`.
+pub static FIB: RemoteFn<(u64, u64), u64> =
+    RemoteFn::new("fib::fib", |ctx, (n, cutoff)| fib_hyfi(ctx, n, cutoff));
 
 /// The plain sequential recursion.
 pub fn fib_seq(n: u64) -> u64 {
@@ -74,6 +81,9 @@ struct Args {
     /// Which Fibonacci number (at most 93; each +1 costs ~1.6x the time).
     #[arg(long, default_value_t = 37)]
     n: u64,
+    /// Nodes to start as local processes when no launcher is around (like HYFI_NODES).
+    #[arg(long)]
+    nodes: Option<usize>,
     /// Runtime options (--procs, --pin/--no-pin).
     #[command(flatten)]
     runtime: common::RuntimeArgs,
@@ -83,6 +93,10 @@ struct Args {
     /// Below this n, call the sequential fib instead of forking (0: never).
     #[arg(long, default_value_t = 0)]
     cutoff: u64,
+    /// Skip the sequential recursion (the answer is still checked against
+    /// the iterative fib); for timing runs.
+    #[arg(long)]
+    no_seq: bool,
 }
 
 fn main() -> ExitCode {
@@ -107,31 +121,40 @@ fn run(args: &Args) -> Result<(), String> {
     if args.no_prune {
         cfg = cfg.prune(false);
     }
-    let rt = Runtime::new(cfg).map_err(|e| e.to_string())?;
+    let rt = hyfi::init_nodes(cfg, args.nodes).map_err(|e| e.to_string())?;
+    FIB.register().map_err(|e| e.to_string())?;
     let prune = if rt.config().get_prune() { "on" } else { "off" };
+    let node = rt.node();
     println!("fib: n = {n}, cutoff {cutoff}");
 
     let t = Instant::now();
     let par = rt
-        .run(|ctx| fib_hyfi(ctx, n, cutoff))
-        .map_err(|e| e.to_string())?;
+        .run_distributed(|ctx| fib_hyfi(ctx, n, cutoff))
+        .map_err(|e| format!("node {node}: {e}"))?;
     let t_par = t.elapsed().as_secs_f64();
 
-    let t = Instant::now();
-    let seq = fib_seq(std::hint::black_box(n));
-    let t_seq = t.elapsed().as_secs_f64();
-
     let want = fib_iter(n);
-    println!("hyfi ({} procs, pruning {prune}): {t_par:.3} s", rt.procs());
     println!(
-        "sequential recursion:     {t_seq:.3} s   (hyfi/sequential {:.2}, speedup {:.2})",
-        t_par / t_seq,
-        t_seq / t_par
+        "hyfi ({} nodes x {} procs, pruning {prune}): {t_par:.3} s",
+        rt.num_nodes(),
+        rt.procs()
     );
+    let seq = if args.no_seq {
+        want
+    } else {
+        let t = Instant::now();
+        let seq = fib_seq(std::hint::black_box(n));
+        let t_seq = t.elapsed().as_secs_f64();
+        println!(
+            "sequential recursion:     {t_seq:.3} s   (hyfi/sequential {:.2}, speedup {:.2})",
+            t_par / t_seq,
+            t_seq / t_par
+        );
+        seq
+    };
     println!("value      {par}");
-    println!();
-    print!("{}", rt.stats());
-    println!();
+    println!("result: value={par}");
+    common::print_fj_stats(&rt, t_par);
     if par == want && seq == want {
         println!("OK: fib({n}) = {want}, as the iterative fib");
         Ok(())

@@ -4,7 +4,8 @@
 //! trapezoid rule: the area `whole` of an interval is compared with the sum of
 //! the areas of its two halves; if `|left + right - whole| <= tol` the
 //! interval is done (its area is `left + right`), otherwise both halves are
-//! refined as a fork-join filament pair (`ctx.join`). The tolerance is
+//! refined as a fork-join filament pair (`ctx.join_remote`: the forked half
+//! is a serializable filament, so it may run on another node). The tolerance is
 //! `--eps` (absolute) at the root and is halved at every level, so the
 //! accepted error estimates of all leaves add up to at most `eps`. Pruning
 //! turns the joins into plain calls once every processor is busy; idle
@@ -24,7 +25,15 @@
 //! ```text
 //! cargo run --release --example quad -- --func spiky --procs 2
 //! cargo run --release --example quad -- --func x6 --procs 1 --no-prune
+//! cargo run --release --example quad -- --func spiky --nodes 2 --procs 1   # two local nodes
+//! hyfi-run -n 4 -p 1 target/release/examples/quad                         # four local nodes
 //! ```
+//!
+//! On several nodes every node runs the same program (`run_distributed`):
+//! node 0 runs the root, the others get halves by start-up distribution and
+//! by stealing, and every node prints the result and its own counters
+//! (filaments executed, steals within and across nodes, filaments moved,
+//! idle time) plus one `fjstats:` line a script can read.
 //!
 //! It checks that the hyfi result equals, bit for bit, a plain sequential
 //! recursion over the same tree (the tree and the order of the additions do
@@ -39,7 +48,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
-use hyfi::{Ctx, Runtime};
+use hyfi::{Ctx, RemoteFn};
+use serde::{Deserialize, Serialize};
 
 /// Height, half-width and centre of the `spiky` peak.
 const PEAK_H: f64 = 1e4;
@@ -47,7 +57,7 @@ const PEAK_W: f64 = 1e-4;
 const PEAK_C: f64 = 0.93;
 
 /// The integrand.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 pub enum Func {
     /// x^6 (the paper's x^{2w} with w = 3).
     X6,
@@ -101,7 +111,7 @@ impl Func {
 
 /// The result of a (sub)integration: the area and the number of intervals
 /// accepted (leaves of the recursion tree).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct Area {
     pub value: f64,
     pub intervals: u64,
@@ -120,7 +130,7 @@ impl Area {
 }
 
 /// An interval still to integrate, with what its parent already computed.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct Piece {
     a: f64,
     b: f64,
@@ -205,16 +215,21 @@ pub fn quad_hyfi(ctx: &Ctx, f: Func, a: f64, b: f64, eps: f64) -> Area {
     quad_hyfi_piece(ctx, f, Piece::root(f, a, b, eps))
 }
 
-/// The recursion of [`quad_hyfi`]: both halves are a fork-join pair.
+/// The recursion of [`quad_hyfi`]: both halves are a fork-join pair, the
+/// right one a serializable filament that may run on another node.
 pub fn quad_hyfi_piece(ctx: &Ctx, f: Func, p: Piece) -> Area {
     match p.step(f) {
         Step::Done(area) => area,
         Step::Halves(l, r) => {
-            let (al, ar) = ctx.join(|c| quad_hyfi_piece(c, f, l), |c| quad_hyfi_piece(c, f, r));
+            let (al, ar) = ctx.join_remote(|c| quad_hyfi_piece(c, f, l), &PIECE, (f, r));
             al.combine(ar)
         }
     }
 }
+
+/// [`quad_hyfi_piece`] as a filament function any node can run.
+pub static PIECE: RemoteFn<(Func, Piece), Area> =
+    RemoteFn::new("quad::piece", |ctx, (f, p)| quad_hyfi_piece(ctx, f, p));
 
 /// The same recursion as [`quad_hyfi`], as plain calls.
 pub fn quad_seq(f: Func, a: f64, b: f64, eps: f64) -> Area {
@@ -256,12 +271,19 @@ struct Args {
     /// rounding error of the areas it will not finish.
     #[arg(long)]
     eps: Option<f64>,
+    /// Nodes to start as local processes when no launcher is around (like HYFI_NODES).
+    #[arg(long)]
+    nodes: Option<usize>,
     /// Runtime options (--procs, --pin/--no-pin).
     #[command(flatten)]
     runtime: common::RuntimeArgs,
     /// Make every fork real (no pruning).
     #[arg(long)]
     no_prune: bool,
+    /// Skip the sequential run (the answer is still checked against the
+    /// exact integral); for timing runs.
+    #[arg(long)]
+    no_seq: bool,
 }
 
 fn main() -> ExitCode {
@@ -301,8 +323,10 @@ fn run(args: &Args) -> Result<(), String> {
     if args.no_prune {
         cfg = cfg.prune(false);
     }
-    let rt = Runtime::new(cfg).map_err(|e| e.to_string())?;
+    let rt = hyfi::init_nodes(cfg, args.nodes).map_err(|e| e.to_string())?;
+    PIECE.register().map_err(|e| e.to_string())?;
     let prune = if rt.config().get_prune() { "on" } else { "off" };
+    let node = rt.node();
     println!(
         "quad: f(x) = {} on [{a}, {b}], eps {eps:e} (absolute at the root, halved per level)",
         f.describe()
@@ -310,21 +334,31 @@ fn run(args: &Args) -> Result<(), String> {
 
     let t = Instant::now();
     let par = rt
-        .run(|ctx| quad_hyfi(ctx, f, a, b, eps))
-        .map_err(|e| e.to_string())?;
+        .run_distributed(|ctx| quad_hyfi(ctx, f, a, b, eps))
+        .map_err(|e| format!("node {node}: {e}"))?;
     let t_par = t.elapsed().as_secs_f64();
 
-    let t = Instant::now();
-    let seq = quad_seq(f, a, b, eps);
-    let t_seq = t.elapsed().as_secs_f64();
+    let seq = if args.no_seq {
+        None
+    } else {
+        let t = Instant::now();
+        let seq = quad_seq(f, a, b, eps);
+        Some((seq, t.elapsed().as_secs_f64()))
+    };
 
     let err = (par.value - exact).abs();
     let allowed = allowed_error(eps, exact);
-    println!("hyfi ({} procs, pruning {prune}): {t_par:.3} s", rt.procs());
     println!(
-        "sequential:               {t_seq:.3} s   (speedup {:.2})",
-        t_seq / t_par
+        "hyfi ({} nodes x {} procs, pruning {prune}): {t_par:.3} s",
+        rt.num_nodes(),
+        rt.procs()
     );
+    if let Some((_, t_seq)) = seq {
+        println!(
+            "sequential:               {t_seq:.3} s   (speedup {:.2})",
+            t_seq / t_par
+        );
+    }
     println!("value      {:.17e}", par.value);
     println!("exact      {exact:.17e}");
     println!(
@@ -333,21 +367,27 @@ fn run(args: &Args) -> Result<(), String> {
     );
     println!("intervals  {}", par.intervals);
 
+    println!(
+        "result: value_bits={:016x} intervals={}",
+        par.value.to_bits(),
+        par.intervals
+    );
+
     let mut failures = Vec::new();
-    if par.value.to_bits() != seq.value.to_bits() || par.intervals != seq.intervals {
-        failures.push(format!(
-            "hyfi result {:e} ({} intervals) differs from the sequential {:e} ({} intervals)",
-            par.value, par.intervals, seq.value, seq.intervals
-        ));
+    if let Some((seq, _)) = seq {
+        if par.value.to_bits() != seq.value.to_bits() || par.intervals != seq.intervals {
+            failures.push(format!(
+                "hyfi result {:e} ({} intervals) differs from the sequential {:e} ({} intervals)",
+                par.value, par.intervals, seq.value, seq.intervals
+            ));
+        }
     }
     if err.is_nan() || err > allowed {
         failures.push(format!(
             "error {err:e} against the exact integral exceeds {allowed:e}"
         ));
     }
-    println!();
-    print!("{}", rt.stats());
-    println!();
+    common::print_fj_stats(&rt, t_par);
     if failures.is_empty() {
         println!("OK: hyfi equals the sequential recursion bit for bit and is within {allowed:.1e} of the exact integral");
         Ok(())

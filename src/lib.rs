@@ -9,7 +9,9 @@
 //! single-node runtime [`hyfi_core`], the start of a multi-node job
 //! ([`init`], from `hyfi_net`) and the shared memory across nodes ([`Dsm`],
 //! from [`dsm`]). See the README for a tour and [`Program`], [`Ctx::join`],
-//! [`Reduction`] and [`Dsm`] for the models.
+//! [`Reduction`] and [`Dsm`] for the iterative model; [`Ctx::join_remote`],
+//! [`RemoteFn`] and [`Runtime::run_distributed`] for fork-join filaments
+//! across nodes.
 //!
 //! ```
 //! use hyfi::{Config, Ctx, Runtime};

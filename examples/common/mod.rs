@@ -49,3 +49,34 @@ pub fn or_exit<T>(program: &str, r: Result<T, impl std::fmt::Display>) -> T {
         std::process::exit(2)
     })
 }
+
+/// Prints this node's fork-join counters: the runtime's table, and one
+/// `fjstats:` line with the figures of HyFi's per-node statistics (filaments
+/// executed; steals attempted and succeeded within the node and across
+/// nodes; filaments moved; idle time) for scripts and tests to read.
+#[allow(dead_code)] // only the fork-join examples print these
+pub fn print_fj_stats(rt: &hyfi::Runtime, seconds: f64) {
+    let stats = rt.stats();
+    let t = stats.total();
+    let r = &stats.remote;
+    println!();
+    print!("{stats}");
+    if let Some(traffic) = rt.traffic() {
+        println!("traffic of node {}: {traffic}", rt.node());
+    }
+    println!(
+        "fjstats: node={} filaments={} local_steals={} local_tries={} remote_steals={} \
+         remote_tries={} moved_in={} moved_out={} idle_ms={:.1} steal_rtt_us={:.1} time_s={seconds:.4}",
+        rt.node(),
+        t.filaments,
+        t.steals,
+        t.steal_attempts,
+        r.steals,
+        r.steal_requests,
+        r.filaments_in,
+        r.filaments_out,
+        t.idle_ns as f64 / 1e6,
+        r.steal_wait_ns as f64 / 1e3 / r.steal_requests.max(1) as f64
+    );
+    println!();
+}

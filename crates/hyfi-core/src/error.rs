@@ -137,6 +137,56 @@ pub enum Error {
     #[error("cross-node step failed: {0}")]
     Link(#[source] Box<dyn std::error::Error + Send + Sync>),
 
+    /// A node received a fork-join filament whose function it has not registered.
+    #[error(
+        "node {node} received a fork-join filament of function {name:?}, which is not \
+         registered there; call RemoteFn::register for it on every node before run_distributed"
+    )]
+    UnknownFilament {
+        /// The node that received it.
+        node: usize,
+        /// The function's name.
+        name: String,
+    },
+
+    /// Two different functions were registered under one name.
+    #[error(
+        "two different fork-join functions are registered as {name:?}; give each RemoteFn a \
+         name of its own"
+    )]
+    DuplicateFilament {
+        /// The name.
+        name: String,
+    },
+
+    /// A shipped filament's argument or result could not be encoded or decoded.
+    #[error(
+        "fork-join filament {name:?} on node {node}: {why}; every node must run the same \
+         program (same types under the same names)"
+    )]
+    FilamentCodec {
+        /// The node where it failed.
+        node: usize,
+        /// The function's name.
+        name: String,
+        /// What failed.
+        why: String,
+    },
+
+    /// A multi-node runtime has no cross-node fork-join layer.
+    #[error(
+        "run_distributed on {nodes} nodes needs the cluster layer's balancer; start the runtime \
+         with hyfi::init (or install one with Runtime::set_balancer)"
+    )]
+    NoBalancer {
+        /// Nodes of the runtime.
+        nodes: usize,
+    },
+
+    /// A second balancer was installed on one runtime.
+    #[error("this runtime already has a cross-node balancer: install one per runtime")]
+    BalancerTaken,
+
     /// A second phase-end hook was installed on one runtime.
     #[error("this runtime already has a phase-end hook (a DSM): create one DSM per runtime and share it")]
     PhaseEndTaken,

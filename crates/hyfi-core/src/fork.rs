@@ -36,15 +36,29 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::filthread::{self, Waker};
+use crate::remote::RemoteVTable;
 use crate::runtime::WANTED;
 use crate::stack::{enter_guard, StackBounds};
 use crate::worker::Ctx;
 
-/// A type-erased pointer to a job and the function that runs it.
-#[derive(Clone, Copy, Debug)]
+/// A type-erased pointer to a job and the function that runs it; for a
+/// serializable job ([`Ctx::join_remote`]), also how to ship it.
+#[derive(Clone, Copy)]
 pub(crate) struct JobRef {
     ptr: *const (),
     exec: unsafe fn(*const (), &Ctx),
+    remote: Option<&'static RemoteVTable>,
+}
+
+impl std::fmt::Debug for JobRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "JobRef({:p}, remote: {})",
+            self.ptr,
+            self.remote.is_some()
+        )
+    }
 }
 
 // SAFETY: a JobRef is handed to exactly one thread (the deque guarantees it)
@@ -59,6 +73,24 @@ impl PartialEq for JobRef {
 }
 
 impl JobRef {
+    /// A serializable job: `ptr` is a `RemoteJob` that `vtable` knows how to ship.
+    pub(crate) fn remote(
+        ptr: *const (),
+        exec: unsafe fn(*const (), &Ctx),
+        vtable: &'static RemoteVTable,
+    ) -> JobRef {
+        JobRef {
+            ptr,
+            exec,
+            remote: Some(vtable),
+        }
+    }
+
+    /// The job's address and shipping table, if it may leave the node.
+    pub(crate) fn portable(self) -> Option<(*const (), &'static RemoteVTable)> {
+        self.remote.map(|v| (self.ptr, v))
+    }
+
     /// Runs the job.
     ///
     /// # Safety
@@ -158,6 +190,7 @@ where
         JobRef {
             ptr: self as *const Self as *const (),
             exec: Self::execute,
+            remote: None,
         }
     }
 
@@ -166,7 +199,10 @@ where
         let f = (*this.func.get())
             .take()
             .expect("hyfi: fork-join job executed twice");
-        let r = catch_unwind(AssertUnwindSafe(|| ctx.call_inline(f)));
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            ctx.count_filaments(1);
+            ctx.call_inline(f)
+        }));
         *this.result.get() = Some(r);
         Latch::set(&this.latch);
     }
@@ -192,6 +228,7 @@ impl<F: FnOnce(&Ctx) + Send> HeapJob<F> {
         JobRef {
             ptr: Box::into_raw(b) as *const (),
             exec: Self::execute,
+            remote: None,
         }
     }
 
@@ -202,7 +239,7 @@ impl<F: FnOnce(&Ctx) + Send> HeapJob<F> {
 }
 
 #[inline(always)]
-fn stack_pointer() -> usize {
+pub(crate) fn stack_pointer() -> usize {
     let sp: usize;
     #[cfg(target_arch = "x86_64")]
     // SAFETY: reads the stack pointer register; no memory is touched.
@@ -242,10 +279,14 @@ impl Ctx {
         // the stack is nearly full (see `Ctx::limit`).
         let limit = self.limit.load(Ordering::Relaxed);
         if stack_pointer() >= limit {
+            self.count_filaments(2);
             return (a(self), b(self));
         }
         if limit != WANTED {
-            return self.call_on_new_segment(|c| (a(c), b(c)));
+            return self.call_on_new_segment(|c| {
+                c.count_filaments(2);
+                (a(c), b(c))
+            });
         }
         self.join_real(a, b)
     }
@@ -258,50 +299,20 @@ impl Ctx {
         RA: Send,
         RB: Send,
     {
+        self.check_abort();
         let job_b = StackJob::new(b);
         let job_ref = job_b.as_job_ref();
-        self.deque.push(job_ref);
-        self.stats.forks.set(self.stats.forks.get() + 1);
-        // One want buys one real fork: this deque now holds a job to steal,
-        // so go back to pruning. A thief asks again when it takes the job
-        // (or fails a steal round), so a descheduled thief costs at most one
-        // real fork, not a fork at every join until it runs.
-        self.clear_want();
-        let sh = &*self.shared;
-        if sh.idle.load(Ordering::SeqCst) > 0 {
-            sh.notify_idle();
-        }
-
-        let ra = catch_unwind(AssertUnwindSafe(|| self.call_inline(a)));
-
-        // Take b back, or wait for whoever stole it.
-        loop {
-            if job_b.latch.probe() {
-                break;
-            }
-            match self.deque.pop() {
-                Some(j) if j == job_ref => {
-                    if self.multi {
-                        self.want_fork();
-                    }
-                    // SAFETY: we popped our own job back: nobody else has it.
-                    let f =
-                        unsafe { (*job_b.func.get()).take() }.expect("hyfi: own job already taken");
-                    let ra = match ra {
-                        Ok(v) => v,
-                        Err(p) => resume_unwind(p),
-                    };
-                    return (ra, self.call_inline(f));
-                }
-                // A job of a frame below ours (cannot happen with the deque
-                // discipline, but running it is always correct).
-                // SAFETY: jobs in our deque are alive (see unsafe_execute).
-                Some(j) => unsafe { j.execute(self) },
-                None => {
-                    job_b.latch.wait();
-                    break;
-                }
-            }
+        let ra = self.fork_and_run_a(job_ref, a);
+        let got_back = self.take_back_or_wait(job_ref, &job_b.latch);
+        if got_back {
+            // SAFETY: we popped our own job back: nobody else has it.
+            let f = unsafe { (*job_b.func.get()).take() }.expect("hyfi: own job already taken");
+            let ra = match ra {
+                Ok(v) => v,
+                Err(p) => resume_unwind(p),
+            };
+            self.count_filaments(1);
+            return (ra, self.call_inline(f));
         }
         let ra = match ra {
             Ok(v) => v,
@@ -312,6 +323,67 @@ impl Ctx {
             }
         };
         (ra, job_b.into_result())
+    }
+
+    /// The fork of a real join: pushes `job` (branch b) on the deque, then
+    /// runs `a` here, catching its panic (b must be joined first).
+    #[inline]
+    pub(crate) fn fork_and_run_a<RA>(
+        &self,
+        job: JobRef,
+        a: impl FnOnce(&Ctx) -> RA,
+    ) -> Result<RA, Box<dyn Any + Send>> {
+        self.deque.push(job);
+        self.stats.forks.set(self.stats.forks.get() + 1);
+        // One want buys one real fork: this deque now holds a job to steal,
+        // so go back to pruning. A thief asks again when it takes the job
+        // (or fails a steal round), so a descheduled thief costs at most one
+        // real fork, not a fork at every join until it runs.
+        self.clear_want();
+        let sh = &*self.shared;
+        if sh.idle.load(Ordering::SeqCst) > 0 {
+            sh.notify_idle();
+        }
+        self.count_filaments(1);
+        catch_unwind(AssertUnwindSafe(|| self.call_inline(a)))
+    }
+
+    /// After branch a: takes `job` back from the deque (`true`: run it
+    /// here), or waits until whoever stole it, on this node or another,
+    /// has set `latch` (`false`).
+    #[inline]
+    pub(crate) fn take_back_or_wait(&self, job: JobRef, latch: &Latch) -> bool {
+        loop {
+            if latch.probe() {
+                return false;
+            }
+            match self.deque.pop() {
+                Some(j) if j == job => {
+                    if self.multi || self.nodes > 1 {
+                        self.want_fork();
+                    }
+                    return true;
+                }
+                // A job of a frame below ours (cannot happen with the deque
+                // discipline, but running it is always correct).
+                // SAFETY: jobs in our deque are alive (see unsafe_execute).
+                Some(j) => unsafe { j.execute(self) },
+                None => {
+                    latch.wait();
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Unwinds at once if the run was aborted (a lost node): every join
+    /// takes this slow path then (the abort asks every processor for a
+    /// fork), so a computation that can no longer finish stops quickly.
+    #[inline]
+    pub(crate) fn check_abort(&self) {
+        if self.shared.fj.abort.load(Ordering::Relaxed) {
+            crate::balance::abort_unwind(self);
+        }
     }
 
     /// Runs `n` filaments `f(ctx, 0..n)` as fork-join filaments and returns
@@ -363,7 +435,7 @@ impl Ctx {
 
     #[cold]
     #[inline(never)]
-    fn call_on_new_segment<R>(&self, f: impl FnOnce(&Ctx) -> R) -> R {
+    pub(crate) fn call_on_new_segment<R>(&self, f: impl FnOnce(&Ctx) -> R) -> R {
         let taken = self.stacks.borrow_mut().take();
         let mut stack = match taken {
             Ok(s) => s,

@@ -12,7 +12,10 @@
 //!   [`Reduction`].
 //! * **Fork-join filaments** split work recursively with [`Ctx::join`];
 //!   idle processors steal, and forks become plain calls (*pruning*) once
-//!   every processor is busy. See [`Runtime::run`].
+//!   every processor is busy. See [`Runtime::run`]. Filaments forked with
+//!   [`Ctx::join_remote`] (a [`RemoteFn`] of serde types) may also run on
+//!   other nodes, with [`Runtime::run_distributed`] (see [`remote`] and
+//!   [`balance`]: start-up distribution, cross-node stealing, termination).
 //!
 //! Jacobi iteration, the paper's Figure 1–2 program, checked against a
 //! sequential loop:
@@ -76,6 +79,7 @@
 
 #![warn(missing_docs)]
 
+pub mod balance;
 mod config;
 mod error;
 pub mod filthread;
@@ -84,13 +88,16 @@ mod node;
 mod phase;
 mod pool;
 mod reduce;
+pub mod remote;
 mod runtime;
 mod shared;
 mod sleep;
 mod stack;
+mod startup;
 mod stats;
 mod worker;
 
+pub use balance::{Balancer, FjNode, PortableJob};
 /// Re-exported so reduction variables of your own `#[repr(C)]` types need
 /// no direct dependency: derive with
 /// `#[derive(Clone, Copy, hyfi::bytemuck::Pod, hyfi::bytemuck::Zeroable)]`
@@ -102,7 +109,9 @@ pub use node::{LinkError, NodeLink, PhaseEnd, SingleNode};
 pub use phase::{Control, PostPhase, Program};
 pub use pool::{block, Index, Pool, PoolArray};
 pub use reduce::{Arith, Op, Reduction};
+pub use remote::{is_registered, Failure, RemoteFn};
 pub use runtime::{Runtime, StatsHandle};
 pub use shared::{Element, Row, SharedMatrix, SharedVec};
-pub use stats::{ProcStats, Stats};
+pub use startup::Slot;
+pub use stats::{ProcStats, RemoteStats, Stats};
 pub use worker::Ctx;

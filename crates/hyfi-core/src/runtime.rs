@@ -44,6 +44,9 @@ pub(crate) struct WorkerShared {
     pub(crate) wakeups: SegQueue<u64>,
     /// The server thread's `Ctx::limit` (null while it is not running).
     limit: AtomicPtr<AtomicUsize>,
+    /// Fork-join filaments sent to this processor: start-up distribution
+    /// and filaments from other nodes. Other processors may steal them.
+    pub(crate) incoming: Injector<JobRef>,
 }
 
 impl WorkerShared {
@@ -52,6 +55,12 @@ impl WorkerShared {
     }
     pub(crate) fn parker(&self) -> &Parker {
         self.parker.get().expect("hyfi: server thread not started")
+    }
+    /// Wakes the server thread if it is idle (no-op before it started).
+    pub(crate) fn notify(&self) {
+        if let Some(p) = self.parker.get() {
+            p.notify();
+        }
     }
     pub(crate) fn publish_limit(&self, limit: *const AtomicUsize) {
         self.limit
@@ -94,6 +103,8 @@ pub(crate) struct Shared {
     /// Server threads looking for fork-join work.
     pub(crate) idle: CachePadded<AtomicUsize>,
     pub(crate) fj_done: AtomicBool,
+    /// Fork-join across nodes (see `balance`).
+    pub(crate) fj: crate::balance::NodeState,
     pub(crate) epoch: AtomicU64,
     command: Mutex<Command>,
     finished: AtomicUsize,
@@ -136,7 +147,7 @@ impl Shared {
     }
 
     /// Hands `cmd` to every server thread and waits until all have finished it.
-    fn dispatch(&self, cmd: Command) {
+    pub(crate) fn dispatch(&self, cmd: Command) {
         let caller = Arc::new(Parker::current());
         *self.caller.lock().unwrap_or_else(|e| e.into_inner()) = Some(caller.clone());
         self.finished.store(0, Ordering::SeqCst);
@@ -197,9 +208,9 @@ impl ProgramRun {
 ///
 /// Dropping it stops and joins the server threads.
 pub struct Runtime {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
-    start_lock: Mutex<()>,
+    pub(crate) start_lock: Mutex<()>,
 }
 
 impl Runtime {
@@ -230,6 +241,7 @@ impl Runtime {
                         parker: OnceLock::new(),
                         wakeups: SegQueue::new(),
                         limit: AtomicPtr::new(std::ptr::null_mut()),
+                        incoming: Injector::new(),
                     })
                 })
                 .collect(),
@@ -237,6 +249,7 @@ impl Runtime {
             injector: Injector::new(),
             idle: CachePadded::new(AtomicUsize::new(0)),
             fj_done: AtomicBool::new(false),
+            fj: Default::default(),
             epoch: AtomicU64::new(0),
             command: Mutex::new(Command::Idle),
             finished: AtomicUsize::new(0),
@@ -349,7 +362,7 @@ impl Runtime {
         Ok(())
     }
 
-    fn check_not_nested(&self) -> Result<(), Error> {
+    pub(crate) fn check_not_nested(&self) -> Result<(), Error> {
         match worker::try_current_ctx() {
             Some(c) if c.shared.id == self.shared.id => Err(Error::Nested),
             _ => Ok(()),
@@ -395,6 +408,10 @@ impl Runtime {
 
     /// Runs a fork-join computation: `root` on one processor, its joins
     /// spread over all of them by stealing. Returns `root`'s result.
+    ///
+    /// It stays on this node, whatever the cluster; to spread a
+    /// computation over every node, call
+    /// [`Runtime::run_distributed`] on every node.
     ///
     /// A panic anywhere in the computation is returned as
     /// [`Error::FilamentPanic`] once every filament has stopped.
@@ -461,6 +478,7 @@ impl Runtime {
         for s in &self.shared.stats {
             *s.lock().unwrap_or_else(|e| e.into_inner()) = ProcStats::default();
         }
+        self.shared.fj.counters.reset();
     }
 }
 
@@ -487,6 +505,7 @@ fn stats_of(sh: &Shared) -> Stats {
             .iter()
             .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).clone())
             .collect(),
+        remote: sh.fj.counters.get(),
     }
 }
 
@@ -496,7 +515,7 @@ impl std::fmt::Debug for StatsHandle {
     }
 }
 
-struct SlotPtr<T>(*mut T);
+pub(crate) struct SlotPtr<T>(pub(crate) *mut T);
 impl<T> Clone for SlotPtr<T> {
     fn clone(&self) -> Self {
         *self

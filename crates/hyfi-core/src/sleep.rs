@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::Thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const SPINS: u32 = 2_000;
 const YIELDS: u32 = 16;
@@ -37,7 +37,17 @@ impl Parker {
     }
 
     /// Waits until `ready()` holds. Must be called on the slot's own thread.
-    pub(crate) fn wait_until(&self, mut ready: impl FnMut() -> bool) {
+    pub(crate) fn wait_until(&self, ready: impl FnMut() -> bool) {
+        self.wait_until_deadline(ready, None)
+    }
+
+    /// Waits until `ready()` holds or `deadline` (if any) has passed.
+    pub(crate) fn wait_until_deadline(
+        &self,
+        mut ready: impl FnMut() -> bool,
+        deadline: Option<Instant>,
+    ) {
+        let mut ready = move || ready() || deadline.is_some_and(|d| Instant::now() >= d);
         for _ in 0..SPINS {
             if ready() {
                 return;
@@ -56,7 +66,10 @@ impl Parker {
                 self.sleeping.store(false, Ordering::Relaxed);
                 return;
             }
-            std::thread::park_timeout(BACKSTOP);
+            let nap = deadline.map_or(BACKSTOP, |d| {
+                d.saturating_duration_since(Instant::now()).min(BACKSTOP)
+            });
+            std::thread::park_timeout(nap);
             self.sleeping.store(false, Ordering::Relaxed);
             if ready() {
                 return;

@@ -5,7 +5,8 @@ use std::fmt;
 /// Counters of one processor.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcStats {
-    /// Iterative filaments executed.
+    /// Filaments executed: iterative filaments, and fork-join filaments
+    /// (each branch of a join, pruned or not, counts where it runs).
     pub filaments: u64,
     /// Real forks (pushed on the deque); pruned forks are plain calls and not counted.
     pub forks: u64,
@@ -39,6 +40,33 @@ impl ProcStats {
     }
 }
 
+/// Fork-join across nodes, counted for the whole node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RemoteStats {
+    /// Steal requests this node sent to other nodes.
+    pub steal_requests: u64,
+    /// Of those, requests answered with filaments.
+    pub steals: u64,
+    /// Filaments received from other nodes (steals and start-up distribution).
+    pub filaments_in: u64,
+    /// Filaments sent to other nodes (steals and start-up distribution).
+    pub filaments_out: u64,
+    /// Requests from other nodes answered with filaments.
+    pub requests_served: u64,
+    /// Requests from other nodes answered with none.
+    pub requests_refused: u64,
+    /// Nanoseconds from sending a steal request to having installed the
+    /// answer, summed over this node's requests (divide by
+    /// `steal_requests` for the mean round trip).
+    pub steal_wait_ns: u64,
+}
+
+impl RemoteStats {
+    fn is_zero(&self) -> bool {
+        *self == RemoteStats::default()
+    }
+}
+
 /// Counters of every processor of one node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -46,6 +74,8 @@ pub struct Stats {
     pub node: usize,
     /// One entry per processor.
     pub procs: Vec<ProcStats>,
+    /// Fork-join across nodes.
+    pub remote: RemoteStats,
 }
 
 impl Stats {
@@ -89,6 +119,22 @@ impl fmt::Display for Stats {
                 s.stacks_mapped,
                 s.idle_ns as f64 / 1e6,
                 s.phases
+            )?;
+        }
+        let r = &self.remote;
+        if !r.is_zero() {
+            writeln!(
+                f,
+                "node {:>2} across nodes: steals {} of {} requests (mean round trip {:.1} us); \
+                 filaments moved in {} out {}; requests from other nodes served {} refused {}",
+                self.node,
+                r.steals,
+                r.steal_requests,
+                r.steal_wait_ns as f64 / 1e3 / r.steal_requests.max(1) as f64,
+                r.filaments_in,
+                r.filaments_out,
+                r.requests_served,
+                r.requests_refused
             )?;
         }
         Ok(())

@@ -92,6 +92,8 @@ pub struct Ctx {
     pub(crate) bounds: Cell<StackBounds>,
     pub(crate) stacks: RefCell<StackPool>,
     pub(crate) stats: LocalStats,
+    /// The start-up slot the running filament holds (see `startup`).
+    pub(crate) startup: Cell<Option<crate::startup::Slot>>,
     next_id: Cell<u64>,
     rng: Cell<u64>,
 }
@@ -252,8 +254,32 @@ impl Ctx {
                     Steal::Empty => break,
                 }
             }
+            // Filaments sent to a busy processor (from another node, or by
+            // start-up distribution) are fair game too.
+            if let Some(j) = steal_from(&sh.workers[v].incoming) {
+                self.stats.steals.set(self.stats.steals.get() + 1);
+                return Some(j);
+            }
         }
         None
+    }
+
+    /// A filament sent to this processor, if any.
+    fn pop_incoming(&self) -> Option<JobRef> {
+        steal_from(&self.ws().incoming)
+    }
+}
+
+fn steal_from(q: &crossbeam_deque::Injector<JobRef>) -> Option<JobRef> {
+    if q.is_empty() {
+        return None;
+    }
+    loop {
+        match q.steal() {
+            Steal::Success(j) => return Some(j),
+            Steal::Retry => continue,
+            Steal::Empty => return None,
+        }
     }
 }
 
@@ -324,11 +350,21 @@ impl Sched {
         }
     }
 
-    fn idle_wait(&self, ctx: &Ctx, mut ready: impl FnMut() -> bool) {
+    fn idle_wait(&self, ctx: &Ctx, ready: impl FnMut() -> bool) {
+        self.idle_wait_until(ctx, ready, None)
+    }
+
+    /// [`Sched::idle_wait`], returning at `deadline` at the latest.
+    fn idle_wait_until(
+        &self,
+        ctx: &Ctx,
+        mut ready: impl FnMut() -> bool,
+        deadline: Option<Instant>,
+    ) {
         let t = Instant::now();
         ctx.ws()
             .parker()
-            .wait_until(|| !ctx.ws().wakeups.is_empty() || ready());
+            .wait_until_deadline(|| !ctx.ws().wakeups.is_empty() || ready(), deadline);
         ctx.stats
             .idle_ns
             .set(ctx.stats.idle_ns.get() + t.elapsed().as_nanos() as u64);
@@ -377,7 +413,7 @@ impl Sched {
                 self.run(ctx, ft);
                 continue;
             }
-            if let Some(job) = ctx.deque.pop() {
+            if let Some(job) = ctx.deque.pop().or_else(|| ctx.pop_incoming()) {
                 self.spawn(ctx, move |ctx| unsafe_execute(job, ctx));
                 continue;
             }
@@ -395,11 +431,21 @@ impl Sched {
                     w.want_fork();
                 }
             }
-            self.idle_wait(ctx, || {
-                sh.fj_done.load(Ordering::SeqCst)
-                    || !sh.injector.is_empty()
-                    || sh.stealers.iter().any(|s| !s.is_empty())
-            });
+            // Nothing on this node: ask another one (paper §3.5). The kick
+            // is read first, so a refusal that comes meanwhile is not missed.
+            let kick = sh.fj.kick.load(Ordering::SeqCst);
+            let ask_again = crate::balance::idle(ctx);
+            self.idle_wait_until(
+                ctx,
+                || {
+                    sh.fj_done.load(Ordering::SeqCst)
+                        || !sh.injector.is_empty()
+                        || sh.stealers.iter().any(|s| !s.is_empty())
+                        || sh.workers.iter().any(|w| !w.incoming.is_empty())
+                        || sh.fj.kick.load(Ordering::SeqCst) != kick
+                },
+                ask_again,
+            );
             sh.idle.fetch_sub(1, Ordering::SeqCst);
         }
     }
@@ -456,14 +502,17 @@ pub(crate) fn main(start: Start) {
         bounds: Cell::new(StackBounds::default()),
         stacks: RefCell::new(StackPool::new(shared.cfg.get_stack_size())),
         stats: LocalStats::default(),
+        startup: Cell::new(None),
         next_id: Cell::new(1),
         rng: Cell::new(0x9e37_79b9_7f4a_7c15 ^ ((proc as u64 + 1) << 17)),
         rt_id: shared.id,
-        limit: AtomicUsize::new(if shared.procs > 1 || !shared.cfg.get_prune() {
-            WANTED
-        } else {
-            0
-        }),
+        limit: AtomicUsize::new(
+            if shared.procs > 1 || shared.link.num_nodes() > 1 || !shared.cfg.get_prune() {
+                WANTED
+            } else {
+                0
+            },
+        ),
         shared: shared.clone(),
     });
     CTX.with(|c| c.set(&*ctx as *const Ctx));

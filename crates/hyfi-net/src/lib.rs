@@ -6,7 +6,8 @@
 //! handshake ([`mesh`], [`wire`]), a communication thread per node
 //! ([`comm`]), the signal-handling thread ([`signals`]), and the cross-node
 //! barrier and reduction ([`collective`]) that plug into hyfi-core through
-//! [`hyfi_core::NodeLink`] ([`Cluster`]).
+//! [`hyfi_core::NodeLink`] ([`Cluster`]), and fork-join across nodes
+//! ([`steal`]: start-up distribution, cross-node stealing, termination).
 //!
 //! A program calls [`init`] first thing in `main`; the same binary then runs
 //! on one node, on N local nodes (`HYFI_NODES=N`, or `hyfi-run -n N`), or
@@ -26,6 +27,7 @@ mod error;
 pub mod launch;
 pub mod mesh;
 pub mod signals;
+pub mod steal;
 pub mod wire;
 
 pub use cluster::{Cluster, FAILURE_GRACE};
@@ -84,6 +86,7 @@ pub fn init_nodes(cfg: Config, nodes: Option<usize>) -> Result<Runtime, NetError
             cluster.handle_signals()?;
             let rt = Runtime::with_link(cfg, cluster.clone())?;
             cluster.set_runtime_stats(rt.stats_handle());
+            steal::install(&rt, &cluster)?;
             Ok(rt)
         }
     }

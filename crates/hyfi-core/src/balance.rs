@@ -1,0 +1,632 @@
+//! Fork-join across nodes (paper §3.5): the node's side of start-up
+//! distribution, cross-node stealing and termination, and the seam through
+//! which the cluster layer moves filaments ([`Balancer`], [`FjNode`]).
+//!
+//! **Entry point.** Every node calls [`Runtime::run_distributed`] with the
+//! same root, in SPMD style (the same program runs everywhere). Node 0 runs
+//! the root; the others start with nothing and get work by start-up
+//! distribution and stealing. When the root returns on node 0, its result is
+//! sent to every node, and `run_distributed` returns it everywhere. Only
+//! filaments forked with [`Ctx::join_remote`] leave their node.
+//!
+//! **Start-up distribution** (module `startup`): the first forks go out
+//! along a logical binomial tree of (node, processor) slots, largest pieces
+//! across nodes first, so every processor of every node has work after
+//! `log2(N·P)` forks.
+//!
+//! **Stealing.** An idle processor first steals on its own node (other
+//! processors' deques and incoming lists); then it asks the cluster layer
+//! ([`Balancer::want_work`]), which sends one request at a time to another
+//! node. The donor takes half of all its ready filaments (rounded up),
+//! one by one round-robin from its processors' lists ([`FjNode::export_half`]);
+//! the receiver spreads them evenly over its processors ([`FjNode::install`]).
+//! A donor with nothing to give asks every processor for a real fork, so
+//! pruning never starves another node: while nodes keep asking, forks
+//! stay real. A shipped filament's parent waits for its result as for a
+//! filament stolen on its own node (its filthread suspends).
+//!
+//! **Termination.** A fork-join computation is finished when its root
+//! returns: every filament's result reaches its parent before the parent's
+//! join returns, so nothing of the run is left anywhere. Node 0 sends the
+//! root's outcome to every node ([`Balancer::finish`]); each node's server
+//! threads stop when it arrives.
+//!
+//! **Failure.** If the cluster fails (a lost node, an abort) the cluster
+//! layer calls [`FjNode::fail`]: filaments shipped from here are completed
+//! with the error, every later join unwinds at once, and `run_distributed`
+//! returns [`Error::Link`] on every surviving node.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use crossbeam_deque::Steal;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::fork::{HeapJob, JobRef};
+use crate::node::LinkError;
+use crate::remote::{self, failure_of, Failure, RemoteFailure, RemoteVTable};
+use crate::runtime::{Command, Runtime, Shared};
+use crate::startup::{with_startup, Slot};
+use crate::stats::RemoteStats;
+use crate::worker::Ctx;
+
+/// A filament on its way to another node: its function's name and encoded
+/// argument, and the token its home node completes it by.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PortableJob {
+    /// Identifies the waiting parent on the home node.
+    pub token: u64,
+    /// The [`RemoteFn`](crate::RemoteFn)'s name.
+    pub name: String,
+    /// The bincode-encoded argument.
+    pub args: Vec<u8>,
+    /// The start-up slot it takes over, if it is a start-up filament.
+    pub startup: Option<Slot>,
+}
+
+/// What the cluster layer does for fork-join across nodes. Installed with
+/// [`Runtime::set_balancer`]; implemented by hyfi-net over its messages.
+/// No method may block.
+pub trait Balancer: Send + Sync + 'static {
+    /// Distributed run `run` begins on this node (runs are numbered 1, 2, ...
+    /// in the same order on every node). Messages of this run that came
+    /// early are to be handed over now.
+    fn begin(&self, run: u64);
+    /// Run `run` ended on this node.
+    fn end(&self, run: u64);
+    /// A processor of this node is idle and found no work on the node: ask
+    /// another node, unless a request is already out. Returns how long to
+    /// wait before asking again if nothing arrives (`None`: the answer
+    /// will wake the processor).
+    fn want_work(&self, run: u64) -> Option<Duration>;
+    /// Start-up distribution: `job` is for processor `proc` of `node`.
+    fn push(&self, node: usize, proc: usize, run: u64, job: PortableJob) -> Result<(), LinkError>;
+    /// The outcome of a filament that came from `node`, back to it.
+    fn send_result(&self, node: usize, run: u64, token: u64, outcome: Result<Vec<u8>, Failure>);
+    /// The root returned (node 0): tell every other node, with the encoded result.
+    fn finish(&self, run: u64, outcome: &Result<Vec<u8>, Failure>);
+}
+
+/// A filament shipped from this node, waiting for its result.
+struct Pending {
+    ptr: *const (),
+    vtable: &'static RemoteVTable,
+}
+// SAFETY: the pointee is a RemoteJob whose argument and result types are
+// Send; its joiner waits for `complete` before freeing it, and the table
+// hands each entry to exactly one completer.
+unsafe impl Send for Pending {}
+
+/// The cross-node fork-join state of one node.
+#[derive(Default)]
+pub(crate) struct NodeState {
+    pub(crate) balancer: OnceLock<Arc<dyn Balancer>>,
+    /// The distributed run in progress, 0 if none.
+    pub(crate) run: AtomicU64,
+    next_run: AtomicU64,
+    /// Set when the cluster failed: every join unwinds.
+    pub(crate) abort: AtomicBool,
+    failure: Mutex<Option<Failure>>,
+    /// The root's outcome, as node 0 sent it (other nodes).
+    outcome: Mutex<Option<Result<Vec<u8>, Failure>>>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    next_token: AtomicU64,
+    /// Where the next received filament goes (spreading round-robin).
+    spread: AtomicUsize,
+    /// Where the next export starts taking (round-robin over processors).
+    take_from: AtomicUsize,
+    /// Bumped when idle processors should look again (a refused request):
+    /// an idle processor waits for work, the run's end, or a change here.
+    pub(crate) kick: AtomicU64,
+    pub(crate) counters: Counters,
+}
+
+/// [`RemoteStats`] as atomics (the communication thread updates them).
+#[derive(Default)]
+pub(crate) struct Counters {
+    steal_requests: AtomicU64,
+    steals: AtomicU64,
+    filaments_in: AtomicU64,
+    filaments_out: AtomicU64,
+    requests_served: AtomicU64,
+    requests_refused: AtomicU64,
+    steal_wait_ns: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn get(&self) -> RemoteStats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RemoteStats {
+            steal_requests: g(&self.steal_requests),
+            steals: g(&self.steals),
+            filaments_in: g(&self.filaments_in),
+            filaments_out: g(&self.filaments_out),
+            requests_served: g(&self.requests_served),
+            requests_refused: g(&self.requests_refused),
+            steal_wait_ns: g(&self.steal_wait_ns),
+        }
+    }
+    pub(crate) fn reset(&self) {
+        for a in [
+            &self.steal_requests,
+            &self.steals,
+            &self.filaments_in,
+            &self.filaments_out,
+            &self.requests_served,
+            &self.requests_refused,
+            &self.steal_wait_ns,
+        ] {
+            a.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+fn bump(a: &AtomicU64, n: u64) {
+    a.fetch_add(n, Ordering::Relaxed);
+}
+
+/// The cluster layer's handle on a node's fork-join state (see
+/// [`Runtime::fj_node`]). It does not keep the runtime alive; once the
+/// runtime is gone every call does nothing.
+#[derive(Clone)]
+pub struct FjNode(Weak<Shared>);
+
+impl std::fmt::Debug for FjNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FjNode")
+    }
+}
+
+/// What became of a job the donor took from a deque.
+pub(crate) enum Taken {
+    Shipped(PortableJob),
+    /// Not serializable (a plain `join`), or its argument would not encode.
+    Local(JobRef),
+    /// The node failed meanwhile; the job was completed with the failure.
+    Consumed,
+}
+
+/// Encodes a job for another node and records it as pending.
+pub(crate) fn ship(sh: &Shared, job: JobRef) -> Taken {
+    let Some((ptr, vtable)) = job.portable() else {
+        return Taken::Local(job);
+    };
+    // SAFETY: the job was just taken from a deque (or never published), so
+    // this thread owns it; its joiner waits for its latch.
+    let startup = unsafe { (vtable.startup)(ptr) };
+    // SAFETY: as above.
+    let (name, args) = match unsafe { (vtable.export)(ptr) } {
+        Ok(x) => x,
+        Err(why) => {
+            tracing::warn!("hyfi: a filament's argument would not encode ({why}); it runs here");
+            return Taken::Local(job);
+        }
+    };
+    let token = sh.fj.next_token.fetch_add(1, Ordering::Relaxed) + 1;
+    sh.fj
+        .pending
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(token, Pending { ptr, vtable });
+    // `fail` drains the table after setting `abort`: if it already ran, it
+    // missed this entry, so complete it here.
+    if sh.fj.abort.load(Ordering::SeqCst) {
+        sh.fj
+            .complete_pending(token, Err(sh.fj.failure()), sh.link.my_node());
+        return Taken::Consumed;
+    }
+    bump(&sh.fj.counters.filaments_out, 1);
+    Taken::Shipped(PortableJob {
+        token,
+        name: name.to_string(),
+        args,
+        startup,
+    })
+}
+
+impl NodeState {
+    /// Completes shipped filament `token` with `outcome` (`me` is this
+    /// node); `false` if no such filament waits (already completed by the
+    /// failure path, or never shipped).
+    pub(crate) fn complete_pending(
+        &self,
+        token: u64,
+        outcome: Result<Vec<u8>, Failure>,
+        me: usize,
+    ) -> bool {
+        let p = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&token);
+        match p {
+            Some(p) => {
+                // SAFETY: removed from the table, so this is the only
+                // completer; the joiner is still waiting for the latch.
+                unsafe { (p.vtable.complete)(p.ptr, outcome, me) };
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn failure(&self) -> Failure {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or(Failure::Lost {
+                why: "the cluster failed".into(),
+            })
+    }
+    fn active(&self, run: u64) -> bool {
+        run != 0 && self.run.load(Ordering::SeqCst) == run && !self.abort.load(Ordering::SeqCst)
+    }
+}
+
+impl FjNode {
+    /// This node's index.
+    pub fn node(&self) -> Option<usize> {
+        self.0.upgrade().map(|sh| sh.link.my_node())
+    }
+
+    /// Donor side of a steal from another node: half of this node's ready
+    /// filaments (rounded up), taken one by one round-robin from the
+    /// processors' lists and encoded. Empty if `run` is not in progress
+    /// here or nothing is ready; then every processor is asked for a real
+    /// fork, so the next request finds work.
+    pub fn export_half(&self, run: u64) -> Vec<PortableJob> {
+        let Some(sh) = self.0.upgrade() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        if sh.fj.active(run) {
+            let p = sh.procs;
+            let ready: usize = (0..p)
+                .map(|i| sh.stealers[i].len() + sh.workers[i].incoming.len())
+                .sum();
+            let want = ready.div_ceil(2);
+            let mut i = sh.fj.take_from.fetch_add(1, Ordering::Relaxed) % p;
+            let mut dry = 0;
+            while out.len() < want && dry < p {
+                let got = match sh.workers[i].incoming.steal() {
+                    Steal::Success(j) => Some(j),
+                    _ => loop {
+                        match sh.stealers[i].steal() {
+                            Steal::Success(j) => break Some(j),
+                            Steal::Retry => continue,
+                            Steal::Empty => break None,
+                        }
+                    },
+                };
+                match got {
+                    Some(j) => {
+                        dry = 0;
+                        // The victim may have nothing left: one more real fork.
+                        sh.workers[i].want_fork();
+                        match ship(&sh, j) {
+                            Taken::Shipped(pj) => out.push(pj),
+                            Taken::Local(j) => {
+                                sh.injector.push(j);
+                                sh.notify_idle();
+                            }
+                            Taken::Consumed => {}
+                        }
+                    }
+                    None => dry += 1,
+                }
+                i = (i + 1) % p;
+            }
+        }
+        if out.is_empty() {
+            bump(&sh.fj.counters.requests_refused, 1);
+            for w in &sh.workers {
+                w.want_fork();
+            }
+        } else {
+            bump(&sh.fj.counters.requests_served, 1);
+        }
+        out
+    }
+
+    /// Receiver side: runs `jobs`, which came from node `from`, on this
+    /// node: on processor `at` (start-up distribution), or spread evenly
+    /// over the processors (a steal). Jobs for a run not in progress here
+    /// are answered with a failure at once, so their parents never hang.
+    pub fn install(&self, run: u64, from: usize, jobs: Vec<PortableJob>, at: Option<usize>) {
+        let Some(sh) = self.0.upgrade() else { return };
+        if !sh.fj.active(run) {
+            if let Some(b) = sh.fj.balancer.get() {
+                for j in jobs {
+                    b.send_result(from, run, j.token, Err(sh.fj.failure_or_stale(run)));
+                }
+            }
+            return;
+        }
+        let n = jobs.len();
+        if n == 0 {
+            return;
+        }
+        bump(&sh.fj.counters.filaments_in, n as u64);
+        if at.is_none() {
+            bump(&sh.fj.counters.steals, 1);
+        }
+        let p = sh.procs;
+        let start = sh.fj.spread.fetch_add(n, Ordering::Relaxed);
+        for (k, job) in jobs.into_iter().enumerate() {
+            let proc = at.map_or((start + k) % p, |a| a.min(p - 1));
+            let job_ref = HeapJob::into_job_ref(move |ctx: &Ctx| {
+                let token = job.token;
+                let out = with_startup(ctx, job.startup, || {
+                    ctx.count_filaments(1);
+                    remote::run_imported(ctx, &job.name, &job.args)
+                });
+                if let Some(b) = ctx.shared.fj.balancer.get() {
+                    b.send_result(from, run, token, out);
+                }
+            });
+            sh.workers[proc].incoming.push(job_ref);
+            sh.workers[proc].notify();
+        }
+        sh.notify_idle();
+    }
+
+    /// The outcome of filament `token` shipped from here. `Err` if no such
+    /// filament waits (a protocol violation).
+    pub fn complete(&self, token: u64, outcome: Result<Vec<u8>, Failure>) -> Result<(), String> {
+        let Some(sh) = self.0.upgrade() else {
+            return Ok(());
+        };
+        if sh.fj.complete_pending(token, outcome, sh.link.my_node()) {
+            Ok(())
+        } else {
+            Err(format!(
+                "a result for filament {token}, which nobody waits for"
+            ))
+        }
+    }
+
+    /// Node 0 says the root of `run` returned with `outcome`: this node's
+    /// part of the run ends.
+    pub fn finished(&self, run: u64, outcome: Result<Vec<u8>, Failure>) {
+        let Some(sh) = self.0.upgrade() else { return };
+        if sh.fj.run.load(Ordering::SeqCst) != run {
+            return;
+        }
+        *sh.fj.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+        sh.fj_done.store(true, Ordering::SeqCst);
+        sh.notify_idle();
+    }
+
+    /// The cluster failed: complete every filament shipped from here with
+    /// the failure, make every join unwind, and end this node's run.
+    pub fn fail(&self, why: &str) {
+        let Some(sh) = self.0.upgrade() else { return };
+        {
+            let mut f = sh.fj.failure.lock().unwrap_or_else(|e| e.into_inner());
+            if f.is_some() {
+                return;
+            }
+            *f = Some(Failure::Lost { why: why.into() });
+        }
+        sh.fj.abort.store(true, Ordering::SeqCst);
+        // Every join takes the slow path, which unwinds.
+        for w in &sh.workers {
+            w.want_fork();
+        }
+        let pending: Vec<Pending> = sh
+            .fj
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, p)| p)
+            .collect();
+        for p in pending {
+            // SAFETY: drained from the table: we are its only completer.
+            unsafe { (p.vtable.complete)(p.ptr, Err(sh.fj.failure()), sh.link.my_node()) };
+        }
+        // Node 0 ends when its root has unwound; the others end now.
+        if sh.link.my_node() != 0 && sh.fj.run.load(Ordering::SeqCst) != 0 {
+            *sh.fj.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(sh.fj.failure()));
+            sh.fj_done.store(true, Ordering::SeqCst);
+        }
+        sh.notify_idle();
+    }
+
+    /// Wakes the idle processors (to ask again after a refusal).
+    pub fn wake_idle(&self) {
+        if let Some(sh) = self.0.upgrade() {
+            sh.fj.kick.fetch_add(1, Ordering::SeqCst);
+            sh.notify_idle();
+        }
+    }
+
+    /// Counts the time from sending a steal request to having installed
+    /// its answer.
+    pub fn count_steal_wait(&self, d: Duration) {
+        if let Some(sh) = self.0.upgrade() {
+            bump(&sh.fj.counters.steal_wait_ns, d.as_nanos() as u64);
+        }
+    }
+
+    /// Counts a steal request sent to another node.
+    pub fn count_request(&self) {
+        if let Some(sh) = self.0.upgrade() {
+            bump(&sh.fj.counters.steal_requests, 1);
+        }
+    }
+}
+
+impl NodeState {
+    fn failure_or_stale(&self, run: u64) -> Failure {
+        if self.abort.load(Ordering::SeqCst) {
+            self.failure()
+        } else {
+            Failure::Lost {
+                why: format!("a filament of fork-join run {run} arrived after that run ended"),
+            }
+        }
+    }
+}
+
+/// An idle processor found no work on its node: asks the cluster layer for
+/// some. Returns when to look again if nothing arrives.
+pub(crate) fn idle(ctx: &Ctx) -> Option<Instant> {
+    let sh = &*ctx.shared;
+    let run = sh.fj.run.load(Ordering::SeqCst);
+    if ctx.nodes == 1 || !sh.fj.active(run) || sh.fj_done.load(Ordering::SeqCst) {
+        return None;
+    }
+    let b = sh.fj.balancer.get()?;
+    b.want_work(run).map(|d| Instant::now() + d)
+}
+
+/// Unwinds the calling filament with the cluster's failure.
+#[cold]
+#[inline(never)]
+pub(crate) fn abort_unwind(ctx: &Ctx) -> ! {
+    resume_unwind(Box::new(RemoteFailure(ctx.shared.fj.failure())))
+}
+
+impl Runtime {
+    /// Installs the cluster layer's side of fork-join across nodes (see
+    /// [`Balancer`]). One per runtime: a second returns
+    /// [`Error::BalancerTaken`].
+    pub fn set_balancer(&self, b: Arc<dyn Balancer>) -> Result<(), Error> {
+        self.shared
+            .fj
+            .balancer
+            .set(b)
+            .map_err(|_| Error::BalancerTaken)
+    }
+
+    /// The handle through which the cluster layer moves this node's
+    /// filaments (see [`FjNode`]).
+    pub fn fj_node(&self) -> FjNode {
+        FjNode(Arc::downgrade(&self.shared))
+    }
+
+    /// Runs a fork-join computation over every node: call it on every node,
+    /// with the same root, in the same order as the node's other runs (SPMD).
+    /// Node 0 runs `root`; the other nodes run the filaments that start-up
+    /// distribution and stealing send them (those forked with
+    /// [`Ctx::join_remote`]). Returns the root's result on every node.
+    ///
+    /// On one node it is [`Runtime::run`] plus start-up distribution over
+    /// the processors, and nothing is serialized.
+    ///
+    /// A panic anywhere, on any node, is returned as
+    /// [`Error::FilamentPanic`] naming the node and processor where it
+    /// happened; a filament whose function a node has not registered, as
+    /// [`Error::UnknownFilament`]; a lost node, as [`Error::Link`].
+    ///
+    /// ```
+    /// use hyfi_core::{Config, Ctx, RemoteFn, Runtime};
+    /// fn sum(ctx: &Ctx, (lo, hi): (u64, u64)) -> u64 {
+    ///     if hi - lo <= 1000 { return (lo..hi).sum(); }
+    ///     let mid = lo + (hi - lo) / 2;
+    ///     let (a, b) = ctx.join_remote(|c| sum(c, (lo, mid)), &SUM, (mid, hi));
+    ///     a + b
+    /// }
+    /// static SUM: RemoteFn<(u64, u64), u64> = RemoteFn::new("doc::sum", sum);
+    /// SUM.register()?;
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+    /// assert_eq!(rt.run_distributed(|ctx| sum(ctx, (0, 1_000_000)))?, 499_999_500_000);
+    /// # Ok::<(), hyfi_core::Error>(())
+    /// ```
+    pub fn run_distributed<R, F>(&self, root: F) -> Result<R, Error>
+    where
+        F: FnOnce(&Ctx) -> R + Send,
+        R: Serialize + DeserializeOwned + Send,
+    {
+        self.check_not_nested()?;
+        let _g = self.start_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let sh = &*self.shared;
+        if sh.fj.abort.load(Ordering::SeqCst) {
+            return Err(sh.fj.failure().into());
+        }
+        let (me, nodes) = (sh.link.my_node(), sh.link.num_nodes());
+        let balancer = sh.fj.balancer.get().cloned();
+        if nodes > 1 && balancer.is_none() {
+            return Err(Error::NoBalancer { nodes });
+        }
+        let total = nodes * sh.procs;
+        let run = sh.fj.next_run.fetch_add(1, Ordering::SeqCst) + 1;
+        sh.fj_done.store(false, Ordering::SeqCst);
+        *sh.fj.outcome.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        sh.fj.run.store(run, Ordering::SeqCst);
+        if let Some(b) = &balancer {
+            b.begin(run);
+        }
+        let mut slot: Option<Result<R, Failure>> = None;
+        if me == 0 {
+            let slot_ptr = crate::runtime::SlotPtr(&mut slot as *mut Option<Result<R, Failure>>);
+            let shared = self.shared.clone();
+            let balancer = balancer.clone();
+            let job = move |ctx: &Ctx| {
+                let slot_ptr = slot_ptr;
+                let start = (total > 1).then_some(Slot { slot: 0, depth: 0 });
+                let mut r =
+                    with_startup(ctx, start, || catch_unwind(AssertUnwindSafe(|| root(ctx))))
+                        .map_err(|p| failure_of(me, ctx.proc(), p));
+                if let Some(b) = &balancer {
+                    let bytes = match &r {
+                        Ok(v) => bincode::serialize(v).map_err(|e| Failure::Codec {
+                            node: me,
+                            name: "the root's result".into(),
+                            why: e.to_string(),
+                        }),
+                        Err(f) => Err(f.clone()),
+                    };
+                    if let Err(f) = &bytes {
+                        r = Err(f.clone());
+                    }
+                    b.finish(run, &bytes);
+                }
+                // SAFETY: `run_distributed` reads the slot only after the
+                // command has finished, and only this job writes it.
+                unsafe { *slot_ptr.0 = Some(r) };
+                shared.fj_done.store(true, Ordering::SeqCst);
+                shared.notify_idle();
+            };
+            let job: Box<dyn FnOnce(&Ctx) + Send + '_> = Box::new(job);
+            // SAFETY: lifetime erasure; the job runs and is freed before
+            // `dispatch` returns, while everything it borrows is alive.
+            let job: Box<dyn FnOnce(&Ctx) + Send + 'static> = unsafe { std::mem::transmute(job) };
+            sh.injector.push(HeapJob::into_job_ref(job));
+        } else {
+            drop(root);
+        }
+        sh.dispatch(Command::ForkJoin);
+        sh.fj.run.store(0, Ordering::SeqCst);
+        if let Some(b) = &balancer {
+            b.end(run);
+        }
+        let r = if me == 0 {
+            slot.expect("hyfi: fork-join run ended without its root")
+        } else {
+            match sh
+                .fj
+                .outcome
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+            {
+                Some(Ok(bytes)) => bincode::deserialize(&bytes).map_err(|e| Failure::Codec {
+                    node: me,
+                    name: "the root's result".into(),
+                    why: e.to_string(),
+                }),
+                Some(Err(f)) => Err(f),
+                None => Err(sh.fj.failure()),
+            }
+        };
+        r.map_err(Error::from)
+    }
+}

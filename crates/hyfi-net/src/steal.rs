@@ -1,0 +1,360 @@
+//! Fork-join across nodes, the network side (paper §3.5): the messages of
+//! start-up distribution, cross-node stealing, results and termination.
+//!
+//! hyfi-core decides *what* moves ([`hyfi_core::FjNode`]: which filaments a
+//! donor gives, where received ones run, how a parent gets its result);
+//! this module moves it. It is the node's [`Service`] number
+//! [`SERVICE`], so every message is handled on the communication thread
+//! as it arrives, without waking a server thread: a donor answers a steal
+//! request while its processors keep computing.
+//!
+//! | message      | from → to          | meaning                                            |
+//! |--------------|--------------------|----------------------------------------------------|
+//! | `StealReq`   | idle node → donor  | "give me work" (one request out per node at a time) |
+//! | `StealReply` | donor → idle node  | half the donor's ready filaments (maybe none)       |
+//! | `Push`       | parent → slot      | a start-up filament for one processor               |
+//! | `Result`     | runner → parent    | a shipped filament's encoded result, or its failure |
+//! | `Done`       | node 0 → all       | the root returned: the run is over, with its result |
+//!
+//! Every message names its run (runs are numbered alike on every node).
+//! Filaments and results of a run never outlive it (a parent waits for each
+//! child), so the only stale messages are requests and empty replies, which
+//! are answered or dropped. A node that has not begun a run yet keeps that
+//! run's `Push` and `Done` messages until it does.
+//!
+//! **Asking.** An idle node asks the other nodes in turn; after a round in
+//! which every one refused, it waits before the next round (from
+//! [`MIN_BACKOFF`], doubling up to [`MAX_BACKOFF`]), so a node at the end of
+//! a run does not flood the others. A refusing donor asks its processors
+//! for a real fork, so the next request usually finds work.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use hyfi_core::{Balancer, Failure, FjNode, LinkError, PortableJob, Runtime};
+use serde::{Deserialize, Serialize};
+
+use crate::comm::{service_tag, Service};
+use crate::error::NetError;
+use crate::wire;
+use crate::Cluster;
+
+/// The service number of fork-join messages (1 is the DSM's).
+pub const SERVICE: u8 = 2;
+
+/// First wait after a round of refused requests.
+pub const MIN_BACKOFF: Duration = Duration::from_micros(20);
+/// Longest wait between rounds of requests.
+pub const MAX_BACKOFF: Duration = Duration::from_millis(1);
+
+/// The messages (bincode, in bulk frames tagged for [`SERVICE`]).
+#[derive(Debug, Serialize, Deserialize)]
+enum FjMsg {
+    StealReq {
+        run: u64,
+    },
+    StealReply {
+        run: u64,
+        jobs: Vec<PortableJob>,
+    },
+    Push {
+        run: u64,
+        proc: u32,
+        job: PortableJob,
+    },
+    Result {
+        run: u64,
+        token: u64,
+        outcome: Result<Vec<u8>, Failure>,
+    },
+    Done {
+        run: u64,
+        outcome: Result<Vec<u8>, Failure>,
+    },
+}
+
+impl FjMsg {
+    fn run(&self) -> u64 {
+        match self {
+            FjMsg::StealReq { run }
+            | FjMsg::StealReply { run, .. }
+            | FjMsg::Push { run, .. }
+            | FjMsg::Result { run, .. }
+            | FjMsg::Done { run, .. } => *run,
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// The run in progress here (0: none).
+    run: u64,
+    /// The last run begun here.
+    begun: u64,
+    /// `Push` and `Done` messages of runs not begun yet, in arrival order.
+    early: Vec<(usize, FjMsg)>,
+    /// A steal request is out (since when).
+    asking: Option<Instant>,
+    /// Requests refused since the last success or the last pause.
+    refused: usize,
+    /// Victims asked so far (the next one is `me + 1 + asked mod (N - 1)`).
+    asked: usize,
+    /// Do not ask before this.
+    not_before: Option<Instant>,
+    backoff: Duration,
+    failed: bool,
+}
+
+/// A node's fork-join messaging: the [`Balancer`] hyfi-core calls, and the
+/// [`Service`] the communication thread calls.
+pub struct Stealing {
+    cluster: Weak<Cluster>,
+    node: FjNode,
+    me: usize,
+    nodes: usize,
+    st: Mutex<State>,
+}
+
+impl std::fmt::Debug for Stealing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Stealing(node {} of {})", self.me, self.nodes)
+    }
+}
+
+/// Makes `rt`'s fork-join runs span `cluster`'s nodes: installs the
+/// balancer in the runtime and the service on the communication thread.
+/// [`crate::init`] does this for every multi-node runtime.
+pub fn install(rt: &Runtime, cluster: &Arc<Cluster>) -> Result<Arc<Stealing>, NetError> {
+    let s = Arc::new(Stealing {
+        // Weak: the runtime holds the cluster (its link), and the cluster's
+        // communication thread holds this service; a strong reference here
+        // would keep the cluster alive past the program's end.
+        cluster: Arc::downgrade(cluster),
+        node: rt.fj_node(),
+        me: cluster.rank(),
+        nodes: cluster.nodes(),
+        st: Mutex::new(State {
+            backoff: MIN_BACKOFF,
+            ..State::default()
+        }),
+    });
+    rt.set_balancer(s.clone())?;
+    cluster.comm().set_service(SERVICE, s.clone())?;
+    Ok(s)
+}
+
+impl Stealing {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn send(&self, to: usize, msg: &FjMsg) -> Result<(), NetError> {
+        let Some(c) = self.cluster.upgrade() else {
+            return Err(NetError::Aborted {
+                me: self.me,
+                cause: "the cluster is closed".into(),
+            });
+        };
+        let body = bincode::serialize(msg).map_err(|e| NetError::Protocol {
+            me: self.me,
+            from: self.me,
+            why: format!("encoding a fork-join message: {e}"),
+        })?;
+        if body.len() > wire::MAX_FRAME {
+            return Err(NetError::Protocol {
+                me: self.me,
+                from: self.me,
+                why: format!(
+                    "a fork-join message of {} bytes exceeds the frame limit of {} bytes: \
+                     make filament arguments smaller",
+                    body.len(),
+                    wire::MAX_FRAME
+                ),
+            });
+        }
+        c.comm()
+            .send_frame(to, wire::bulk_frame(service_tag(SERVICE, 0), &body))
+    }
+
+    /// Handles one message (with the state locked, so messages of a run
+    /// that is just beginning are handled in order).
+    fn handle(&self, st: &mut State, from: usize, msg: FjMsg) -> Result<(), String> {
+        match msg {
+            FjMsg::StealReq { run } => {
+                let jobs = self.node.export_half(run);
+                // A failed send means the node failed: the failure path ends the run.
+                let _ = self.send(from, &FjMsg::StealReply { run, jobs });
+            }
+            FjMsg::StealReply { run, jobs } => {
+                let asked = if run == st.run {
+                    st.asking.take()
+                } else {
+                    None
+                };
+                if asked.is_some() {
+                    if jobs.is_empty() {
+                        st.refused += 1;
+                        if st.refused >= self.nodes - 1 {
+                            // Every other node refused: pause before the next round.
+                            st.refused = 0;
+                            st.not_before = Some(Instant::now() + st.backoff);
+                            st.backoff = (st.backoff * 2).min(MAX_BACKOFF);
+                        }
+                    } else {
+                        st.refused = 0;
+                        st.backoff = MIN_BACKOFF;
+                        st.not_before = None;
+                    }
+                }
+                if jobs.is_empty() {
+                    // An idle processor asks again (or waits out the pause).
+                    self.node.wake_idle();
+                } else {
+                    self.node.install(run, from, jobs, None);
+                }
+                if let Some(t) = asked {
+                    self.node.count_steal_wait(t.elapsed());
+                }
+            }
+            FjMsg::Push { run, proc, job } => {
+                if run > st.begun {
+                    st.early.push((from, FjMsg::Push { run, proc, job }));
+                } else {
+                    self.node.install(run, from, vec![job], Some(proc as usize));
+                }
+            }
+            FjMsg::Result {
+                run: _,
+                token,
+                outcome,
+            } => {
+                if let Err(why) = self.node.complete(token, outcome) {
+                    // After a failure, waiting filaments were completed with
+                    // it and their late results are expected.
+                    if !st.failed {
+                        return Err(format!("node {} sent {why}", from));
+                    }
+                }
+            }
+            FjMsg::Done { run, outcome } => {
+                if run > st.begun {
+                    st.early.push((from, FjMsg::Done { run, outcome }));
+                } else {
+                    self.node.finished(run, outcome);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Balancer for Stealing {
+    fn begin(&self, run: u64) {
+        let mut st = self.lock();
+        st.run = run;
+        st.begun = run;
+        st.asking = None;
+        st.refused = 0;
+        st.not_before = None;
+        st.backoff = MIN_BACKOFF;
+        let early = std::mem::take(&mut st.early);
+        for (from, msg) in early {
+            if msg.run() > run {
+                st.early.push((from, msg));
+            } else if msg.run() == run {
+                if let Err(why) = self.handle(&mut st, from, msg) {
+                    tracing::warn!("hyfi: node {}: {why}", self.me);
+                }
+            }
+        }
+    }
+
+    fn end(&self, run: u64) {
+        let mut st = self.lock();
+        if st.run == run {
+            st.run = 0;
+            st.asking = None;
+        }
+    }
+
+    fn want_work(&self, run: u64) -> Option<Duration> {
+        if self.nodes < 2 {
+            return None;
+        }
+        let victim = {
+            let mut st = self.lock();
+            if st.failed || st.run != run || st.asking.is_some() {
+                return None;
+            }
+            if let Some(t) = st.not_before {
+                let now = Instant::now();
+                if now < t {
+                    return Some(t - now);
+                }
+                st.not_before = None;
+            }
+            st.asking = Some(Instant::now());
+            let k = st.asked % (self.nodes - 1);
+            st.asked += 1;
+            (self.me + 1 + k) % self.nodes
+        };
+        self.node.count_request();
+        if self.send(victim, &FjMsg::StealReq { run }).is_err() {
+            // The node failed; its failure path ends the run.
+            self.lock().asking = None;
+            return Some(MAX_BACKOFF);
+        }
+        None
+    }
+
+    fn push(&self, node: usize, proc: usize, run: u64, job: PortableJob) -> Result<(), LinkError> {
+        self.send(
+            node,
+            &FjMsg::Push {
+                run,
+                proc: proc as u32,
+                job,
+            },
+        )
+        .map_err(|e| Box::new(e) as LinkError)
+    }
+
+    fn send_result(&self, node: usize, run: u64, token: u64, outcome: Result<Vec<u8>, Failure>) {
+        // A failed send means the node failed: the parent's node learns of
+        // the failure itself.
+        let _ = self.send(
+            node,
+            &FjMsg::Result {
+                run,
+                token,
+                outcome,
+            },
+        );
+    }
+
+    fn finish(&self, run: u64, outcome: &Result<Vec<u8>, Failure>) {
+        for n in (0..self.nodes).filter(|&n| n != self.me) {
+            let _ = self.send(
+                n,
+                &FjMsg::Done {
+                    run,
+                    outcome: outcome.clone(),
+                },
+            );
+        }
+    }
+}
+
+impl Service for Stealing {
+    fn frame(&self, from: usize, _tag: u64, payload: Vec<u8>) -> Result<(), String> {
+        let msg: FjMsg = bincode::deserialize(&payload)
+            .map_err(|e| format!("undecodable fork-join message from node {from}: {e}"))?;
+        let mut st = self.lock();
+        self.handle(&mut st, from, msg)
+    }
+
+    fn failed(&self, why: &str) {
+        self.lock().failed = true;
+        self.node.fail(why);
+    }
+}

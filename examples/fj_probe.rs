@@ -1,0 +1,95 @@
+//! Failure probe for fork-join across nodes (used by `tests/forkjoin_nodes.rs`).
+//!
+//! The root forks one serializable filament; start-up distribution sends the
+//! first fork to slot 1, which is node 1 on any multi-node run, so the
+//! filament runs remotely for sure.
+//!
+//! ```text
+//! cargo run --release --example fj_probe -- --nodes 2 --mode panic     # panics on node 1
+//! cargo run --release --example fj_probe -- --nodes 2 --mode unknown   # node 1 did not register it
+//! cargo run --release --example fj_probe -- --nodes 2 --mode ok        # returns 7 * 7
+//! ```
+//!
+//! Every node prints `result: ...` or `error: ...` (the error the run
+//! returned on that node) and exits 0 or 1.
+
+#[path = "common/mod.rs"]
+mod common;
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use hyfi::{Ctx, RemoteFn};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// The filament returns its argument squared.
+    Ok,
+    /// The filament panics when it runs on a node other than 0.
+    Panic,
+    /// Only node 0 registers the filament's function.
+    Unknown,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Fork-join across nodes: a remote panic, an unknown function")]
+struct Args {
+    #[arg(long, value_enum, default_value_t = Mode::Ok)]
+    mode: Mode,
+    /// Nodes to start as local processes when no launcher is around.
+    #[arg(long)]
+    nodes: Option<usize>,
+    /// Distributed runs one after the other (each must return the same).
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    #[command(flatten)]
+    runtime: common::RuntimeArgs,
+}
+
+fn square(_ctx: &Ctx, x: u64) -> u64 {
+    x * x
+}
+
+fn square_or_panic(ctx: &Ctx, x: u64) -> u64 {
+    if ctx.node() != 0 {
+        panic!("boom: filament {x} panicked on node {}", ctx.node());
+    }
+    x * x
+}
+
+static SQUARE: RemoteFn<u64, u64> = RemoteFn::new("fj_probe::square", square);
+static BOOM: RemoteFn<u64, u64> = RemoteFn::new("fj_probe::boom", square_or_panic);
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let cfg = common::or_exit("fj_probe", args.runtime.config());
+    let rt = common::or_exit("fj_probe", hyfi::init_nodes(cfg, args.nodes));
+    let node = rt.node();
+    if args.mode != Mode::Unknown || node == 0 {
+        common::or_exit("fj_probe", SQUARE.register());
+    }
+    common::or_exit("fj_probe", BOOM.register());
+    let f = if args.mode == Mode::Panic {
+        &BOOM
+    } else {
+        &SQUARE
+    };
+    for run in 0..args.runs {
+        match rt.run_distributed(|ctx| {
+            let (a, b) = ctx.join_remote(|_| 1u64, f, 7);
+            a + b
+        }) {
+            Ok(v) => println!("result: run {run}: {v}"),
+            Err(e) => {
+                println!("error: node {node}: {e}");
+                eprintln!("fj_probe: node {node}: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let r = rt.stats().remote;
+    println!(
+        "moved: node {node} in {} out {}",
+        r.filaments_in, r.filaments_out
+    );
+    ExitCode::SUCCESS
+}
