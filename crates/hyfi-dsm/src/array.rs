@@ -21,7 +21,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use hyfi_core::Ctx;
 
-use crate::core::{Core, Segment, READ, WRITE};
+use crate::core::{readable, settled_readable, writable, Core, Segment};
 use crate::elem;
 use crate::region::PAGE;
 
@@ -66,7 +66,8 @@ impl<T: Pod> Shared<T> {
         let (lo, hi) = Self::pages_of(e, n);
         // SAFETY: callers checked e + n ≤ the array's extent, whose pages
         // all exist.
-        if lo == hi && unsafe { self.seg.state.get_unchecked(lo) }.load(Ordering::Acquire) >= READ {
+        if lo == hi && readable(unsafe { self.seg.state.get_unchecked(lo) }.load(Ordering::Acquire))
+        {
             return;
         }
         self.slow(lo, hi, false);
@@ -77,7 +78,7 @@ impl<T: Pod> Shared<T> {
     pub(crate) fn check_write(&self, e: usize, n: usize) {
         let (lo, hi) = Self::pages_of(e, n);
         // SAFETY: as in check_read.
-        if lo == hi && unsafe { self.seg.state.get_unchecked(lo) }.load(Ordering::Acquire) == WRITE
+        if lo == hi && writable(unsafe { self.seg.state.get_unchecked(lo) }.load(Ordering::Acquire))
         {
             return;
         }
@@ -87,8 +88,8 @@ impl<T: Pod> Shared<T> {
     #[cold]
     #[inline(never)]
     fn slow(&self, lo: usize, hi: usize, write: bool) {
-        let need = if write { WRITE } else { READ };
-        if (lo..=hi).all(|p| self.seg.state[p].load(Ordering::Acquire) >= need) {
+        let ok = |st: u8| if write { writable(st) } else { readable(st) };
+        if (lo..=hi).all(|p| ok(self.seg.state[p].load(Ordering::Acquire))) {
             return;
         }
         self.core.ensure(&self.seg, lo, hi, write);
@@ -177,9 +178,12 @@ impl<T: Pod> Fast<T> {
         if Self::SIMPLE {
             let page = e >> Self::PER_PAGE_SHIFT;
             // SAFETY: the caller checked `e` is in bounds, so `page` is one
-            // of the segment's pages; a hit means the page is valid here.
+            // of the segment's pages; a hit means the page is valid here and
+            // has been since the phase began, so the phase's barrier orders
+            // its bytes before this read and `Relaxed` suffices (see
+            // `core::FRESH`; pages installed since take the slow path).
             unsafe {
-                if (*self.state.add(page)).load(Ordering::Acquire) >= READ {
+                if settled_readable((*self.state.add(page)).load(Ordering::Relaxed)) {
                     return elem::load(self.base.add(e));
                 }
             }
@@ -193,7 +197,7 @@ impl<T: Pod> Fast<T> {
             let page = e >> Self::PER_PAGE_SHIFT;
             // SAFETY: as in load; WRITE means writable here (twin taken).
             unsafe {
-                if (*self.state.add(page)).load(Ordering::Acquire) == WRITE {
+                if writable((*self.state.add(page)).load(Ordering::Acquire)) {
                     return elem::store(self.base.add(e), v);
                 }
             }

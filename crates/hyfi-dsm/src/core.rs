@@ -51,6 +51,34 @@ pub(crate) const INVALID: u8 = 0;
 pub(crate) const PENDING: u8 = 1;
 pub(crate) const READ: u8 = 2;
 pub(crate) const WRITE: u8 = 3;
+/// Flag on `READ`/`WRITE`: the page's bytes arrived during this phase. A
+/// page valid since the phase began was made valid before the phase's
+/// barrier, which orders its bytes before every access of the phase, so
+/// the accessors' hit test may load its state `Relaxed` (letting the
+/// compiler keep the array's shape and pointers in registers). A page
+/// installed during the phase needs the `Acquire` load that pairs with the
+/// installer's `Release`: the flag sends its reads to that path until the
+/// release clears it.
+pub(crate) const FRESH: u8 = 4;
+
+/// Whether a page in state `st` is valid here (readable).
+#[inline(always)]
+pub(crate) fn readable(st: u8) -> bool {
+    st >= READ
+}
+
+/// Whether a page in state `st` is writable here (twin taken if needed).
+#[inline(always)]
+pub(crate) fn writable(st: u8) -> bool {
+    st & WRITE == WRITE
+}
+
+/// Whether a page whose state was loaded `Relaxed` may be read: valid
+/// since the phase began (not `FRESH`).
+#[inline(always)]
+pub(crate) fn settled_readable(st: u8) -> bool {
+    st | 1 == WRITE
+}
 
 /// The DSM's service id on the communication thread.
 pub(crate) const SERVICE_ID: u8 = 1;
@@ -136,6 +164,9 @@ pub(crate) struct Core {
     failed: OnceLock<String>,
     /// Pages first written in this phase (global numbers).
     dirty: Mutex<Vec<u64>>,
+    /// Pages installed in this phase (segment, page): their FRESH flag is
+    /// cleared at the release.
+    fresh: Mutex<Vec<(u64, usize)>>,
     /// Requests in flight, per slot (processors, then one for other threads).
     outstanding: Box<[CachePadded<AtomicUsize>]>,
     counters: Box<[CachePadded<AtomicCounters>]>,
@@ -203,6 +234,7 @@ impl Core {
             proto_cv: Condvar::new(),
             failed: OnceLock::new(),
             dirty: Mutex::new(Vec::new()),
+            fresh: Mutex::new(Vec::new()),
             outstanding: (0..=procs).map(|_| Default::default()).collect(),
             counters: (0..=procs).map(|_| Default::default()).collect(),
             phases: Mutex::new(PhaseTable {
@@ -311,13 +343,13 @@ impl Core {
     #[cold]
     pub(crate) fn ensure(&self, seg: &Segment, lo: usize, hi: usize, write: bool) {
         let slot = self.slot();
-        let need = if write { WRITE } else { READ };
+        let ok = |st: u8| if write { writable(st) } else { readable(st) };
         let bit = 1u64 << (slot % 64);
         loop {
             let mut reqs: Vec<(u16, u64)> = Vec::new();
             let mut wait_on: Vec<usize> = Vec::new();
             for p in lo..=hi {
-                if seg.state[p].load(Ordering::Acquire) >= need {
+                if ok(seg.state[p].load(Ordering::Acquire)) {
                     continue;
                 }
                 let mut m = seg.lock(p);
@@ -336,7 +368,7 @@ impl Core {
                         m.pending |= bit;
                         wait_on.push(p);
                     }
-                    READ if write => {
+                    st @ (READ | 6) if write => {
                         if seg.homes[p] as usize != self.me {
                             // SAFETY: a page of this segment, valid here.
                             m.twin = Some(unsafe { elem::twin(seg.page_ptr(p)) });
@@ -346,8 +378,9 @@ impl Core {
                             .unwrap_or_else(|e| e.into_inner())
                             .push(seg.first + p as u64);
                         // After the twin: a writer that sees WRITE writes
-                        // into a page whose twin is already taken.
-                        seg.state[p].store(WRITE, Ordering::Release);
+                        // into a page whose twin is already taken. FRESH,
+                        // if set, stays.
+                        seg.state[p].store(st | WRITE, Ordering::Release);
                         self.ctr(slot).write_faults.fetch_add(1, Ordering::Relaxed);
                     }
                     _ => {}
@@ -508,7 +541,11 @@ impl Core {
                 // SAFETY: a page of a live segment; PENDING, so nobody here
                 // reads or writes it until the state below says READ.
                 unsafe { elem::copy_in(seg.page_ptr(p), bytes) };
-                seg.state[p].store(READ, Ordering::Release);
+                seg.state[p].store(READ | FRESH, Ordering::Release);
+                self.fresh
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((seg.seq, p));
                 self.outstanding[m.requester].fetch_sub(1, Ordering::Relaxed);
                 self.ctr(m.requester)
                     .pages_fetched
@@ -726,6 +763,17 @@ impl Core {
         self.ctr(slot)
             .invalidations
             .fetch_add(invalidated, Ordering::Relaxed);
+
+        // Pages installed in this phase are settled from now on: this
+        // read-modify-write acquires the installer's release, and the phase
+        // barrier passes it on to every processor of the next phase.
+        let fresh = std::mem::take(&mut *self.fresh.lock().unwrap_or_else(|e| e.into_inner()));
+        if !fresh.is_empty() {
+            let segs = self.segs.read().unwrap_or_else(|e| e.into_inner());
+            for (seq, p) in fresh {
+                segs[seq as usize].state[p].fetch_and(!FRESH, Ordering::AcqRel);
+            }
+        }
 
         // 5. Next epoch: serve what waited for it, take in early releases.
         let ready = {
