@@ -389,3 +389,45 @@ fn a_node_lost_while_pages_are_in_flight_ends_the_job_everywhere() {
         job.fail(&format!("node 0 took {took:?} to end"));
     }
 }
+
+#[test]
+fn sigusr1_prints_the_dsm_counters_and_the_job_goes_on() {
+    let coord = format!("127.0.0.1:{}", free_port());
+    let mut job = Job::new("SIGUSR1 to node 0 of a DSM job");
+    for rank in 0..2 {
+        let mut cmd = command(&bins().dsm_stress);
+        cmd.args(["--rounds", "0", "--procs", "1"])
+            .env("HYFI_RANK", rank.to_string())
+            .env("HYFI_NODES", "2")
+            .env("HYFI_COORD", &coord)
+            .env("HYFI_TIMEOUT", "10");
+        job.spawn(&format!("rank {rank}"), cmd);
+    }
+    job.wait_line(0, "a few rounds", |l| l.contains("round 10 checked"));
+    assert!(send_signal(&job.pid(0).to_string(), "USR1"));
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let err = job.stderr(0);
+        if err.contains("dsm node 0:") && err.contains("releases;") && err.contains("pages fetched")
+        {
+            break;
+        }
+        if Instant::now() >= until {
+            job.fail("no DSM counters on node 0's stderr after SIGUSR1");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The job goes on: more rounds after the report.
+    let seen = job.stdout(0).len();
+    job.wait_line(0, "rounds after the report", |l| {
+        l.contains("round") && l.contains("checked")
+    });
+    let until = Instant::now() + Duration::from_secs(10);
+    while job.stdout(0).len() <= seen {
+        if Instant::now() >= until || job.poll(0).is_some() {
+            job.fail("node 0 stopped after SIGUSR1");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    job.no_panics();
+}

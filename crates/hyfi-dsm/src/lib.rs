@@ -186,6 +186,11 @@ impl Dsm {
                 .and_then(|a| a.downcast_ref::<hyfi_net::Cluster>())
                 .ok_or(DsmError::NotACluster { nodes })?;
             cluster.comm().set_service(core::SERVICE_ID, core.clone())?;
+            // SIGUSR1 prints the DSM's counters with the node's traffic.
+            let weak = Arc::downgrade(&core);
+            cluster.add_report(Box::new(move || {
+                weak.upgrade().map(|c| c.stats().to_string())
+            }));
         }
         rt.set_phase_end(Arc::new(Hook(core.clone())))?;
         // Nobody sends a page request before every page server is in.

@@ -23,7 +23,13 @@ pub struct Cluster {
     coll: Collectives,
     signals: Mutex<Option<SignalThread>>,
     runtime_stats: Mutex<Option<hyfi_core::StatsHandle>>,
+    /// More sections of the report, from the layers above (the DSM).
+    reports: Mutex<Vec<Report>>,
 }
+
+/// A section of [`Cluster::report`] from a layer above: `None` once that
+/// layer is gone.
+pub type Report = Box<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl Cluster {
     /// Opens the mesh described by `spec` (waiting at most `timeout` for the
@@ -59,6 +65,7 @@ impl Cluster {
             coll: Collectives::default(),
             signals: Mutex::new(None),
             runtime_stats: Mutex::new(None),
+            reports: Mutex::new(Vec::new()),
         }))
     }
 
@@ -96,6 +103,15 @@ impl Cluster {
         *self.runtime_stats.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
     }
 
+    /// Adds a section to [`Cluster::report`] (and so to what SIGUSR1
+    /// prints): the DSM adds its counters.
+    pub fn add_report(&self, section: Report) {
+        self.reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(section);
+    }
+
     /// This node's statistics: messages and bytes by kind, and (if set) the
     /// runtime's counters per processor. What SIGUSR1 prints.
     pub fn report(&self) -> String {
@@ -108,6 +124,16 @@ impl Cluster {
         {
             if let Some(st) = h.stats() {
                 s += &st.to_string();
+            }
+        }
+        for section in self
+            .reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            if let Some(text) = section() {
+                s += &text;
             }
         }
         s

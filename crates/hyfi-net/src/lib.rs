@@ -30,7 +30,7 @@ pub mod signals;
 pub mod steal;
 pub mod wire;
 
-pub use cluster::{Cluster, FAILURE_GRACE};
+pub use cluster::{Cluster, Report, FAILURE_GRACE};
 pub use error::NetError;
 
 /// Default limit on how long setup waits for the other nodes (`HYFI_TIMEOUT`
