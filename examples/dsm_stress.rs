@@ -70,10 +70,6 @@ pub struct Args {
     /// Runtime options (--procs, --pin/--no-pin).
     #[command(flatten)]
     pub runtime: common::RuntimeArgs,
-    /// Nodes (local processes started by the program itself, unless a
-    /// launcher started it).
-    #[arg(long, value_parser = at_least(1))]
-    pub nodes: Option<usize>,
 }
 
 /// A 12-byte element: straddles page boundaries (4096 = 341 × 12 + 4).
@@ -468,8 +464,7 @@ pub fn run_many_waiters(
 
 fn main() {
     let args = Args::parse();
-    let cfg = common::or_exit("dsm_stress", args.runtime.config());
-    let rt = common::or_exit("dsm_stress", hyfi::init_nodes(cfg, args.nodes));
+    let rt = common::or_exit("dsm_stress", args.runtime.start(|cfg| cfg));
     println!(
         "node {} of {} ({} processors), pid {}",
         rt.node(),

@@ -81,9 +81,6 @@ struct Args {
     /// Which Fibonacci number (at most 93; each +1 costs ~1.6x the time).
     #[arg(long, default_value_t = 37)]
     n: u64,
-    /// Nodes to start as local processes when no launcher is around (like HYFI_NODES).
-    #[arg(long)]
-    nodes: Option<usize>,
     /// Runtime options (--procs, --pin/--no-pin).
     #[command(flatten)]
     runtime: common::RuntimeArgs,
@@ -117,11 +114,9 @@ fn run(args: &Args) -> Result<(), String> {
             "--n {n} is too large: fib({n}) overflows u64 (at most {MAX_N})"
         ));
     }
-    let mut cfg = args.runtime.config().map_err(|e| e.to_string())?;
-    if args.no_prune {
-        cfg = cfg.prune(false);
-    }
-    let rt = hyfi::init_nodes(cfg, args.nodes).map_err(|e| e.to_string())?;
+    let rt = args
+        .runtime
+        .start(|cfg| if args.no_prune { cfg.prune(false) } else { cfg })?;
     FIB.register().map_err(|e| e.to_string())?;
     let prune = if rt.config().get_prune() { "on" } else { "off" };
     let node = rt.node();

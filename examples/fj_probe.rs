@@ -35,9 +35,6 @@ enum Mode {
 struct Args {
     #[arg(long, value_enum, default_value_t = Mode::Ok)]
     mode: Mode,
-    /// Nodes to start as local processes when no launcher is around.
-    #[arg(long)]
-    nodes: Option<usize>,
     /// Distributed runs one after the other (each must return the same).
     #[arg(long, default_value_t = 1)]
     runs: usize,
@@ -61,8 +58,7 @@ static BOOM: RemoteFn<u64, u64> = RemoteFn::new("fj_probe::boom", square_or_pani
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let cfg = common::or_exit("fj_probe", args.runtime.config());
-    let rt = common::or_exit("fj_probe", hyfi::init_nodes(cfg, args.nodes));
+    let rt = common::or_exit("fj_probe", args.runtime.start(|cfg| cfg));
     let node = rt.node();
     if args.mode != Mode::Unknown || node == 0 {
         common::or_exit("fj_probe", SQUARE.register());

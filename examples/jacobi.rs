@@ -47,10 +47,6 @@ pub struct Args {
     /// Runtime options (--procs, --pin/--no-pin).
     #[command(flatten)]
     pub runtime: common::RuntimeArgs,
-    /// Nodes (local processes started by the program itself, unless a
-    /// launcher such as hyfi-run, mpirun or srun started it).
-    #[arg(long, value_parser = at_least(1))]
-    pub nodes: Option<usize>,
     /// Pools per processor (rows in blocks over them).
     #[arg(long, default_value_t = 1, value_parser = at_least(1))]
     pub pools_per_proc: usize,
@@ -275,8 +271,7 @@ pub fn run_seq(args: &Args) -> Output {
 
 fn main() {
     let args = Args::parse();
-    let cfg = common::or_exit("jacobi", args.runtime.config());
-    let rt = common::or_exit("jacobi", hyfi::init_nodes(cfg, args.nodes));
+    let rt = common::or_exit("jacobi", args.runtime.start(|cfg| cfg));
     let par = common::or_exit("jacobi", run_hyfi(&rt, &args));
     let seq = run_seq(&args);
 

@@ -45,6 +45,8 @@
 #[path = "common/mod.rs"]
 mod common;
 use common::at_least;
+/// The `n × n` input matrices: entries in [-1, 1) from a splitmix64 stream.
+pub use common::random_matrix as matrix;
 use std::time::Instant;
 
 use bytemuck::{Pod, Zeroable};
@@ -62,10 +64,6 @@ pub struct Args {
     /// Runtime options (--procs, --pin/--no-pin).
     #[command(flatten)]
     pub runtime: common::RuntimeArgs,
-    /// Nodes (local processes started by the program itself, unless a
-    /// launcher started it).
-    #[arg(long, value_parser = at_least(1))]
-    pub nodes: Option<usize>,
     /// Seed of the pseudo-random matrix.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -122,22 +120,6 @@ impl Output {
             )),
         }
     }
-}
-
-/// The matrix to factor: entries in [-1, 1) from a splitmix64 stream.
-pub fn matrix(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed;
-    (0..n * n)
-        .map(|_| {
-            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
-            // 53 random bits → [0, 1) → [-1, 1).
-            (z >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-        })
-        .collect()
 }
 
 /// A pivot candidate: the reduction variable of the pivot phase.
@@ -374,8 +356,7 @@ pub const RESIDUAL_LIMIT: f64 = 100.0;
 
 fn main() {
     let args = Args::parse();
-    let cfg = common::or_exit("lu", args.runtime.config());
-    let rt = common::or_exit("lu", hyfi::init_nodes(cfg, args.nodes));
+    let rt = common::or_exit("lu", args.runtime.start(|cfg| cfg));
     let par = common::or_exit("lu", run_hyfi(&rt, &args));
     let seq = run_seq(&args);
 

@@ -37,9 +37,6 @@ pub struct Args {
     /// Phases.
     #[arg(long, default_value_t = 8)]
     pub phases: u64,
-    /// Nodes to start as local processes when no launcher is around (like HYFI_NODES).
-    #[arg(long)]
-    pub nodes: Option<usize>,
     /// Runtime options (--procs, --pin/--no-pin).
     #[command(flatten)]
     pub runtime: common::RuntimeArgs,
@@ -86,8 +83,7 @@ pub fn block_quad(b: u64, blocks: u64, samples: u64) -> f64 {
 
 fn main() {
     let args = Args::parse();
-    let cfg = common::or_exit("montecarlo", args.runtime.config());
-    let rt = common::or_exit("montecarlo", hyfi::init_nodes(cfg, args.nodes));
+    let rt = common::or_exit("montecarlo", args.runtime.start(|cfg| cfg));
     println!(
         "node {} of {} ({} processors), pid {}",
         rt.node(),

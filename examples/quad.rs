@@ -271,9 +271,6 @@ struct Args {
     /// rounding error of the areas it will not finish.
     #[arg(long)]
     eps: Option<f64>,
-    /// Nodes to start as local processes when no launcher is around (like HYFI_NODES).
-    #[arg(long)]
-    nodes: Option<usize>,
     /// Runtime options (--procs, --pin/--no-pin).
     #[command(flatten)]
     runtime: common::RuntimeArgs,
@@ -319,11 +316,9 @@ fn run(args: &Args) -> Result<(), String> {
         ));
     }
 
-    let mut cfg = args.runtime.config().map_err(|e| e.to_string())?;
-    if args.no_prune {
-        cfg = cfg.prune(false);
-    }
-    let rt = hyfi::init_nodes(cfg, args.nodes).map_err(|e| e.to_string())?;
+    let rt = args
+        .runtime
+        .start(|cfg| if args.no_prune { cfg.prune(false) } else { cfg })?;
     PIECE.register().map_err(|e| e.to_string())?;
     let prune = if rt.config().get_prune() { "on" } else { "off" };
     let node = rt.node();

@@ -39,28 +39,11 @@ fn run_ok(what: &str, cmd: Command, nodes: usize) -> BTreeMap<usize, Vec<String>
     }
     job.no_panics();
     let out = job.stdout(0);
-    let per_node = split_nodes(&out, nodes);
+    let per_node = by_node(&out, nodes);
     if per_node.len() != nodes {
         job.fail(&format!("expected output from {nodes} nodes"));
     }
     per_node
-}
-
-/// Output lines by node: `[node i] ...` prefixes, or all of it for one node.
-fn split_nodes(lines: &[String], nodes: usize) -> BTreeMap<usize, Vec<String>> {
-    let mut m: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-    for l in lines {
-        if nodes == 1 {
-            m.entry(0).or_default().push(l.clone());
-        } else if let Some(rest) = l.strip_prefix("[node ") {
-            if let Some((n, text)) = rest.split_once("] ") {
-                if let Ok(n) = n.parse() {
-                    m.entry(n).or_default().push(text.to_owned());
-                }
-            }
-        }
-    }
-    m
 }
 
 /// The value of `key=` in the first line starting with `prefix`.

@@ -16,79 +16,16 @@
 //! would only measure the scheduler.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
-use std::net::TcpListener;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::path::Path;
+use std::process::{Command, ExitStatus};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::*;
+
 /// The longest one job may take.
-const BOUND: Duration = Duration::from_secs(60);
-
-struct Bins {
-    quad: PathBuf,
-    fib: PathBuf,
-    probe: PathBuf,
-    hyfi_run: PathBuf,
-}
-
-/// The examples, built once with this test's profile (a no-op when fresh).
-fn bins() -> &'static Bins {
-    static BINS: OnceLock<Bins> = OnceLock::new();
-    BINS.get_or_init(|| {
-        let me = std::env::current_exe().expect("current_exe");
-        let profile_dir = me
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("test binary lives in target/<profile>/deps")
-            .to_path_buf();
-        let profile = profile_dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .expect("profile directory name")
-            .to_owned();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_owned());
-        let mut cmd = Command::new(cargo);
-        cmd.args([
-            "build",
-            "--quiet",
-            "-p",
-            "hyfi",
-            "--example",
-            "quad",
-            "--example",
-            "fib",
-            "--example",
-            "fj_probe",
-            "-p",
-            "hyfi-net",
-            "--bin",
-            "hyfi-run",
-            "--manifest-path",
-        ])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
-        match profile.as_str() {
-            "debug" => {}
-            "release" => {
-                cmd.arg("--release");
-            }
-            other => {
-                cmd.args(["--profile", other]);
-            }
-        }
-        let status = cmd.status().expect("running cargo to build the examples");
-        assert!(status.success(), "building the examples failed: {status}");
-        let ex = profile_dir.join("examples");
-        Bins {
-            quad: ex.join("quad"),
-            fib: ex.join("fib"),
-            probe: ex.join("fj_probe"),
-            hyfi_run: profile_dir.join("hyfi-run"),
-        }
-    })
-}
+const FJ_BOUND: Duration = Duration::from_secs(60);
 
 /// One test at a time.
 fn serial() -> MutexGuard<'static, ()> {
@@ -96,146 +33,12 @@ fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// `exe` with no launcher variables inherited, pinning off, stdin closed.
-fn command(exe: &Path) -> Command {
-    let mut cmd = Command::new(exe);
-    for (key, _) in std::env::vars_os() {
-        let k = key.to_string_lossy();
-        if [
-            "HYFI_",
-            "OMPI_",
-            "PMI_",
-            "PMIX_",
-            "SLURM_",
-            "RUST_BACKTRACE",
-        ]
-        .iter()
-        .any(|p| k.starts_with(p))
-        {
-            cmd.env_remove(&key);
-        }
-    }
-    cmd.env("HYFI_PIN", "0").stdin(Stdio::null());
-    cmd
-}
-
-/// A started process; dropping it kills its process group.
-struct Proc {
-    child: Child,
-    out: Arc<Mutex<Vec<String>>>,
-    err: Arc<Mutex<Vec<String>>>,
-    readers: Vec<std::thread::JoinHandle<()>>,
-}
-
-fn collect(
-    from: impl Read + Send + 'static,
-    into: Arc<Mutex<Vec<String>>>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        for line in BufReader::new(from).lines() {
-            let Ok(line) = line else { break };
-            into.lock().unwrap_or_else(|e| e.into_inner()).push(line);
-        }
-    })
-}
-
-impl Proc {
-    fn spawn(mut cmd: Command) -> Proc {
-        cmd.stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
-        let (out, err) = (Arc::default(), Arc::default());
-        let readers = vec![
-            collect(child.stdout.take().expect("piped"), Arc::clone(&out)),
-            collect(child.stderr.take().expect("piped"), Arc::clone(&err)),
-        ];
-        Proc {
-            child,
-            out,
-            err,
-            readers,
-        }
-    }
-
-    fn stdout(&self) -> Vec<String> {
-        self.out.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn stderr(&self) -> String {
-        self.err
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .join("\n")
-    }
-
-    /// Waits at most `within` for the exit and the end of the output.
-    fn wait(&mut self, within: Duration) -> Option<ExitStatus> {
-        let until = Instant::now() + within;
-        loop {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                for r in self.readers.drain(..) {
-                    let _ = r.join();
-                }
-                return Some(st);
-            }
-            if Instant::now() >= until {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn dump(&self) -> String {
-        format!(
-            "\n--- stdout:\n{}\n--- stderr:\n{}",
-            self.stdout().join("\n"),
-            self.stderr()
-        )
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = Command::new("kill")
-                .args(["-s", "KILL", "--", &format!("-{}", self.child.id())])
-                .stderr(Stdio::null())
-                .status();
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// Runs `cmd` to its end (within [`BOUND`]).
-fn run(what: &str, cmd: Command) -> (ExitStatus, Proc) {
-    let mut p = Proc::spawn(cmd);
-    match p.wait(BOUND) {
-        Some(st) => (st, p),
-        None => panic!("{what}: still running after {BOUND:?}{}", p.dump()),
-    }
-}
-
-/// Output lines by node: `[node i] ...` from the embedded launcher, or
-/// everything as node 0's for a one-node run.
-fn by_node(lines: &[String], nodes: usize) -> BTreeMap<usize, Vec<String>> {
-    if nodes == 1 {
-        return BTreeMap::from([(0, lines.to_vec())]);
-    }
-    let mut m: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-    for l in lines {
-        if let Some((n, rest)) = l
-            .strip_prefix("[node ")
-            .and_then(|r| r.split_once("] "))
-            .and_then(|(n, rest)| Some((n.parse::<usize>().ok()?, rest)))
-        {
-            m.entry(n).or_default().push(rest.to_owned());
-        }
-    }
-    m
+/// Runs `cmd` to its end (within [`FJ_BOUND`]).
+fn run(what: &str, cmd: Command) -> (ExitStatus, Job) {
+    let mut job = Job::with_bound(what, FJ_BOUND);
+    job.spawn("program", cmd);
+    let st = job.wait(0, FJ_BOUND);
+    (st, job)
 }
 
 /// The `key=value` fields of a node's `fjstats:` line.
@@ -263,16 +66,16 @@ fn run_ok(
     let mut cmd = command(exe);
     cmd.args(["--nodes", &nodes.to_string(), "--procs", &procs.to_string()])
         .args(args);
-    let (st, p) = run(&what, cmd);
-    let fail = |msg: &str| -> ! { panic!("{what}: {msg}{}", p.dump()) };
+    let (st, job) = run(&what, cmd);
+    let fail = |msg: &str| -> ! { job.fail(msg) };
     if !st.success() {
         fail(&format!("exited with {st}"));
     }
-    let err = p.stderr();
+    let err = job.stderr(0);
     if err.contains("lost node") || err.contains("aborted") || err.contains("panicked at") {
         fail("a clean run reported a failure");
     }
-    let per_node = by_node(&p.stdout(), nodes);
+    let per_node = by_node(&job.stdout(0), nodes);
     if per_node.keys().copied().collect::<Vec<_>>() != (0..nodes).collect::<Vec<_>>() {
         fail("not every node printed");
     }
@@ -419,7 +222,7 @@ fn probe(
     nodes: usize,
     extra: &[&str],
 ) -> (ExitStatus, BTreeMap<usize, Vec<String>>, String) {
-    let mut cmd = command(&bins().probe);
+    let mut cmd = command(&bins().fj_probe);
     cmd.args([
         "--mode",
         mode,
@@ -429,8 +232,8 @@ fn probe(
         "1",
     ])
     .args(extra);
-    let (st, p) = run(&format!("fj_probe --mode {mode} on {nodes} nodes"), cmd);
-    (st, by_node(&p.stdout(), nodes), p.stderr())
+    let (st, job) = run(&format!("fj_probe --mode {mode} on {nodes} nodes"), cmd);
+    (st, by_node(&job.stdout(0), nodes), job.stderr(0))
 }
 
 #[test]
@@ -505,14 +308,14 @@ fn an_unregistered_function_fails_the_run_with_its_name() {
 
 /// Every node of a run whose output has no `[node i]` prefix (mpirun)
 /// printed `OK` and the same result line.
-fn all_ok_unprefixed(what: &str, st: ExitStatus, p: &Proc, nodes: usize) -> String {
-    let out = p.stdout();
+fn all_ok_unprefixed(what: &str, st: ExitStatus, job: &Job, nodes: usize) -> String {
+    let out = job.stdout(0);
     let results: Vec<&String> = out.iter().filter(|l| l.starts_with("result: ")).collect();
     let oks = out.iter().filter(|l| l.starts_with("OK: ")).count();
     assert!(
         st.success() && oks == nodes && results.len() == nodes,
         "{what}: {st}, {oks} OK lines, results {results:?}{}",
-        p.dump()
+        job.dump()
     );
     assert!(
         results.iter().all(|r| *r == results[0]),
@@ -530,20 +333,24 @@ fn fib_runs_unchanged_under_hyfi_run_and_mpirun() {
     cmd.args(["-n", "3", "-p", "1", "--"])
         .arg(&bins().fib)
         .args(["--n", "25"]);
-    let (st, p) = run("hyfi-run -n 3 fib", cmd);
-    let per_node = by_node(&p.stdout(), 3);
+    let (st, job) = run("hyfi-run -n 3 fib", cmd);
+    let per_node = by_node(&job.stdout(0), 3);
     assert!(
         st.success() && per_node.len() == 3,
         "hyfi-run: {st}{}",
-        p.dump()
+        job.dump()
     );
     for (n, lines) in &per_node {
         assert!(
             lines.contains(&want),
             "hyfi-run node {n}: no {want:?}{}",
-            p.dump()
+            job.dump()
         );
-        assert!(lines.iter().any(|l| l.starts_with("OK: ")), "{}", p.dump());
+        assert!(
+            lines.iter().any(|l| l.starts_with("OK: ")),
+            "{}",
+            job.dump()
+        );
     }
     // mpirun (Open MPI), when installed (CI installs it).
     let mpirun = std::env::var_os("PATH").and_then(|path| {
@@ -571,23 +378,8 @@ fn fib_runs_unchanged_under_hyfi_run_and_mpirun() {
     .arg(&bins().fib)
     .args(["--n", "25", "--procs", "1"])
     .env("OMPI_MCA_plm_rsh_agent", "false");
-    let (st, p) = run("mpirun -np 2 fib", cmd);
-    assert_eq!(all_ok_unprefixed("mpirun -np 2 fib", st, &p, 2), want);
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("binding 127.0.0.1:0")
-        .port()
-}
-
-fn random_hex() -> String {
-    let mut b = [0u8; 24];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .expect("reading /dev/urandom");
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    let (st, job) = run("mpirun -np 2 fib", cmd);
+    assert_eq!(all_ok_unprefixed("mpirun -np 2 fib", st, &job, 2), want);
 }
 
 /// Three nodes started by hand run fib(48) (a minute); node `victim` is
@@ -595,79 +387,51 @@ fn random_hex() -> String {
 fn kill_mid_run(victim: usize) {
     let nodes = 3;
     let coord = format!("127.0.0.1:{}", free_port());
-    let rand = random_hex();
-    let (job, token) = (
+    let rand = hex(&random_bytes::<24>());
+    let (id, token) = (
         u64::from_str_radix(&rand[..12], 16).unwrap_or(7),
         &rand[16..48],
     );
-    let mut procs: Vec<Proc> = (0..nodes)
-        .map(|rank| {
-            let mut cmd = command(&bins().fib);
-            cmd.args(["--n", "48", "--no-seq", "--procs", "1"])
-                .env("HYFI_RANK", rank.to_string())
-                .env("HYFI_NODES", nodes.to_string())
-                .env("HYFI_COORD", &coord)
-                .env("HYFI_JOB", job.to_string())
-                .env("HYFI_TOKEN", token);
-            Proc::spawn(cmd)
-        })
-        .collect();
+    let mut job = Job::with_bound(&format!("node {victim} of 3 killed mid-run"), FJ_BOUND);
+    for rank in 0..nodes {
+        let mut cmd = command(&bins().fib);
+        cmd.args(["--n", "48", "--no-seq", "--procs", "1"])
+            .env("HYFI_RANK", rank.to_string())
+            .env("HYFI_NODES", nodes.to_string())
+            .env("HYFI_COORD", &coord)
+            .env("HYFI_JOB", id.to_string())
+            .env("HYFI_TOKEN", token);
+        job.spawn(&format!("rank {rank}"), cmd);
+    }
     // Every node is in the run once it printed its header (after setup).
-    let started = Instant::now();
-    while !procs
-        .iter()
-        .all(|p| p.stdout().iter().any(|l| l.starts_with("fib: n = 48")))
-    {
-        assert!(
-            started.elapsed() < BOUND,
-            "the nodes did not start:{}",
-            procs[0].dump()
-        );
-        std::thread::sleep(Duration::from_millis(10));
+    for rank in 0..nodes {
+        job.wait_line(rank, "the run's header", |l| l.starts_with("fib: n = 48"));
     }
     std::thread::sleep(Duration::from_millis(300));
-    for (i, p) in procs.iter_mut().enumerate() {
-        assert!(
-            p.wait(Duration::ZERO).is_none(),
-            "node {i} ended before the kill:{}",
-            p.dump()
-        );
+    for rank in 0..nodes {
+        if job.poll(rank).is_some() {
+            job.fail(&format!("node {rank} ended before the kill"));
+        }
     }
-    let _ = procs[victim].child.kill(); // SIGKILL
+    assert!(send_signal(&job.pid(victim).to_string(), "KILL"));
     let killed = Instant::now();
     for rank in (0..nodes).filter(|&r| r != victim) {
-        let st = procs[rank].wait(Duration::from_secs(10));
-        let took = killed.elapsed();
-        let p = &procs[rank];
-        let Some(st) = st else {
-            panic!(
-                "node {rank} still runs 10 s after node {victim} was killed:{}",
-                p.dump()
-            )
-        };
-        assert!(
-            !st.success() && took < Duration::from_secs(10),
-            "node {rank}: {st} after {took:?}"
-        );
-        let err = p.stderr();
-        assert!(
-            err.contains(&format!("lost node {victim}")),
-            "node {rank} does not name the lost node:{}",
-            p.dump()
-        );
-        assert!(
-            !err.contains("panicked at"),
-            "node {rank} panicked:{}",
-            p.dump()
-        );
+        let st = job.wait(rank, Duration::from_secs(10));
+        let took = job.exited_at(rank) - killed;
+        if st.success() || took >= Duration::from_secs(10) {
+            job.fail(&format!("node {rank}: {st} after {took:?}"));
+        }
+        let err = job.stderr(rank);
+        if !err.contains(&format!("lost node {victim}")) {
+            job.fail(&format!("node {rank} does not name the lost node"));
+        }
         // The run itself returns the failure (not only the cluster's
         // failure hook): `fib: node R: cross-node step failed: ...`.
-        assert!(
-            err.contains(&format!("fib: node {rank}: cross-node step failed")),
-            "node {rank}'s run did not return the failure:{}",
-            p.dump()
-        );
+        if !err.contains(&format!("fib: node {rank}: cross-node step failed")) {
+            job.fail(&format!("node {rank}'s run did not return the failure"));
+        }
     }
+    job.no_panics();
 }
 
 #[test]

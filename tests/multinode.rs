@@ -65,21 +65,6 @@ fn header_pid(line: &str, rank: usize, nodes: usize) -> Option<u32> {
         .ok()
 }
 
-/// Splits launcher output (`[node i] ...` lines) by node.
-fn by_prefix(lines: &[String]) -> BTreeMap<usize, Vec<String>> {
-    let mut m: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-    for l in lines {
-        if let Some((rank, rest)) = l
-            .strip_prefix("[node ")
-            .and_then(|r| r.split_once("] "))
-            .and_then(|(n, rest)| Some((n.parse::<usize>().ok()?, rest)))
-        {
-            m.entry(rank).or_default().push(rest.to_owned());
-        }
-    }
-    m
-}
-
 /// Checks every node's output: each of ranks 0..nodes says who it is (with
 /// `procs` processors), prints one result line, the same on all, and
 /// `check: OK`.
@@ -184,10 +169,7 @@ fn run_embedded(nodes: Option<usize>, procs: usize) -> Outcome {
         job.fail(&format!("exited with {status}"));
     }
     let out = job.stdout(0);
-    let per_node = match nodes {
-        Some(_) => by_prefix(&out),
-        None => BTreeMap::from([(0, out)]),
-    };
+    let per_node = by_node(&out, nodes.unwrap_or(1));
     let o = check_nodes(&job, &per_node, nodes.unwrap_or(1), procs);
     for &p in &o.pids {
         job.track(p);
@@ -207,7 +189,7 @@ fn run_hyfi_run(nodes: usize, procs: usize) -> Outcome {
     if !status.success() {
         job.fail(&format!("exited with {status}"));
     }
-    let o = check_nodes(&job, &by_prefix(&job.stdout(0)), nodes, procs);
+    let o = check_nodes(&job, &by_node(&job.stdout(0), nodes), nodes, procs);
     for &p in &o.pids {
         job.track(p);
     }

@@ -1,11 +1,15 @@
 //! Command-line plumbing shared by the examples (not an example itself:
 //! cargo builds only `examples/*.rs` and `examples/*/main.rs`).
 
-use hyfi::Config;
+use hyfi::{Config, Runtime};
 
 /// The runtime options every example takes, flattened into its own `Args`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RuntimeArgs {
+    /// Nodes: local processes the program starts itself when no launcher
+    /// (hyfi-run, mpirun, srun) started it; like HYFI_NODES.
+    #[arg(long, value_parser = at_least(1))]
+    pub nodes: Option<usize>,
     /// Processors (server threads) per node [default: HYFI_PROCS, else all CPUs].
     #[arg(long, value_parser = at_least(1))]
     pub procs: Option<usize>,
@@ -31,6 +35,17 @@ impl RuntimeArgs {
             cfg = cfg.pin(false);
         }
         Ok(cfg)
+    }
+}
+
+impl RuntimeArgs {
+    /// Starts this node of the job (or, with `--nodes` and no launcher,
+    /// becomes the launcher of the local nodes): [`RuntimeArgs::config`],
+    /// changed by `adjust`, then `hyfi::init_nodes`.
+    #[allow(dead_code)] // the test files that include an example do not start it
+    pub fn start(&self, adjust: impl FnOnce(Config) -> Config) -> Result<Runtime, String> {
+        let cfg = adjust(self.config().map_err(|e| e.to_string())?);
+        hyfi::init_nodes(cfg, self.nodes).map_err(|e| e.to_string())
     }
 }
 
@@ -79,4 +94,22 @@ pub fn print_fj_stats(rt: &hyfi::Runtime, seconds: f64) {
         r.steal_wait_ns as f64 / 1e3 / r.steal_requests.max(1) as f64
     );
     println!();
+}
+
+/// An `n × n` matrix, row-major, with entries in [-1, 1) from a splitmix64
+/// stream seeded with `seed` (the inputs of `lu` and `matmul`).
+#[allow(dead_code)] // not every example has matrix inputs
+pub fn random_matrix(n: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed;
+    (0..n * n)
+        .map(|_| {
+            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            // 53 random bits → [0, 1) → [-1, 1).
+            (z >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        })
+        .collect()
 }

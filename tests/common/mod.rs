@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // each test file uses part of it
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
@@ -26,6 +27,9 @@ pub struct Bins {
     pub lu: PathBuf,
     pub matmul: PathBuf,
     pub dsm_stress: PathBuf,
+    pub quad: PathBuf,
+    pub fib: PathBuf,
+    pub fj_probe: PathBuf,
 }
 
 /// The examples and `hyfi-run`, built once per test process with this test's
@@ -61,6 +65,12 @@ pub fn bins() -> &'static Bins {
             "matmul",
             "--example",
             "dsm_stress",
+            "--example",
+            "quad",
+            "--example",
+            "fib",
+            "--example",
+            "fj_probe",
             "--bin",
             "hyfi-run",
             "-p",
@@ -94,6 +104,9 @@ pub fn bins() -> &'static Bins {
             lu: ex("lu"),
             matmul: ex("matmul"),
             dsm_stress: ex("dsm_stress"),
+            quad: ex("quad"),
+            fib: ex("fib"),
+            fj_probe: ex("fj_probe"),
         };
         for exe in [
             &bins.montecarlo,
@@ -102,6 +115,9 @@ pub fn bins() -> &'static Bins {
             &bins.lu,
             &bins.matmul,
             &bins.dsm_stress,
+            &bins.quad,
+            &bins.fib,
+            &bins.fj_probe,
         ] {
             assert!(
                 exe.exists(),
@@ -126,6 +142,7 @@ pub fn command(exe: &Path) -> Command {
             "PMIX_",
             "SLURM_",
             "MPI_LOCALNRANKS",
+            "RUST_BACKTRACE",
         ]
         .iter()
         .any(|p| k.starts_with(p))
@@ -236,11 +253,17 @@ pub struct Job {
 }
 
 impl Job {
+    /// A job that may take at most [`BOUND`].
     pub fn new(what: &str) -> Job {
+        Job::with_bound(what, BOUND)
+    }
+
+    /// A job that may take at most `bound`.
+    pub fn with_bound(what: &str, bound: Duration) -> Job {
         Job {
             what: what.to_owned(),
             procs: Vec::new(),
-            deadline: Instant::now() + BOUND,
+            deadline: Instant::now() + bound,
             pids: Vec::new(),
             files: Vec::new(),
         }
@@ -446,4 +469,23 @@ impl Job {
         }
         p.status.is_some()
     }
+}
+
+/// Output lines by node: `[node i] ...` from a launcher's prefixes, or all
+/// of it as node 0's for a one-node run.
+pub fn by_node(lines: &[String], nodes: usize) -> BTreeMap<usize, Vec<String>> {
+    if nodes == 1 {
+        return BTreeMap::from([(0, lines.to_vec())]);
+    }
+    let mut m: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for l in lines {
+        if let Some((n, rest)) = l
+            .strip_prefix("[node ")
+            .and_then(|r| r.split_once("] "))
+            .and_then(|(n, rest)| Some((n.parse::<usize>().ok()?, rest)))
+        {
+            m.entry(n).or_default().push(rest.to_owned());
+        }
+    }
+    m
 }
