@@ -196,7 +196,9 @@ fn the_unbalanced_integrand_is_shared_between_two_nodes() {
 fn a_steal_takes_half_of_many_ready_filaments() {
     // Without pruning every join forks, so the donor's deque holds one
     // ready filament per level of its recursion, and a request takes half
-    // of them: some answered request moves more than one filament.
+    // of them: some answered request moves more than one filament. (A
+    // request that finds the donor with one ready filament moves one, which
+    // happens when the machine delays the donor: look over several runs.)
     let _g = serial();
     let mut seen = Vec::new();
     for _ in 0..5 {
@@ -204,16 +206,12 @@ fn a_steal_takes_half_of_many_ready_filaments() {
         // Node 1 received one start-up filament; the rest came by stealing.
         let stolen = s[1]["moved_in"] - 1.0;
         let steals = s[1]["remote_steals"];
-        if steals >= 1.0 {
-            assert!(
-                stolen > steals,
-                "node 1 got {stolen} filaments in {steals} steals: {s:?}"
-            );
+        if steals >= 1.0 && stolen > steals {
             return;
         }
         seen.push(s);
     }
-    panic!("node 1 never stole in 5 runs: {seen:?}");
+    panic!("no run in 5 moved more filaments than steals to node 1: {seen:?}");
 }
 
 /// Runs the probe in `mode` on `nodes × 1`; returns (status, output by node).
