@@ -50,7 +50,7 @@ use crate::error::Error;
 use crate::fork::{HeapJob, JobRef};
 use crate::node::LinkError;
 use crate::remote::{self, failure_of, Failure, RemoteFailure, RemoteVTable};
-use crate::runtime::{Command, Runtime, Shared};
+use crate::runtime::{Runtime, Shared};
 use crate::startup::{with_startup, Slot};
 use crate::stats::RemoteStats;
 use crate::worker::Ctx;
@@ -564,13 +564,9 @@ impl Runtime {
         if let Some(b) = &balancer {
             b.begin(run);
         }
-        let mut slot: Option<Result<R, Failure>> = None;
-        if me == 0 {
-            let slot_ptr = crate::runtime::SlotPtr(&mut slot as *mut Option<Result<R, Failure>>);
-            let shared = self.shared.clone();
+        let root_job = (me == 0).then(|| {
             let balancer = balancer.clone();
-            let job = move |ctx: &Ctx| {
-                let slot_ptr = slot_ptr;
+            move |ctx: &Ctx| {
                 let start = (total > 1).then_some(Slot { slot: 0, depth: 0 });
                 let mut r =
                     with_startup(ctx, start, || catch_unwind(AssertUnwindSafe(|| root(ctx))))
@@ -589,21 +585,10 @@ impl Runtime {
                     }
                     b.finish(run, &bytes);
                 }
-                // SAFETY: `run_distributed` reads the slot only after the
-                // command has finished, and only this job writes it.
-                unsafe { *slot_ptr.0 = Some(r) };
-                shared.fj_done.store(true, Ordering::SeqCst);
-                shared.notify_idle();
-            };
-            let job: Box<dyn FnOnce(&Ctx) + Send + '_> = Box::new(job);
-            // SAFETY: lifetime erasure; the job runs and is freed before
-            // `dispatch` returns, while everything it borrows is alive.
-            let job: Box<dyn FnOnce(&Ctx) + Send + 'static> = unsafe { std::mem::transmute(job) };
-            sh.injector.push(HeapJob::into_job_ref(job));
-        } else {
-            drop(root);
-        }
-        sh.dispatch(Command::ForkJoin);
+                r
+            }
+        });
+        let slot = self.dispatch_fork_join(root_job);
         sh.fj.run.store(0, Ordering::SeqCst);
         if let Some(b) = &balancer {
             b.end(run);

@@ -424,25 +424,10 @@ impl Runtime {
         let _g = self.start_lock.lock().unwrap_or_else(|e| e.into_inner());
         let sh = &*self.shared;
         sh.fj_done.store(false, Ordering::SeqCst);
-        let mut slot: Option<Result<R, (usize, String)>> = None;
-        let slot_ptr = SlotPtr(&mut slot as *mut _);
-        let shared = self.shared.clone();
-        let job = move |ctx: &Ctx| {
-            let slot_ptr = slot_ptr;
-            let r = catch_unwind(AssertUnwindSafe(|| root(ctx)))
-                .map_err(|p| (ctx.proc(), panic_message(&*p)));
-            // SAFETY: `run` waits for the command to finish before reading
-            // the slot, and only this job writes it.
-            unsafe { *slot_ptr.0 = Some(r) };
-            shared.fj_done.store(true, Ordering::SeqCst);
-            shared.notify_idle();
-        };
-        let job: Box<dyn FnOnce(&Ctx) + Send + '_> = Box::new(job);
-        // SAFETY: lifetime erasure; the job runs and is freed before
-        // `dispatch` returns, while everything it borrows is alive.
-        let job: Box<dyn FnOnce(&Ctx) + Send + 'static> = unsafe { std::mem::transmute(job) };
-        sh.injector.push(HeapJob::into_job_ref(job));
-        sh.dispatch(Command::ForkJoin);
+        let slot = self.dispatch_fork_join(Some(move |ctx: &Ctx| {
+            catch_unwind(AssertUnwindSafe(|| root(ctx)))
+                .map_err(|p| (ctx.proc(), panic_message(&*p)))
+        }));
         match slot {
             Some(Ok(r)) => Ok(r),
             Some(Err((proc, message))) => Err(Error::FilamentPanic {
@@ -453,6 +438,41 @@ impl Runtime {
             }),
             None => unreachable!("hyfi: fork-join run ended without its root"),
         }
+    }
+
+    /// Runs one fork-join command on this node's server threads: `root`,
+    /// if this node runs one, is queued as the root job; when it returns,
+    /// its value is kept and the run is marked done. Returns the root's
+    /// value once every server thread has finished the command. The caller
+    /// clears `fj_done` first. `root` must not unwind (callers catch).
+    pub(crate) fn dispatch_fork_join<R, F>(&self, root: Option<F>) -> Option<R>
+    where
+        F: FnOnce(&Ctx) -> R + Send,
+        R: Send,
+    {
+        let sh = &*self.shared;
+        let mut slot: Option<R> = None;
+        if let Some(root) = root {
+            let slot_ptr = SlotPtr(&mut slot as *mut Option<R>);
+            let shared = self.shared.clone();
+            let job = move |ctx: &Ctx| {
+                let slot_ptr = slot_ptr;
+                let r = root(ctx);
+                // SAFETY: `slot` is read only after `dispatch` below has
+                // returned, i.e. after this job ended, and only this job
+                // writes it.
+                unsafe { *slot_ptr.0 = Some(r) };
+                shared.fj_done.store(true, Ordering::SeqCst);
+                shared.notify_idle();
+            };
+            let job: Box<dyn FnOnce(&Ctx) + Send + '_> = Box::new(job);
+            // SAFETY: lifetime erasure; the job runs and is freed before
+            // `dispatch` returns, while everything it borrows is alive.
+            let job: Box<dyn FnOnce(&Ctx) + Send + 'static> = unsafe { std::mem::transmute(job) };
+            sh.injector.push(HeapJob::into_job_ref(job));
+        }
+        sh.dispatch(Command::ForkJoin);
+        slot
     }
 
     /// Counters per processor, accumulated since the runtime started (or
