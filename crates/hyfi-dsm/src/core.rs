@@ -95,8 +95,10 @@ pub(crate) struct Meta {
     twin: Option<Box<Words>>,
     /// The slot (processor) whose request is in flight.
     requester: usize,
-    /// Pending bit per slot (mod 64): who waits for this page.
-    pending: u64,
+    /// Pending bits, one per slot (processor): who waits for this page.
+    /// Each slot with its bit set counts the page in its outstanding
+    /// counter until the page arrives. Empty until a first miss.
+    pending: Vec<u64>,
 }
 
 /// One shared array's pages.
@@ -116,6 +118,29 @@ pub(crate) struct Segment {
 unsafe impl Send for Segment {}
 // SAFETY: as above.
 unsafe impl Sync for Segment {}
+
+impl Meta {
+    /// Sets `slot`'s pending bit; true if it was not set.
+    fn set_pending(&mut self, slot: usize) -> bool {
+        let (w, b) = (slot / 64, 1u64 << (slot % 64));
+        if self.pending.len() <= w {
+            self.pending.resize(w + 1, 0);
+        }
+        let new = self.pending[w] & b == 0;
+        self.pending[w] |= b;
+        new
+    }
+    /// Clears the pending bits, calling `f` with each slot that had one.
+    fn take_pending(&mut self, mut f: impl FnMut(usize)) {
+        for (w, word) in self.pending.iter_mut().enumerate() {
+            while *word != 0 {
+                let b = word.trailing_zeros() as usize;
+                *word &= *word - 1;
+                f(w * 64 + b);
+            }
+        }
+    }
+}
 
 impl Segment {
     pub(crate) fn pages(&self) -> usize {
@@ -171,12 +196,6 @@ pub(crate) struct Core {
     outstanding: Box<[CachePadded<AtomicUsize>]>,
     counters: Box<[CachePadded<AtomicCounters>]>,
     phases: Mutex<PhaseTable>,
-}
-
-/// What a lookup of a global page finds.
-struct Found {
-    seg: Arc<Segment>,
-    idx: usize,
 }
 
 /// A little reader of message payloads.
@@ -290,15 +309,13 @@ impl Core {
         &self.counters[slot]
     }
 
-    fn find(&self, gp: u64) -> Option<Found> {
+    /// The segment holding global page `gp`, and the page's index in it.
+    fn find(&self, gp: u64) -> Option<(Arc<Segment>, usize)> {
         let segs = self.segs.read().unwrap_or_else(|e| e.into_inner());
         let k = segs.partition_point(|s| s.first <= gp);
         let seg = segs.get(k.checked_sub(1)?)?;
         let idx = (gp - seg.first) as usize;
-        (idx < seg.pages()).then(|| Found {
-            seg: seg.clone(),
-            idx,
-        })
+        (idx < seg.pages()).then(|| (seg.clone(), idx))
     }
 
     pub(crate) fn failure(&self) -> Option<&String> {
@@ -344,7 +361,6 @@ impl Core {
     pub(crate) fn ensure(&self, seg: &Segment, lo: usize, hi: usize, write: bool) {
         let slot = self.slot();
         let ok = |st: u8| if write { writable(st) } else { readable(st) };
-        let bit = 1u64 << (slot % 64);
         loop {
             let mut reqs: Vec<(u16, u64)> = Vec::new();
             let mut wait_on: Vec<usize> = Vec::new();
@@ -357,15 +373,18 @@ impl Core {
                     INVALID => {
                         seg.state[p].store(PENDING, Ordering::Relaxed);
                         m.requester = slot;
-                        m.pending |= bit;
+                        m.set_pending(slot);
                         self.outstanding[slot].fetch_add(1, Ordering::Relaxed);
                         reqs.push((seg.homes[p], seg.first + p as u64));
                         wait_on.push(p);
                         self.ctr(slot).read_faults.fetch_add(1, Ordering::Relaxed);
                     }
                     PENDING => {
-                        // Already requested on this node: never twice.
-                        m.pending |= bit;
+                        // Already requested on this node: never twice; this
+                        // processor waits for the same reply.
+                        if m.set_pending(slot) {
+                            self.outstanding[slot].fetch_add(1, Ordering::Relaxed);
+                        }
                         wait_on.push(p);
                     }
                     st @ (READ | 6) if write => {
@@ -467,13 +486,13 @@ impl Core {
         let mut pages = Vec::with_capacity(n);
         for _ in 0..n {
             let gp = r.u64()?;
-            let f = self
+            let (seg, p) = self
                 .find(gp)
                 .ok_or_else(|| format!("request for page {gp}, which no shared array holds"))?;
-            if f.seg.homes[f.idx] as usize != self.me {
+            if seg.homes[p] as usize != self.me {
                 return Err(format!(
                     "request for page {gp}, whose home is node {}, not this one",
-                    f.seg.homes[f.idx]
+                    seg.homes[p]
                 ));
             }
             pages.push(gp);
@@ -505,9 +524,9 @@ impl Core {
                         b.extend_from_slice(&gp.to_le_bytes());
                     }
                     for &gp in chunk {
-                        let f = self.find(gp).expect("checked when the request came");
+                        let (seg, p) = self.find(gp).expect("checked when the request came");
                         // SAFETY: a page of a live segment of our region.
-                        unsafe { elem::copy_out(f.seg.page_ptr(f.idx), b) };
+                        unsafe { elem::copy_out(seg.page_ptr(p), b) };
                     }
                 },
             );
@@ -524,10 +543,9 @@ impl Core {
         let gps: Vec<u64> = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
         for gp in gps {
             let bytes = r.bytes(PAGE)?;
-            let f = self
+            let (seg, p) = self
                 .find(gp)
                 .ok_or_else(|| format!("page {gp} arrived, but no shared array holds it"))?;
-            let (seg, p) = (&f.seg, f.idx);
             if seg.homes[p] as usize != from {
                 return Err(format!(
                     "page {gp} arrived from a node that is not its home"
@@ -546,11 +564,13 @@ impl Core {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .push((seg.seq, p));
-                self.outstanding[m.requester].fetch_sub(1, Ordering::Relaxed);
                 self.ctr(m.requester)
                     .pages_fetched
                     .fetch_add(1, Ordering::Relaxed);
-                m.pending = 0;
+                let outstanding = &self.outstanding;
+                m.take_pending(|s| {
+                    outstanding[s].fetch_sub(1, Ordering::Relaxed);
+                });
                 std::mem::take(&mut m.waiters)
             };
             for w in waiters {
@@ -593,18 +613,18 @@ impl Core {
         for _ in 0..nd {
             let gp = r.u64()?;
             let runs = r.u32()?;
-            let f = self
+            let (seg, p) = self
                 .find(gp)
                 .ok_or_else(|| format!("a diff for page {gp}, which no shared array holds"))?;
-            if f.seg.homes[f.idx] as usize != self.me {
+            if seg.homes[p] as usize != self.me {
                 return Err(format!(
                     "a diff for page {gp} from node {from}, but its home is node {}",
-                    f.seg.homes[f.idx]
+                    seg.homes[p]
                 ));
             }
             // SAFETY: a page of a live segment homed here; diff bytes are
             // written with byte atomics.
-            let used = unsafe { elem::apply(f.seg.page_ptr(f.idx), runs, r.rest()) }
+            let used = unsafe { elem::apply(seg.page_ptr(p), runs, r.rest()) }
                 .ok_or_else(|| format!("a malformed diff for page {gp}"))?;
             r.bytes(used)?;
             self.ctr(self.procs)
@@ -660,10 +680,9 @@ impl Core {
         let mut diffs: Vec<(u32, Vec<u8>)> = vec![(0, Vec::new()); self.nodes];
         let mut cache: Option<Arc<Segment>> = None;
         for &gp in &dirty {
-            let f = self
+            let (seg, p) = self
                 .find_cached(gp, &mut cache)
                 .expect("dirty pages belong to segments");
-            let (seg, p) = (&f.0, f.1);
             let home = seg.homes[p] as usize;
             let mut m = seg.lock(p);
             if home != self.me {
@@ -810,9 +829,9 @@ impl Core {
                 return Some((s.clone(), (gp - s.first) as usize));
             }
         }
-        let f = self.find(gp)?;
-        *cache = Some(f.seg.clone());
-        Some((f.seg, f.idx))
+        let (seg, idx) = self.find(gp)?;
+        *cache = Some(seg.clone());
+        Some((seg, idx))
     }
 
     // ---------------------------------------------------------------

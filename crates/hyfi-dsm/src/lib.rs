@@ -136,15 +136,16 @@ impl Dsm {
         } else {
             region::addr_from_env()?
         };
-        let sender = if nodes > 1 {
-            let cluster = link
-                .as_any()
-                .and_then(|a| a.downcast_ref::<hyfi_net::Cluster>())
-                .ok_or(DsmError::NotACluster { nodes })?;
-            Some(cluster.comm().sender())
+        let cluster = if nodes > 1 {
+            Some(
+                link.as_any()
+                    .and_then(|a| a.downcast_ref::<hyfi_net::Cluster>())
+                    .ok_or(DsmError::NotACluster { nodes })?,
+            )
         } else {
             None
         };
+        let sender = cluster.map(|c| c.comm().sender());
         let reserved = region::Region::reserve(size, addr);
         if nodes > 1 {
             // Did every node get the region, at the same address?
@@ -180,11 +181,7 @@ impl Dsm {
             why,
         })?;
         let core = Arc::new(Core::new(me, nodes, rt.procs(), region, sender));
-        if nodes > 1 {
-            let cluster = link
-                .as_any()
-                .and_then(|a| a.downcast_ref::<hyfi_net::Cluster>())
-                .ok_or(DsmError::NotACluster { nodes })?;
+        if let Some(cluster) = cluster {
             cluster.comm().set_service(core::SERVICE_ID, core.clone())?;
             // SIGUSR1 prints the DSM's counters with the node's traffic.
             let weak = Arc::downgrade(&core);
