@@ -384,6 +384,63 @@ impl Grids {
     }
 }
 
+/// Element access both grid kinds offer, so that the per-point program is
+/// written once for both (the per-row ones differ: DSM views take `ctx`).
+trait Grid: Sync {
+    fn get(&self, i: usize, j: usize) -> f64;
+    fn set(&self, i: usize, j: usize, v: f64);
+}
+
+impl Grid for SharedMatrix<f64> {
+    #[inline(always)]
+    fn get(&self, i: usize, j: usize) -> f64 {
+        SharedMatrix::get(self, i, j)
+    }
+    #[inline(always)]
+    fn set(&self, i: usize, j: usize, v: f64) {
+        SharedMatrix::set(self, i, j, v)
+    }
+}
+
+impl Grid for DsmMatrix<f64> {
+    #[inline(always)]
+    fn get(&self, i: usize, j: usize) -> f64 {
+        DsmMatrix::get(self, i, j)
+    }
+    #[inline(always)]
+    fn set(&self, i: usize, j: usize, v: f64) {
+        DsmMatrix::set(self, i, j, v)
+    }
+}
+
+/// The per-point Jacobi phase over `g` (monomorphized per grid kind).
+fn point_phase<'a, G: Grid>(
+    prog: &mut Program<'a>,
+    rt: &Runtime,
+    n: usize,
+    g: &'a [G; 2],
+    maxdiff: &'a Reduction<f64>,
+    iters: u64,
+) {
+    prog.phase(
+        PoolArray::block_rows(rt, 1..n - 1, 1..n - 1, 1),
+        move |ctx: &Ctx, (i, j): (usize, usize)| {
+            let k = ctx.iteration() as usize;
+            let (old, new) = (&g[k % 2], &g[(k + 1) % 2]);
+            let v = average(
+                old.get(i - 1, j),
+                old.get(i + 1, j),
+                old.get(i, j - 1),
+                old.get(i, j + 1),
+            );
+            new.set(i, j, v);
+            let d = (v - old.get(i, j)).abs();
+            maxdiff.update(ctx, |m| m.max(d));
+        },
+        post(maxdiff, iters),
+    );
+}
+
 /// The hyfi Jacobi program over `grids`, one filament per point or per row
 /// (the same filament code as `examples/jacobi.rs` and `benches/kernels.rs`).
 fn program<'a>(
@@ -396,44 +453,8 @@ fn program<'a>(
 ) -> Program<'a> {
     let mut prog = Program::new();
     match (grids, per_row) {
-        (Grids::Local(g), false) => {
-            prog.phase(
-                PoolArray::block_rows(rt, 1..n - 1, 1..n - 1, 1),
-                move |ctx: &Ctx, (i, j): (usize, usize)| {
-                    let k = ctx.iteration() as usize;
-                    let (old, new) = (&g[k % 2], &g[(k + 1) % 2]);
-                    let v = average(
-                        old.get(i - 1, j),
-                        old.get(i + 1, j),
-                        old.get(i, j - 1),
-                        old.get(i, j + 1),
-                    );
-                    new.set(i, j, v);
-                    let d = (v - old.get(i, j)).abs();
-                    maxdiff.update(ctx, |m| m.max(d));
-                },
-                post(maxdiff, iters),
-            );
-        }
-        (Grids::Dsm(g), false) => {
-            prog.phase(
-                PoolArray::block_rows(rt, 1..n - 1, 1..n - 1, 1),
-                move |ctx: &Ctx, (i, j): (usize, usize)| {
-                    let k = ctx.iteration() as usize;
-                    let (old, new) = (&g[k % 2], &g[(k + 1) % 2]);
-                    let v = average(
-                        old.get(i - 1, j),
-                        old.get(i + 1, j),
-                        old.get(i, j - 1),
-                        old.get(i, j + 1),
-                    );
-                    new.set(i, j, v);
-                    let d = (v - old.get(i, j)).abs();
-                    maxdiff.update(ctx, |m| m.max(d));
-                },
-                post(maxdiff, iters),
-            );
-        }
+        (Grids::Local(g), false) => point_phase(&mut prog, rt, n, g, maxdiff, iters),
+        (Grids::Dsm(g), false) => point_phase(&mut prog, rt, n, g, maxdiff, iters),
         (Grids::Local(g), true) => {
             prog.phase(
                 PoolArray::<usize>::block(rt, 1..n - 1, 1),
