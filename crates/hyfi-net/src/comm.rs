@@ -538,12 +538,7 @@ impl Sender {
 
     /// Queues raw bytes to `peer` under `tag` (never blocks).
     pub fn send_bulk(&self, peer: usize, tag: u64, bytes: &[u8]) -> Result<(), NetError> {
-        let f = wire::bulk_frame(tag, bytes);
-        self.stats.bulk_sent.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .bulk_bytes_sent
-            .fetch_add(f.len() as u64, Ordering::Relaxed);
-        self.push(peer, f, false)
+        self.send_frame(peer, wire::bulk_frame(tag, bytes))
     }
 
     pub(crate) fn aborted(&self, cause: String) -> NetError {
