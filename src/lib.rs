@@ -30,6 +30,7 @@ pub use hyfi_core::*;
 /// The shared memory layer (page size, placement, statistics, errors).
 pub use hyfi_dsm as dsm;
 pub use hyfi_dsm::{
-    Dsm, DsmCounters, DsmError, DsmMatrix, DsmStats, DsmVec, MatrixView, Placement, View, ViewMut,
+    Dsm, DsmCounters, DsmError, DsmMatrix, DsmStats, DsmVec, MatrixView, Placement, ReadRange,
+    ReadRows, View, ViewMut, WriteRange, WriteRows,
 };
 pub use hyfi_net::{init, init_nodes, init_with, Cluster, NetError};

@@ -50,6 +50,10 @@ pub trait PhaseEnd: Send + Sync + 'static {
     /// Ends phase `phase` (its index in the program) on this node; must not
     /// return before every node has ended it too.
     fn end_phase(&self, phase: usize, link: &dyn NodeLink) -> Result<(), LinkError>;
+    /// Called when an access epoch ends (see `Ctx::access_epoch`): after a
+    /// phase's filaments, after its post-phase code, and before a new
+    /// command (program or fork-join run) begins. No filament runs then.
+    fn access_epoch_ended(&self) {}
     /// The hook as `Any`, so its layer can find its own state again on a
     /// runtime it already set up.
     fn as_any(&self) -> &dyn std::any::Any;

@@ -37,7 +37,7 @@
 use std::sync::Mutex;
 
 use crate::error::Error;
-use crate::pool::{Index, PoolArray};
+use crate::pool::{Index, PoolArray, Span};
 use crate::reduce::{Arith, LinkAbort, Op, Reduction};
 use crate::runtime::Shared;
 use crate::worker::Ctx;
@@ -92,6 +92,39 @@ where
     }
 }
 
+/// A phase whose filaments see, per pool segment, what `bind` returned.
+struct BoundPhaseImpl<I: Index, B, F, G> {
+    pools: PoolArray<I>,
+    bind: B,
+    filament: F,
+    post: Box<Mutex<G>>,
+}
+
+impl<I, B, V, F, G> PhaseBody for BoundPhaseImpl<I, B, F, G>
+where
+    I: Index,
+    B: Fn(&Ctx, &Span) -> V + Sync,
+    F: Fn(&Ctx, I, &mut V) + Sync,
+    G: FnMut(&mut PostPhase<'_>) -> Control + Send,
+{
+    fn procs(&self) -> usize {
+        self.pools.procs()
+    }
+    fn pools_of(&self, _proc: usize) -> usize {
+        self.pools.pools_per_proc()
+    }
+    fn run_pool(&self, ctx: &Ctx, k: usize) {
+        let pool = self.pools.get(ctx.proc(), k);
+        let (bind, f) = (&self.bind, &self.filament);
+        pool.for_each_segment(|span| bind(ctx, span), |i, v| f(ctx, i, v));
+        ctx.count_filaments(pool.len() as u64);
+    }
+    fn post(&self, post: &mut PostPhase<'_>) -> Control {
+        let mut g = self.post.lock().unwrap_or_else(|e| e.into_inner());
+        (*g)(post)
+    }
+}
+
 /// A sequence of phases (`filCreatePhase` for each), run by
 /// [`Runtime::start`](crate::Runtime::start).
 ///
@@ -118,6 +151,63 @@ impl<'a> Program<'a> {
     {
         self.phases.push(Box::new(PhaseImpl {
             pools,
+            filament,
+            post: Box::new(Mutex::new(post)),
+        }));
+        self
+    }
+
+    /// Appends a phase with a declared footprint: before the filaments of
+    /// each pool segment run, `bind(ctx, span)` is called once with the
+    /// segment's [`Span`] and returns what they work with: views of the
+    /// shared arrays the segment reads and writes (validated and, on
+    /// several nodes, fetched once for the whole segment), segment-local
+    /// reduction accumulators ([`Reduction::local`]), anything else. Each
+    /// filament then gets `&mut` of it: `filament(ctx, index, &mut bound)`.
+    /// What `bind` returned is dropped at the segment's end (a local
+    /// accumulator folds into the processor's copy then).
+    ///
+    /// This is the fast path for regular access: the per-element checks of
+    /// [`Program::phase`] are paid once per segment, the filament is
+    /// inlined into the pool's loop, and the bound views and accumulators
+    /// stay in registers. The filaments of Jacobi's Figure 1, one per
+    /// point, then cost what the plain loop costs:
+    ///
+    /// ```
+    /// use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime};
+    ///
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+    /// let data: Vec<f64> = (0..1000).map(|i| ((i * 7919) % 1000) as f64).collect();
+    /// let top = rt.reduction(f64::MIN);
+    /// let mut found = 0.0;
+    /// let mut prog = Program::new();
+    /// prog.phase_with(
+    ///     PoolArray::block(&rt, 0..1000, 1),
+    ///     |ctx, span| (&data[span.rows()], span.rows().start, top.local(ctx, Op::Max)),
+    ///     |_ctx, i, (part, first, max)| max.fold(part[i - *first]),
+    ///     |post| { found = post.reduce(&top, Op::Max); Control::Done },
+    /// );
+    /// rt.start(&mut prog).unwrap();
+    /// drop(prog);
+    /// assert_eq!(found, 999.0);
+    /// ```
+    pub fn phase_with<I, B, V, F, G>(
+        &mut self,
+        pools: PoolArray<I>,
+        bind: B,
+        filament: F,
+        post: G,
+    ) -> &mut Self
+    where
+        I: Index,
+        B: Fn(&Ctx, &Span) -> V + Sync + 'a,
+        F: Fn(&Ctx, I, &mut V) + Sync + 'a,
+        G: FnMut(&mut PostPhase<'_>) -> Control + Send + 'a,
+        V: 'a,
+    {
+        self.phases.push(Box::new(BoundPhaseImpl {
+            pools,
+            bind,
             filament,
             post: Box::new(Mutex::new(post)),
         }));

@@ -176,6 +176,77 @@ impl<I: Index> Pool<I> {
     }
 }
 
+/// The filaments of one pool segment, as a phase declared with
+/// [`Program::phase_with`](crate::Program::phase_with) sees them before it
+/// runs them: rows `rows()` (every `step()`-th) × columns `cols()`. For a
+/// 1-D pool the rows are the indices and `cols()` is `0..1`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span {
+    rows: Range<usize>,
+    step: usize,
+    cols: Range<usize>,
+}
+
+impl Span {
+    /// The rows (1-D: the indices) the segment's filaments cover, from the
+    /// first to one past the last.
+    #[inline]
+    pub fn rows(&self) -> Range<usize> {
+        self.rows.clone()
+    }
+    /// Distance between consecutive rows (1 but for strided pools).
+    #[inline]
+    pub fn step(&self) -> usize {
+        self.step
+    }
+    /// The columns (2-D pools).
+    #[inline]
+    pub fn cols(&self) -> Range<usize> {
+        self.cols.clone()
+    }
+    /// The rows widened by `halo` on each side, clipped to `0..limit`: the
+    /// rows a stencil of that reach reads.
+    #[inline]
+    pub fn rows_with_halo(&self, halo: usize, limit: usize) -> Range<usize> {
+        self.rows.start.saturating_sub(halo).min(limit)..(self.rows.end + halo).min(limit)
+    }
+    /// Number of filaments in the segment.
+    pub fn len(&self) -> usize {
+        self.rows.clone().step_by(self.step).len() * self.cols.len()
+    }
+    /// Whether the segment has no filament.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<I: Index> Pool<I> {
+    /// Runs, for each segment: `bind(span)`, then `f(index, &mut bound)` on
+    /// each of its filaments, in order; the bound value is dropped at the
+    /// segment's end. Monomorphised over both closures, so the filament is
+    /// inlined into the loop and what `bind` returned lives in registers.
+    #[inline]
+    pub(crate) fn for_each_segment<V>(
+        &self,
+        mut bind: impl FnMut(&Span) -> V,
+        mut f: impl FnMut(I, &mut V),
+    ) {
+        for s in &self.segs {
+            let span = Span {
+                rows: s.rows.clone(),
+                step: s.step,
+                cols: s.cols.clone(),
+            };
+            let mut v = bind(&span);
+            for i in s.rows.clone().step_by(s.step) {
+                for j in s.cols.clone() {
+                    f(I::at(i, j), &mut v);
+                }
+            }
+        }
+    }
+}
+
 impl Pool<usize> {
     /// Adds filaments `range` (1-D).
     pub fn push_range(&mut self, range: Range<usize>) {

@@ -110,6 +110,42 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         unsafe { *s = f(*s) }
     }
 
+    /// Folds `v` into this processor's copy with `op`: for [`Op::Max`] and
+    /// [`Op::Min`] one compare (`if v > copy { copy = v }`), not the
+    /// NaN-handling `f64::max` (a NaN `v` is ignored either way).
+    #[inline(always)]
+    pub fn fold(&self, ctx: &Ctx, op: Op, v: T)
+    where
+        T: Arith,
+    {
+        let s = self.slot(ctx);
+        // SAFETY: as in `get`; no user code runs between the read and the write.
+        unsafe { *s = op.fold(*s, v) }
+    }
+
+    /// A segment-local accumulator for this processor's copy: folds stay
+    /// in a register, and the accumulated value is folded into the copy
+    /// (with `op`) when the accumulator is dropped. Made by the `bind`
+    /// closure of [`Program::phase_with`](crate::Program::phase_with), it
+    /// lives for one pool segment.
+    ///
+    /// It starts from `op`'s identity and combines at its end, so another
+    /// filthread of the processor (another pool, run while this one waits
+    /// for a page) may fold into the copy meanwhile without either losing
+    /// an update.
+    #[inline]
+    pub fn local<'r>(&'r self, ctx: &Ctx, op: Op) -> Local<'r, T>
+    where
+        T: Arith,
+    {
+        Local {
+            slot: self.slot(ctx),
+            acc: T::identity(op),
+            op,
+            _r: std::marker::PhantomData,
+        }
+    }
+
     /// # Safety
     /// No server thread may be accessing the copies.
     pub(crate) unsafe fn read(&self, p: usize) -> T {
@@ -122,6 +158,38 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         for c in self.copies.iter() {
             *c.get() = v;
         }
+    }
+}
+
+/// A segment-local accumulator of a [`Reduction`] (see
+/// [`Reduction::local`]). It is neither `Send` nor `Sync`: it belongs to the
+/// processor whose copy it folds into.
+pub struct Local<'r, T: Arith> {
+    slot: *mut T,
+    acc: T,
+    op: Op,
+    _r: std::marker::PhantomData<(&'r Reduction<T>, *const ())>,
+}
+
+impl<T: Arith> Local<'_, T> {
+    /// Folds `v` into the accumulator.
+    #[inline(always)]
+    pub fn fold(&mut self, v: T) {
+        self.acc = self.op.fold(self.acc, v);
+    }
+    /// The value accumulated so far (the op's identity at first).
+    #[inline]
+    pub fn value(&self) -> T {
+        self.acc
+    }
+}
+
+impl<T: Arith> Drop for Local<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY: `slot` is this processor's copy (taken through its Ctx),
+        // and the accumulator, being !Send, is dropped on this server
+        // thread; no user code runs between the read and the write.
+        unsafe { *self.slot = self.op.apply(*self.slot, self.acc) }
     }
 }
 
@@ -166,6 +234,31 @@ impl Op {
             Op::Min => a.min(b),
         }
     }
+
+    /// Folds `v` into an accumulator `acc`: as [`Op::apply`], but
+    /// [`Op::Max`]/[`Op::Min`] take `v` only if it is strictly better (one
+    /// compare; a NaN `v` is ignored, as `f64::max` ignores it).
+    #[inline(always)]
+    pub fn fold<T: Arith>(self, acc: T, v: T) -> T {
+        match self {
+            Op::Sum => acc.add(v),
+            Op::Product => acc.mul(v),
+            Op::Max => {
+                if v > acc {
+                    v
+                } else {
+                    acc
+                }
+            }
+            Op::Min => {
+                if v < acc {
+                    v
+                } else {
+                    acc
+                }
+            }
+        }
+    }
 }
 
 /// Numbers the built-in [`Op`]s work on.
@@ -178,6 +271,9 @@ pub trait Arith: bytemuck::Pod + Send + Sync + PartialOrd {
     fn max(self, o: Self) -> Self;
     /// The smaller.
     fn min(self, o: Self) -> Self;
+    /// The identity of `op`: 0 for sums, 1 for products, the least value
+    /// (−∞ for floats) for maxima, the greatest (+∞) for minima.
+    fn identity(op: Op) -> Self;
 }
 
 macro_rules! arith_int {
@@ -187,6 +283,9 @@ macro_rules! arith_int {
             fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
             fn max(self, o: Self) -> Self { Ord::max(self, o) }
             fn min(self, o: Self) -> Self { Ord::min(self, o) }
+            fn identity(op: Op) -> Self {
+                match op { Op::Sum => 0, Op::Product => 1, Op::Max => <$t>::MIN, Op::Min => <$t>::MAX }
+            }
         }
     )*};
 }
@@ -199,6 +298,9 @@ macro_rules! arith_float {
             fn mul(self, o: Self) -> Self { self * o }
             fn max(self, o: Self) -> Self { <$t>::max(self, o) }
             fn min(self, o: Self) -> Self { <$t>::min(self, o) }
+            fn identity(op: Op) -> Self {
+                match op { Op::Sum => 0.0, Op::Product => 1.0, Op::Max => <$t>::NEG_INFINITY, Op::Min => <$t>::INFINITY }
+            }
         }
     )*};
 }

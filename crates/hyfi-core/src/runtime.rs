@@ -106,6 +106,11 @@ pub(crate) struct Shared {
     /// Fork-join across nodes (see `balance`).
     pub(crate) fj: crate::balance::NodeState,
     pub(crate) epoch: AtomicU64,
+    /// The *access epoch*: advanced whenever a phase (each execution of
+    /// one) or a fork-join run is about to begin on this node, while no
+    /// filament runs. Shared arrays key their per-phase access modes
+    /// (read-only or written) on it; see [`Ctx::access_epoch`].
+    pub(crate) access_epoch: Arc<AtomicU64>,
     command: Mutex<Command>,
     finished: AtomicUsize,
     caller: Mutex<Option<Arc<Parker>>>,
@@ -146,12 +151,23 @@ impl Shared {
         }
     }
 
+    /// Ends the current access epoch and begins the next. Called only
+    /// while no filament runs (between commands, or by the master at a
+    /// phase barrier), so per-epoch state above hyfi-core may be checked.
+    pub(crate) fn next_access_epoch(&self) {
+        if let Some(h) = self.phase_end.get() {
+            h.access_epoch_ended();
+        }
+        self.access_epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
     /// Hands `cmd` to every server thread and waits until all have finished it.
     pub(crate) fn dispatch(&self, cmd: Command) {
         let caller = Arc::new(Parker::current());
         *self.caller.lock().unwrap_or_else(|e| e.into_inner()) = Some(caller.clone());
         self.finished.store(0, Ordering::SeqCst);
         *self.command.lock().unwrap_or_else(|e| e.into_inner()) = cmd;
+        self.next_access_epoch();
         self.epoch.fetch_add(1, Ordering::SeqCst);
         self.notify_idle();
         if matches!(cmd, Command::Shutdown) {
@@ -251,6 +267,7 @@ impl Runtime {
             fj_done: AtomicBool::new(false),
             fj: Default::default(),
             epoch: AtomicU64::new(0),
+            access_epoch: Arc::new(AtomicU64::new(1)),
             command: Mutex::new(Command::Idle),
             finished: AtomicUsize::new(0),
             caller: Mutex::new(None),
@@ -314,6 +331,14 @@ impl Runtime {
     /// The phase-end hook installed, if any.
     pub fn phase_end(&self) -> Option<&Arc<dyn PhaseEnd>> {
         self.shared.phase_end.get()
+    }
+
+    /// The counter behind [`Ctx::access_epoch`], for layers that check
+    /// per-phase access modes outside a filament (hyfi-dsm's element
+    /// writes). Read it `Relaxed`: it changes only while no filament runs.
+    #[doc(hidden)]
+    pub fn access_epoch_counter(&self) -> Arc<AtomicU64> {
+        self.shared.access_epoch.clone()
     }
 
     /// Processors (server threads) on this node.

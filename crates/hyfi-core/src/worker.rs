@@ -155,6 +155,16 @@ impl Ctx {
     pub fn iteration(&self) -> u64 {
         self.iteration.get()
     }
+    /// The access epoch: a number that changes whenever a phase (each
+    /// execution of it) or a fork-join run begins on this node, and only
+    /// then. Layers above hyfi-core key per-phase state on it: hyfi-dsm's
+    /// shared arrays record whether they are read-only or written in the
+    /// current epoch, which is what makes their read-only views plain
+    /// memory.
+    #[inline]
+    pub fn access_epoch(&self) -> u64 {
+        self.shared.access_epoch.load(Ordering::Relaxed)
+    }
     /// Global index of this processor: `node * procs_per_node + proc`.
     #[inline]
     pub fn global_proc(&self) -> usize {
@@ -574,6 +584,9 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
             parker.wait_until(|| run.arrived.load(Ordering::SeqCst) == p - 1);
             run.arrived.store(0, Ordering::SeqCst);
             let next = post_phase(ctx, run, cur, body, phases.len());
+            // The next phase is a new access epoch (no filament runs now;
+            // the SeqCst `gen` store below publishes it to the others).
+            ctx.shared.next_access_epoch();
             run.next.store(next, Ordering::SeqCst);
             run.gen.store(gen + 1, Ordering::SeqCst);
             for w in ctx.shared.workers.iter().skip(1) {
@@ -615,6 +628,9 @@ fn post_phase(
         return DONE;
     }
     let iteration = run.iterations[cur].fetch_add(1, Ordering::Relaxed);
+    // Post-phase code is an access epoch of its own: it may write what
+    // the phase's filaments read as read-only.
+    ctx.shared.next_access_epoch();
     let mut post = PostPhase::new(&ctx.shared, cur, iteration);
     match catch_unwind(AssertUnwindSafe(|| body.post(&mut post))) {
         Ok(Control::Continue) => (cur + 1) % nphases,

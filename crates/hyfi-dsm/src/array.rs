@@ -15,7 +15,7 @@
 
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytemuck::Pod;
@@ -23,6 +23,7 @@ use hyfi_core::Ctx;
 
 use crate::core::{readable, settled_readable, writable, Core, Segment};
 use crate::elem;
+use crate::footprint::{ReadRange, ReadRows, WriteRange, WriteRows, NONE};
 use crate::region::PAGE;
 
 const SHIFT: u32 = PAGE.trailing_zeros();
@@ -73,9 +74,17 @@ impl<T: Pod> Shared<T> {
         self.slow(lo, hi, false);
     }
 
-    /// Makes elements `e..e+n` writable here.
+    /// The runtime's access epoch now.
+    #[inline(always)]
+    pub(crate) fn epoch(&self) -> u64 {
+        self.core.epoch.load(Ordering::Relaxed)
+    }
+
+    /// Makes elements `e..e+n` writable here (and the array written in
+    /// this access epoch: see footprint.rs).
     #[inline(always)]
     pub(crate) fn check_write(&self, e: usize, n: usize) {
+        self.seg.note_write(self.epoch(), (e, NONE));
         let (lo, hi) = Self::pages_of(e, n);
         // SAFETY: as in check_read.
         if lo == hi && writable(unsafe { self.seg.state.get_unchecked(lo) }.load(Ordering::Acquire))
@@ -160,6 +169,10 @@ impl<T: Pod> Shared<T> {
 pub(crate) struct Fast<T> {
     base: *mut T,
     state: *const std::sync::atomic::AtomicU8,
+    /// The array's access mode word and the runtime's access epoch: a
+    /// write checks the array is not read-only now (footprint.rs).
+    seg: *const Segment,
+    now: *const AtomicU64,
 }
 
 impl<T: Pod> Fast<T> {
@@ -167,6 +180,8 @@ impl<T: Pod> Fast<T> {
         Fast {
             base: sh.base,
             state: sh.seg.state.as_ptr(),
+            seg: Arc::as_ptr(&sh.seg),
+            now: Arc::as_ptr(&sh.core.epoch),
         }
     }
     const SIMPLE: bool = std::mem::size_of::<T>().is_power_of_two();
@@ -193,6 +208,9 @@ impl<T: Pod> Fast<T> {
 
     #[inline(always)]
     fn store(&self, sh: &Shared<T>, e: usize, v: T) {
+        // SAFETY: both point into state kept alive by `sh` (the segment
+        // and the core holding the epoch counter).
+        unsafe { (*self.seg).note_write((*self.now).load(Ordering::Relaxed), (e, NONE)) };
         if Self::SIMPLE {
             let page = e >> Self::PER_PAGE_SHIFT;
             // SAFETY: as in load; WRITE means writable here (twin taken).
@@ -446,6 +464,51 @@ impl<T: Pod> DsmVec<T> {
         }
         ViewMut::new(self.sh.base.wrapping_add(r.start), r.len())
     }
+    /// Elements `r` as a read-only view of plain memory (`view[i]`,
+    /// `view.as_slice()`), for the filaments of one pool segment: see
+    /// [`DsmMatrix::read_rows`], whose rules it follows.
+    pub fn read_range<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> ReadRange<'a, T> {
+        self.check_range(&r);
+        let epoch = ctx.access_epoch();
+        self.sh.seg.note_read_only(epoch, (r.start, NONE));
+        if !r.is_empty() {
+            self.sh.check_read(r.start, r.len());
+        }
+        // SAFETY: the range's pages are valid here and the vector is
+        // read-only in `epoch`. A vector's view is one row of its elements.
+        unsafe {
+            ReadRange::new(
+                self.sh.base,
+                r.start,
+                r.len(),
+                &self.sh.core.live_views,
+                self.sh.seg.seq,
+            )
+        }
+    }
+
+    /// Elements `r` as a write view (`view.set(i, v)`), for the
+    /// filaments of one pool segment: see [`DsmMatrix::write_rows`].
+    pub fn write_range<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> WriteRange<'a, T> {
+        self.check_range(&r);
+        let epoch = ctx.access_epoch();
+        self.sh.seg.note_write(epoch, (r.start, NONE));
+        if !r.is_empty() {
+            self.sh.check_write(r.start, r.len());
+        }
+        // SAFETY: the range's pages are writable here and the vector is
+        // written in `epoch`.
+        unsafe {
+            WriteRange::new(
+                self.sh.base,
+                r.start,
+                r.len(),
+                &self.sh.core.live_views,
+                self.sh.seg.seq,
+            )
+        }
+    }
+
     /// Copies elements `start..start+out.len()` into `out`.
     pub fn read(&self, start: usize, out: &mut [T]) {
         self.check_range(&(start..start + out.len()));
@@ -627,6 +690,111 @@ impl<T: Pod> DsmMatrix<T> {
             _life: PhantomData,
         }
     }
+    /// The rows `r` as a read-only view of plain memory, for the filaments
+    /// of one pool segment (take it in `Program::phase_with`'s bind): every
+    /// missing page of the rows is fetched at once first. The array becomes
+    /// read-only on this node for the rest of the phase: a write to it
+    /// panics, as does a read view of an array already written in the
+    /// phase (see the footprint module's docs for why that makes plain
+    /// reads sound).
+    ///
+    /// ```
+    /// use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime};
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+    /// let dsm = hyfi_dsm::Dsm::new(&rt)?;
+    /// let n = 64;
+    /// let a = dsm.matrix::<f64>(n, n).from_fn(|i, j| (i * n + j) as f64)?;
+    /// let b = dsm.matrix::<f64>(n, n).zeroed()?;
+    /// let total = rt.reduction(0.0f64);
+    /// let mut sum = 0.0;
+    /// let mut prog = Program::new();
+    /// prog.phase_with(
+    ///     // One filament per interior point: b = the 4-neighbour average of a.
+    ///     PoolArray::block_rows(&rt, 1..n - 1, 1..n - 1, 1),
+    ///     |ctx, span| (a.read_rows(ctx, span.rows_with_halo(1, n)), b.write_rows(ctx, span.rows()), total.local(ctx, Op::Sum)),
+    ///     |_ctx, (i, j), (a, b, total)| {
+    ///         let v = (a[(i - 1, j)] + a[(i + 1, j)] + a[(i, j - 1)] + a[(i, j + 1)]) * 0.25;
+    ///         b.set(i, j, v);
+    ///         total.fold(v);
+    ///     },
+    ///     |post| { sum = post.reduce(&total, Op::Sum); Control::Done },
+    /// );
+    /// rt.start(&mut prog)?;
+    /// drop(prog);
+    /// // Each average of a linear function is the point's own value.
+    /// assert_eq!(b.get(5, 7), a.get(5, 7));
+    /// let want: f64 = (1..n - 1).flat_map(|i| (1..n - 1).map(move |j| (i * n + j) as f64)).sum();
+    /// assert!((sum - want).abs() < 1e-6 * want);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn read_rows<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> ReadRows<'a, T> {
+        self.check_rows(&r);
+        let epoch = ctx.access_epoch();
+        self.sh.seg.note_read_only(epoch, (r.start, 0));
+        self.validate_rows(&r, false);
+        // SAFETY: the rows' pages are valid here (validate_rows) and the
+        // array is read-only in `epoch` (claimed above).
+        unsafe {
+            ReadRows::new(
+                self.sh.base,
+                r.start,
+                r.len(),
+                self.cols,
+                self.stride,
+                &self.sh.core.live_views,
+                self.sh.seg.seq,
+            )
+        }
+    }
+
+    /// The rows `r` as a write view, for the filaments of one pool segment:
+    /// every page of the rows is made writable here at once (fetched if
+    /// missing, twins taken), and the array is marked written in this
+    /// phase (a read view of it then panics).
+    pub fn write_rows<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> WriteRows<'a, T> {
+        self.check_rows(&r);
+        let epoch = ctx.access_epoch();
+        self.sh.seg.note_write(epoch, (r.start, 0));
+        self.validate_rows(&r, true);
+        // SAFETY: the rows' pages are writable here and the array is
+        // written in `epoch`.
+        unsafe {
+            WriteRows::new(
+                self.sh.base,
+                r.start,
+                r.len(),
+                self.cols,
+                self.stride,
+                &self.sh.core.live_views,
+                self.sh.seg.seq,
+            )
+        }
+    }
+
+    fn check_rows(&self, r: &Range<usize>) {
+        if r.start > r.end || r.end > self.rows {
+            out_of_bounds(
+                "matrix rows",
+                format!("{r:?}"),
+                format!("{} rows", self.rows),
+            );
+        }
+    }
+
+    /// Makes every page of rows `r` readable (or writable) here.
+    fn validate_rows(&self, r: &Range<usize>, write: bool) {
+        if r.is_empty() || self.cols == 0 {
+            return;
+        }
+        let first = r.start * self.stride;
+        let n = (r.len() - 1) * self.stride + self.cols;
+        if write {
+            self.sh.check_write(first, n);
+        } else {
+            self.sh.check_read(first, n);
+        }
+    }
+
     /// Copies row `i` into `out` (`cols` long).
     pub fn read_row(&self, i: usize, out: &mut [T]) {
         self.check_row(i);

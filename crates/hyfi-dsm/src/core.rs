@@ -110,6 +110,9 @@ pub(crate) struct Segment {
     pub(crate) homes: Box<[u16]>,
     pub(crate) state: Box<[AtomicU8]>,
     meta: Box<[Mutex<Meta>]>,
+    /// This node's access mode for the array in the current access epoch
+    /// (read-only or written): see footprint.rs.
+    pub(crate) access: AtomicU64,
 }
 
 // SAFETY: `base` points into the region, which outlives every segment (the
@@ -196,6 +199,11 @@ pub(crate) struct Core {
     outstanding: Box<[CachePadded<AtomicUsize>]>,
     counters: Box<[CachePadded<AtomicCounters>]>,
     phases: Mutex<PhaseTable>,
+    /// The runtime's access epoch (`Ctx::access_epoch`).
+    pub(crate) epoch: Arc<AtomicU64>,
+    /// Footprint views alive now (footprint.rs): none may outlive its
+    /// access epoch.
+    pub(crate) live_views: AtomicUsize,
 }
 
 /// A little reader of message payloads.
@@ -234,6 +242,7 @@ impl Core {
         procs: usize,
         region: Region,
         sender: Option<Sender>,
+        epoch: Arc<AtomicU64>,
     ) -> Core {
         Core {
             me,
@@ -261,6 +270,8 @@ impl Core {
                 per_phase: Vec::new(),
                 releases: 0,
             }),
+            epoch,
+            live_views: AtomicUsize::new(0),
         }
     }
 
@@ -294,6 +305,7 @@ impl Core {
                 .collect(),
             meta: homes.iter().map(|_| Mutex::default()).collect(),
             homes: homes.into_boxed_slice(),
+            access: AtomicU64::new(0),
         }
     }
 
@@ -877,6 +889,9 @@ impl hyfi_core::PhaseEnd for Hook {
         _link: &dyn hyfi_core::NodeLink,
     ) -> Result<(), hyfi_core::LinkError> {
         self.0.release(phase).map_err(|e| e.into())
+    }
+    fn access_epoch_ended(&self) {
+        crate::footprint::check_no_live_views(&self.0);
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

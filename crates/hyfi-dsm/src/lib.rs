@@ -48,6 +48,7 @@ mod array;
 mod core;
 mod elem;
 mod error;
+mod footprint;
 mod region;
 mod stats;
 
@@ -59,6 +60,7 @@ use hyfi_core::{NodeLink, Runtime};
 
 pub use array::{DsmMatrix, DsmVec, MatrixView, View, ViewMut};
 pub use error::DsmError;
+pub use footprint::{ReadRange, ReadRows, RowWriter, WriteRange, WriteRows};
 pub use region::{DEFAULT_ADDR, DEFAULT_SIZE, PAGE};
 pub use stats::{DsmCounters, DsmStats};
 
@@ -180,7 +182,14 @@ impl Dsm {
             size,
             why,
         })?;
-        let core = Arc::new(Core::new(me, nodes, rt.procs(), region, sender));
+        let core = Arc::new(Core::new(
+            me,
+            nodes,
+            rt.procs(),
+            region,
+            sender,
+            rt.access_epoch_counter(),
+        ));
         if let Some(cluster) = cluster {
             cluster.comm().set_service(core::SERVICE_ID, core.clone())?;
             // SIGUSR1 prints the DSM's counters with the node's traffic.

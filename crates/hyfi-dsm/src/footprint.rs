@@ -1,0 +1,654 @@
+//! Declared footprints: views of shared arrays validated once per pool
+//! segment, through which filaments read plain memory.
+//!
+//! **Why.** The checked accessors ([`DsmMatrix::get`]/[`DsmMatrix::set`])
+//! test bounds and a page-state byte and go through an atomic on every
+//! element; the compiler can then neither hoist the tests nor keep values
+//! in registers, and a per-point Jacobi filament costs several times the
+//! plain loop. A phase declared with `Program::phase_with` instead takes,
+//! once per pool segment, the views its filaments need —
+//! [`DsmMatrix::read_rows`] for rows it only reads (with a stencil's halo),
+//! [`DsmMatrix::write_rows`] for the rows it computes — and the filaments
+//! index those views. Taking a view makes every page of it valid here
+//! (fetching every missing page at once and suspending the filthread
+//! meanwhile), so the filaments never fault.
+//!
+//! **What it costs.** A read view is plain memory: a bounds test against
+//! the footprint (which the compiler hoists or predicts) and a load that
+//! can be vectorised and kept in registers; [`ReadRows::row`] is a `&[T]`.
+//! A write view stores with relaxed atomics (the communication thread may
+//! copy a home's page out while it is written), a plain `mov` on x86-64 and
+//! AArch64. The alternatives measured (see BENCHMARKS.md) were the checked
+//! per-element path, atomic loads in read views (1.6× a plain loop on
+//! Jacobi), and memory protection (≈6 µs per fault, VMA fragmentation; the
+//! design notes in DESIGN.md).
+//!
+//! **Why plain reads are sound.** A read view may be taken of an array only
+//! if no filament of this node writes it in the same *access epoch* (a
+//! phase's execution, its post-phase code, or a fork-join run: see
+//! `Ctx::access_epoch`). Each array keeps its mode for the current epoch
+//! in one atomic word, set by compare-and-swap: the first read view of an
+//! epoch makes it *read-only*, the first write (through any path: `set`,
+//! `write`, `row_mut`, `slice_mut`, a write view) makes it *written*, and
+//! the other transition then panics, naming the array and the element.
+//! Since the mode is claimed before the first write and before the first
+//! plain read, a read view never overlaps a write of this node. Other
+//! nodes' writes arrive only as diffs at the release, after the epoch; the
+//! communication thread installs fetched bytes only into pages that are not
+//! valid here, and a view covers valid pages only. A view must not
+//! outlive its epoch: it lives in the segment's bound values, which the
+//! runtime drops at the segment's end, and it is neither `Send` nor `Sync`;
+//! the one way to keep it longer is a thread-local, so the DSM counts live
+//! views and the runtime checks at every epoch's end that none is left —
+//! if one is, the process stops with a message (an error could not take
+//! the view back). Checking the epoch on every access instead cost 1.4× on
+//! per-point Jacobi (a load the compiler cannot hoist past the stores).
+//!
+//! Element and row references handed out by a view borrow the view, and the
+//! view lives in the segment's bound values, so no `&T` or `&[T]` outlives
+//! the filament that took it:
+//!
+//! ```compile_fail,E0521
+//! use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
+//! let rt = Runtime::new(Config::new().procs(1).pin(false))?;
+//! let dsm = hyfi_dsm::Dsm::new(&rt)?;
+//! let m = dsm.matrix::<f64>(4, 4).zeroed()?;
+//! let kept = std::sync::Mutex::new(None);
+//! let mut prog = Program::new();
+//! prog.phase_with(
+//!     PoolArray::block(&rt, 0..4, 1),
+//!     |ctx, span| m.read_rows(ctx, span.rows()),
+//!     |_ctx, i, old| *kept.lock().unwrap() = Some(old.row(i)), // error: the row borrows the view
+//!     |_| Control::Done,
+//! );
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Nor can a write view's element be read as a plain reference (writes are
+//! atomic; only read views index as `&T`):
+//!
+//! ```compile_fail,E0608
+//! fn f(v: &hyfi_dsm::WriteRows<'_, f64>) -> f64 { v[(0, 0)] }
+//! ```
+//!
+//! [`DsmMatrix::get`]: crate::DsmMatrix::get
+//! [`DsmMatrix::set`]: crate::DsmMatrix::set
+//! [`DsmMatrix::read_rows`]: crate::DsmMatrix::read_rows
+//! [`DsmMatrix::write_rows`]: crate::DsmMatrix::write_rows
+
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+use bytemuck::Pod;
+
+use crate::core::{Core, Segment};
+use crate::elem;
+
+/// Mode bits of [`Segment::access`]: `epoch << 2 | mode`.
+const READ_ONLY: u64 = 1;
+const WRITTEN: u64 = 2;
+
+/// Where an access was, for messages: `(row, col)` of a matrix, or
+/// `(index, NONE)` of a vector.
+pub(crate) const NONE: usize = usize::MAX;
+
+fn place(at: (usize, usize)) -> String {
+    match at {
+        (i, NONE) => format!("element {i}"),
+        (i, j) => format!("element ({i}, {j})"),
+    }
+}
+
+impl Segment {
+    /// Records that this node writes the array in `epoch`. Panics if the
+    /// array is read-only (a read view was taken) in `epoch`. `at` only
+    /// names the element in the message.
+    #[inline(always)]
+    pub(crate) fn note_write(&self, epoch: u64, at: (usize, usize)) {
+        if self.access.load(Relaxed) != (epoch << 2 | WRITTEN) {
+            self.claim(epoch, WRITTEN, at);
+        }
+    }
+
+    /// Records that this node reads the array as plain memory in `epoch`.
+    /// Panics if the array is written in `epoch`.
+    #[inline]
+    pub(crate) fn note_read_only(&self, epoch: u64, at: (usize, usize)) {
+        if self.access.load(Relaxed) != (epoch << 2 | READ_ONLY) {
+            self.claim(epoch, READ_ONLY, at);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn claim(&self, epoch: u64, mode: u64, at: (usize, usize)) {
+        let want = epoch << 2 | mode;
+        let mut cur = self.access.load(Relaxed);
+        loop {
+            if cur == want {
+                return;
+            }
+            if cur >> 2 == epoch {
+                // The other mode, claimed in this epoch. One word, one
+                // modification order: whoever claimed first wins, so a
+                // plain read never overlaps a write of this node.
+                conflict(self.seq, mode, at);
+            }
+            match self.access.compare_exchange(cur, want, Relaxed, Relaxed) {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn conflict(seq: u64, wanted: u64, at: (usize, usize)) -> ! {
+    if wanted == WRITTEN {
+        panic!(
+            "hyfi-dsm: write to {} of shared array #{seq}, which is read-only in this phase \
+             (a read view was taken of it with read_rows/read_range): a phase either reads \
+             an array as read-only or writes it; write it in another phase, or take a write \
+             view (write_rows/write_range) instead of the read view",
+            place(at)
+        )
+    } else {
+        panic!(
+            "hyfi-dsm: read view of shared array #{seq} (at {}) in a phase that writes it: \
+             read views are for arrays no filament writes in the phase; read it through \
+             get or the write view instead",
+            place(at)
+        )
+    }
+}
+
+/// The shape of a footprint, by value: cold paths take no reference into
+/// a view (which would make the view's address escape and keep it, and
+/// the accumulators bound beside it, out of registers in the hot loop).
+#[derive(Clone, Copy)]
+struct Shape {
+    first: usize,
+    rows: usize,
+    cols: usize,
+    vector: bool,
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.vector {
+            write!(f, "elements {}..{}", self.first, self.first + self.rows)
+        } else {
+            write!(
+                f,
+                "rows {}..{} × columns 0..{}",
+                self.first,
+                self.first + self.rows,
+                self.cols
+            )
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn outside(kind: &'static str, seq: u64, at: (usize, usize), shape: Shape) -> ! {
+    let footprint = shape.to_string();
+    panic!(
+        "hyfi-dsm: {} of shared array #{seq} is outside the {kind} view's footprint ({footprint}); \
+         widen the view taken in the phase's bind (e.g. a larger halo), or use get/set",
+        place(at)
+    )
+}
+
+/// Called by the runtime whenever an access epoch ends, when no filament
+/// runs: a view still alive then was kept past its segment (only a
+/// thread-local can hold one: views are neither `Send` nor `Sync`), and its
+/// plain reads could race with the next epoch's writes. That cannot be
+/// reported by unwinding — the view would survive the error — so the
+/// process stops.
+pub(crate) fn check_no_live_views(core: &Core) {
+    let n = core.live_views.load(Relaxed);
+    if n != 0 {
+        eprintln!(
+            "hyfi-dsm: {n} view(s) of shared arrays (read_rows/write_rows/read_range/write_range) \
+             outlived the phase or fork-join run that took them — kept in a thread-local or \
+             leaked? A view is valid for one pool segment: its plain reads would race with the \
+             next phase's writes, so the process stops. Drop views before the filament ends."
+        );
+        std::process::abort();
+    }
+}
+
+/// What every view carries: where its rows start, its shape, the epoch it
+/// belongs to.
+#[derive(Clone, Copy)]
+struct Frame {
+    /// Element `(first, 0)`.
+    ptr: *mut u8,
+    first: usize,
+    rows: usize,
+    cols: usize,
+    stride: usize,
+    /// The DSM's count of live views, which this view is one of.
+    live: *const AtomicUsize,
+    seq: u64,
+}
+
+impl Frame {
+    /// Registers the view (see [`check_no_live_views`]).
+    fn register(self) -> Self {
+        // SAFETY: `live` is in the DSM core, kept alive by the array the
+        // view borrows.
+        unsafe { &*self.live }.fetch_add(1, Relaxed);
+        self
+    }
+    fn unregister(&self) {
+        // SAFETY: as in `register`.
+        unsafe { &*self.live }.fetch_sub(1, Relaxed);
+    }
+    /// Offset of element `(i, j)` from `ptr`, in elements; panics outside.
+    #[inline(always)]
+    fn offset(&self, kind: &'static str, i: usize, j: usize) -> usize {
+        let r = i.wrapping_sub(self.first);
+        if r >= self.rows || j >= self.cols {
+            outside(kind, self.seq, (i, j), self.shape(false));
+        }
+        r * self.stride + j
+    }
+    #[inline(always)]
+    fn row_offset(&self, kind: &'static str, i: usize) -> usize {
+        let r = i.wrapping_sub(self.first);
+        if r >= self.rows {
+            outside(kind, self.seq, (i, 0), self.shape(false));
+        }
+        r * self.stride
+    }
+    /// Offset of element `i` of a vector's view; panics outside.
+    #[inline(always)]
+    fn element(&self, kind: &'static str, i: usize) -> usize {
+        let k = i.wrapping_sub(self.first);
+        if k >= self.rows {
+            outside(kind, self.seq, (i, NONE), self.shape(true));
+        }
+        k
+    }
+    #[inline(always)]
+    fn shape(&self, vector: bool) -> Shape {
+        Shape {
+            first: self.first,
+            rows: self.rows,
+            cols: self.cols,
+            vector,
+        }
+    }
+}
+
+/// Rows of a shared matrix that no filament of this node writes in the
+/// phase, as plain memory: `row(i)` is a `&[T]`, `view[(i, j)]` a `&T`.
+/// Made by [`DsmMatrix::read_rows`](crate::DsmMatrix::read_rows).
+pub struct ReadRows<'a, T: Pod> {
+    f: Frame,
+    _a: PhantomData<(&'a T, *const ())>,
+}
+
+impl<'a, T: Pod> ReadRows<'a, T> {
+    /// # Safety
+    /// Every page of the rows is valid here, and the array is read-only in
+    /// `epoch` (claimed before).
+    pub(crate) unsafe fn new(
+        base: *mut T,
+        first: usize,
+        rows: usize,
+        cols: usize,
+        stride: usize,
+        live: *const AtomicUsize,
+        seq: u64,
+    ) -> Self {
+        ReadRows {
+            f: Frame {
+                ptr: base.wrapping_add(first * stride).cast(),
+                first,
+                rows,
+                cols,
+                stride,
+                live,
+                seq,
+            }
+            .register(),
+            _a: PhantomData,
+        }
+    }
+
+    /// The rows of the footprint.
+    pub fn rows(&self) -> Range<usize> {
+        self.f.first..self.f.first + self.f.rows
+    }
+
+    /// Element `(i, j)` (absolute indices); panics outside the footprint.
+    #[inline(always)]
+    pub fn get(&self, i: usize, j: usize) -> T {
+        *self.at(i, j)
+    }
+
+    #[inline(always)]
+    fn at(&self, i: usize, j: usize) -> &T {
+        let k = self.f.offset("read", i, j);
+        // SAFETY: inside the footprint, whose pages are valid here and not
+        // written on this node in the view's epoch (checked just above:
+        // see the module docs), so a plain shared reference is sound for
+        // as long as it borrows the view, i.e. within the filament.
+        unsafe { &*self.f.ptr.cast::<T>().add(k) }
+    }
+
+    /// Row `i` (absolute index) as a slice of its `cols` elements.
+    #[inline(always)]
+    pub fn row(&self, i: usize) -> &[T] {
+        let k = self.f.row_offset("read", i);
+        // SAFETY: as in `at`, for the row's `cols` elements.
+        unsafe { std::slice::from_raw_parts(self.f.ptr.cast::<T>().add(k), self.f.cols) }
+    }
+}
+
+impl<T: Pod> std::ops::Index<(usize, usize)> for ReadRows<'_, T> {
+    type Output = T;
+    #[inline(always)]
+    fn index(&self, (i, j): (usize, usize)) -> &T {
+        self.at(i, j)
+    }
+}
+
+/// Elements of a shared vector that no filament of this node writes in the
+/// phase, as plain memory: `view[i]` is a `&T` (absolute index),
+/// `as_slice()` the whole range. Made by
+/// [`DsmVec::read_range`](crate::DsmVec::read_range); the rules of
+/// [`ReadRows`] apply.
+pub struct ReadRange<'a, T: Pod> {
+    f: Frame,
+    _a: PhantomData<(&'a T, *const ())>,
+}
+
+impl<'a, T: Pod> ReadRange<'a, T> {
+    /// # Safety
+    /// As for [`ReadRows::new`], for elements `start..start + len`.
+    pub(crate) unsafe fn new(
+        base: *mut T,
+        start: usize,
+        len: usize,
+        live: *const AtomicUsize,
+        seq: u64,
+    ) -> Self {
+        ReadRange {
+            f: Frame {
+                ptr: base.wrapping_add(start).cast(),
+                first: start,
+                rows: len,
+                cols: 1,
+                stride: 1,
+                live,
+                seq,
+            }
+            .register(),
+            _a: PhantomData,
+        }
+    }
+
+    /// The elements of the footprint.
+    pub fn range(&self) -> Range<usize> {
+        self.f.first..self.f.first + self.f.rows
+    }
+
+    /// Element `i` (absolute index); panics outside the footprint.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> T {
+        self[i]
+    }
+
+    /// The footprint's elements as one slice (`[0]` is element `range().start`).
+    #[inline]
+    pub fn as_slice(&self) -> &[T] {
+        // SAFETY: as in `ReadRows::at`, for the footprint's elements.
+        unsafe { std::slice::from_raw_parts(self.f.ptr.cast::<T>(), self.f.rows) }
+    }
+}
+
+impl<T: Pod> std::ops::Index<usize> for ReadRange<'_, T> {
+    type Output = T;
+    #[inline(always)]
+    fn index(&self, i: usize) -> &T {
+        let k = self.f.element("read", i);
+        // SAFETY: as in `ReadRows::at`.
+        unsafe { &*self.f.ptr.cast::<T>().add(k) }
+    }
+}
+
+/// Rows of a shared matrix that this segment's filaments write: `set(i, j,
+/// v)`, `write_row(i, col, &src)`. Stores are relaxed atomics (the home's
+/// page may be copied out by the communication thread meanwhile), plain
+/// moves on x86-64 and AArch64. Made by
+/// [`DsmMatrix::write_rows`](crate::DsmMatrix::write_rows).
+pub struct WriteRows<'a, T: Pod> {
+    f: Frame,
+    _a: PhantomData<(&'a T, *const ())>,
+}
+
+impl<'a, T: Pod> WriteRows<'a, T> {
+    /// # Safety
+    /// Every page of the rows is writable here (twins taken), and the
+    /// array is marked written in `epoch`.
+    pub(crate) unsafe fn new(
+        base: *mut T,
+        first: usize,
+        rows: usize,
+        cols: usize,
+        stride: usize,
+        live: *const AtomicUsize,
+        seq: u64,
+    ) -> Self {
+        WriteRows {
+            f: Frame {
+                ptr: base.wrapping_add(first * stride).cast(),
+                first,
+                rows,
+                cols,
+                stride,
+                live,
+                seq,
+            }
+            .register(),
+            _a: PhantomData,
+        }
+    }
+
+    /// The rows of the footprint.
+    pub fn rows(&self) -> Range<usize> {
+        self.f.first..self.f.first + self.f.rows
+    }
+
+    #[inline(always)]
+    fn ptr_at(&self, i: usize, j: usize) -> *mut T {
+        let k = self.f.offset("write", i, j);
+        self.f.ptr.cast::<T>().wrapping_add(k)
+    }
+
+    /// Sets element `(i, j)` (absolute indices); panics outside the footprint.
+    #[inline(always)]
+    pub fn set(&self, i: usize, j: usize, v: T) {
+        let p = self.ptr_at(i, j);
+        // SAFETY: inside the footprint, writable here (see `new`); atomic.
+        unsafe { elem::store(p, v) }
+    }
+
+    /// Element `(i, j)` (an atomic load: other filaments may write it).
+    #[inline(always)]
+    pub fn get(&self, i: usize, j: usize) -> T {
+        let p = self.ptr_at(i, j);
+        // SAFETY: inside the footprint, valid here; atomic.
+        unsafe { elem::load(p) }
+    }
+
+    /// Row `i` (absolute index) to write by column: `row_mut(i).set(j, v)`
+    /// checks only `j` against the columns.
+    #[inline(always)]
+    pub fn row_mut(&self, i: usize) -> RowWriter<'_, T> {
+        let k = self.f.row_offset("write", i);
+        RowWriter {
+            ptr: self.f.ptr.cast::<T>().wrapping_add(k),
+            cols: self.f.cols,
+            row: i,
+            seq: self.f.seq,
+            _v: PhantomData,
+        }
+    }
+
+    /// Writes `src` into row `i` from column `col`.
+    pub fn write_row(&self, i: usize, col: usize, src: &[T]) {
+        if src.is_empty() {
+            return;
+        }
+        // Both ends inside the footprint: the whole run is.
+        let _ = self.ptr_at(i, col + src.len() - 1);
+        let p0 = self.ptr_at(i, col);
+        for (k, &v) in src.iter().enumerate() {
+            // SAFETY: inside the footprint (both ends checked), writable, atomic.
+            unsafe { elem::store(p0.add(k), v) }
+        }
+    }
+}
+
+/// One row of a [`WriteRows`] view, borrowed from it for one filament.
+pub struct RowWriter<'v, T: Pod> {
+    ptr: *mut T,
+    cols: usize,
+    row: usize,
+    seq: u64,
+    _v: PhantomData<(&'v T, *const ())>,
+}
+
+impl<T: Pod> RowWriter<'_, T> {
+    /// Sets column `j`.
+    #[inline(always)]
+    pub fn set(&self, j: usize, v: T) {
+        if j >= self.cols {
+            let shape = Shape {
+                first: self.row,
+                rows: 1,
+                cols: self.cols,
+                vector: false,
+            };
+            outside("write", self.seq, (self.row, j), shape);
+        }
+        // SAFETY: inside the row, which the view made writable and which
+        // lives while the view it borrows does; atomic.
+        unsafe { elem::store(self.ptr.add(j), v) }
+    }
+    /// Columns in the row.
+    pub fn len(&self) -> usize {
+        self.cols
+    }
+    /// Whether the row has no columns.
+    pub fn is_empty(&self) -> bool {
+        self.cols == 0
+    }
+}
+
+/// Elements of a shared vector that this segment's filaments write:
+/// `set(i, v)`, `write_slice(start, &src)`. Made by
+/// [`DsmVec::write_range`](crate::DsmVec::write_range); as [`WriteRows`].
+pub struct WriteRange<'a, T: Pod> {
+    f: Frame,
+    _a: PhantomData<(&'a T, *const ())>,
+}
+
+impl<'a, T: Pod> WriteRange<'a, T> {
+    /// # Safety
+    /// As for [`WriteRows::new`], for elements `start..start + len`.
+    pub(crate) unsafe fn new(
+        base: *mut T,
+        start: usize,
+        len: usize,
+        live: *const AtomicUsize,
+        seq: u64,
+    ) -> Self {
+        WriteRange {
+            f: Frame {
+                ptr: base.wrapping_add(start).cast(),
+                first: start,
+                rows: len,
+                cols: 1,
+                stride: 1,
+                live,
+                seq,
+            }
+            .register(),
+            _a: PhantomData,
+        }
+    }
+
+    /// The elements of the footprint.
+    pub fn range(&self) -> Range<usize> {
+        self.f.first..self.f.first + self.f.rows
+    }
+
+    #[inline(always)]
+    fn ptr_at(&self, i: usize) -> *mut T {
+        let k = self.f.element("write", i);
+        self.f.ptr.cast::<T>().wrapping_add(k)
+    }
+
+    /// Sets element `i` (absolute index); panics outside the footprint.
+    #[inline(always)]
+    pub fn set(&self, i: usize, v: T) {
+        let p = self.ptr_at(i);
+        // SAFETY: inside the footprint, writable here; atomic.
+        unsafe { elem::store(p, v) }
+    }
+
+    /// Element `i` (an atomic load).
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> T {
+        let p = self.ptr_at(i);
+        // SAFETY: inside the footprint, valid here; atomic.
+        unsafe { elem::load(p) }
+    }
+
+    /// Writes `src` at element `start`.
+    pub fn write_slice(&self, start: usize, src: &[T]) {
+        if src.is_empty() {
+            return;
+        }
+        let _ = self.ptr_at(start + src.len() - 1);
+        let p0 = self.ptr_at(start);
+        for (k, &v) in src.iter().enumerate() {
+            // SAFETY: inside the footprint (both ends checked), writable, atomic.
+            unsafe { elem::store(p0.add(k), v) }
+        }
+    }
+}
+
+impl<T: Pod> Drop for ReadRows<'_, T> {
+    fn drop(&mut self) {
+        self.f.unregister();
+    }
+}
+
+impl<T: Pod> Drop for ReadRange<'_, T> {
+    fn drop(&mut self) {
+        self.f.unregister();
+    }
+}
+
+impl<T: Pod> Drop for WriteRows<'_, T> {
+    fn drop(&mut self) {
+        self.f.unregister();
+    }
+}
+
+impl<T: Pod> Drop for WriteRange<'_, T> {
+    fn drop(&mut self) {
+        self.f.unregister();
+    }
+}
