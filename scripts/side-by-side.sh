@@ -14,8 +14,8 @@
 #   lu            LU with partial pivoting, n = 1024
 #   fib           fib(40), every call a join (no cutoff)
 #   quad          adaptive quadrature of x^6 on [1, 70], tol 1.5e-3 (quad's defaults)
-#   fib-cutoff    fib(40) with a cutoff (--fib-cutoff, default 25) for hyfi
-#                 and rayon; `all` selects this one too
+#   fib-cutoff    fib(40) with a cutoff (--fib-cutoff, default 25) for hyfi,
+#                 rayon and OpenMP tasks; `all` selects this one too
 #
 # Variants per kernel:
 #   seq       best sequential Rust   examples/baselines.rs <kernel> seq
@@ -23,7 +23,9 @@
 #   hyfi 1x2  the same               ... --procs 2
 #   rayon 2   natural rayon code     examples/baselines.rs <kernel> rayon, RAYON_NUM_THREADS=2
 #   OpenMP 2  gcc -O2 -fopenmp       benches/baselines/<kernel>.c, OMP_NUM_THREADS=2
-#             (Jacobi, matmul, LU; fib and quad have no OpenMP version)
+#             (Jacobi, matmul, LU, and fib-cutoff as tasks; fib without a
+#             cutoff and quad have no OpenMP version: one libgomp task per
+#             call would be hundreds of millions of tasks)
 #
 # Round-robin: for each of --runs rounds (default 5), every (kernel,
 # variant) runs once, in a fixed interleaved order. The table gives per
@@ -134,7 +136,7 @@ if ((BUILD)); then
     BUILD_CMDS+=("(cd $ROOT && cargo build --release --examples)")
 fi
 if find_cc; then
-    for k in jacobi matmul lu; do
+    for k in jacobi matmul lu fib; do
         BUILD_CMDS+=("$CC_USED -O2 -fopenmp -o $CDIR/$k $ROOT/benches/baselines/$k.c")
     done
 fi
@@ -146,6 +148,7 @@ echo
 echo "## Build commands"
 echo
 for c in "${BUILD_CMDS[@]}"; do echo "    $c"; done
+((${#BUILD_CMDS[@]})) || echo "    (none: --no-build, and no C compiler)"
 if [[ -z $CC_USED ]]; then
     echo
     echo "**NOTE: $CC_NOTE: the OpenMP columns are n/a (no C compiler).**"
@@ -159,7 +162,7 @@ if ((BUILD)); then
 fi
 if [[ -n $CC_USED ]]; then
     mkdir -p "$CDIR"
-    for k in jacobi matmul lu; do
+    for k in jacobi matmul lu fib; do
         "$CC_USED" -O2 -fopenmp -o "$CDIR/$k" "$ROOT/benches/baselines/$k.c" >"$OUT/cc-$k.log" 2>&1 ||
             { cat "$OUT/cc-$k.log" >&2; die "$CC_USED failed on benches/baselines/$k.c"; }
     done
@@ -195,6 +198,7 @@ cmd_of() {
     fib:hyfi1) echo "$EX/fib --n $FIB_N --procs 1" ;;
     fib:hyfi2) echo "$EX/fib --n $FIB_N --procs 2" ;;
     fib-cutoff:rayon2) echo "$EX/baselines fib rayon --threads 2 --n $FIB_N --cutoff $FIB_CUTOFF" ;;
+    fib-cutoff:omp2) [[ -n $CC_USED ]] && echo "$CDIR/fib $FIB_N $FIB_CUTOFF" ;;
     fib-cutoff:hyfi1) echo "$EX/fib --n $FIB_N --cutoff $FIB_CUTOFF --procs 1" ;;
     fib-cutoff:hyfi2) echo "$EX/fib --n $FIB_N --cutoff $FIB_CUTOFF --procs 2" ;;
     quad:seq) echo "$EX/baselines quad seq" ;;
@@ -413,7 +417,12 @@ done
 echo
 echo "seq: examples/baselines.rs (flat Vec<f64>, slices; matmul i-k-j; LU row-oriented with row swaps;"
 echo "plain recursion for fib and quad). rayon 2: the same code with par_chunks_mut / rayon::join on a"
-echo "2-thread pool. OpenMP 2: benches/baselines/*.c, ${CC_USED:-(none)} -O2 -fopenmp, OMP_NUM_THREADS=2."
+if [[ -n $CC_USED ]]; then
+    echo "2-thread pool. OpenMP 2: benches/baselines/*.c, $CC_USED -O2 -fopenmp, OMP_NUM_THREADS=2 (\"—\": no"
+    echo "OpenMP version of the kernel)."
+else
+    echo "2-thread pool. OpenMP 2: not run, $CC_NOTE."
+fi
 echo "hyfi: the repository's examples at their defaults, the time they print for their hyfi run."
 echo "\"example's own seq\": the sequential reference the hyfi example times itself (from its 1×1 run)."
 echo "\"other load\": CPUs the rest of the machine used during a run (busy ticks not spent by the run)."
