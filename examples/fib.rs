@@ -31,14 +31,19 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use hyfi::{Ctx, RemoteFn};
+use hyfi::{Fork, RemoteFn};
 
 /// Largest `n` whose Fibonacci number fits in a `u64`.
 pub const MAX_N: u64 = 93;
 
 /// `fib(n)` with both recursive calls a fork-join filament pair; below
 /// `cutoff` the sequential recursion.
-pub fn fib_hyfi(ctx: &Ctx, n: u64, cutoff: u64) -> u64 {
+///
+/// Generic over [`Fork`], so the compiler makes two copies: the one for
+/// `Ctx` forks or prunes at every join, the one for `Pruned` (which
+/// [`FIB`] names with `with_pruned`) is the plain recursion, for the
+/// subtrees that pruning runs as plain calls.
+pub fn fib_hyfi(ctx: &impl Fork, n: u64, cutoff: u64) -> u64 {
     if n < 2 {
         return n;
     }
@@ -51,7 +56,11 @@ pub fn fib_hyfi(ctx: &Ctx, n: u64, cutoff: u64) -> u64 {
 
 /// [`fib_hyfi`] as a filament function any node can run: `(n, cutoff)`.
 pub static FIB: RemoteFn<(u64, u64), u64> =
-    RemoteFn::new("fib::fib", |ctx, (n, cutoff)| fib_hyfi(ctx, n, cutoff));
+    RemoteFn::new("fib::fib", fib_filament).with_pruned(fib_filament);
+
+fn fib_filament(ctx: &impl Fork, (n, cutoff): (u64, u64)) -> u64 {
+    fib_hyfi(ctx, n, cutoff)
+}
 
 /// The plain sequential recursion.
 pub fn fib_seq(n: u64) -> u64 {

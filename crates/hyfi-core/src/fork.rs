@@ -32,11 +32,15 @@
 
 use std::any::Any;
 use std::cell::UnsafeCell;
+use std::ops::Deref;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
 use crate::filthread::{self, Waker};
-use crate::remote::RemoteVTable;
+use crate::remote::{RemoteFn, RemoteVTable};
 use crate::runtime::WANTED;
 use crate::stack::{enter_guard, StackBounds};
 use crate::worker::Ctx;
@@ -259,7 +263,226 @@ pub(crate) fn stack_pointer() -> usize {
     sp
 }
 
+/// A time stamp for the pruning heuristics only: cheap, monotonic enough on
+/// one processor, in unspecified units (see [`SEQ_TICKS`]).
+#[inline(always)]
+pub(crate) fn ticks() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `rdtsc` reads the time-stamp counter; no memory is touched.
+        #[allow(unused_unsafe)]
+        unsafe {
+            std::arch::x86_64::_rdtsc()
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let t: u64;
+        // SAFETY: reads the virtual counter register; no memory is touched.
+        unsafe {
+            std::arch::asm!("mrs {}, cntvct_el0", out(reg) t, options(nomem, nostack, preserves_flags))
+        };
+        // The counter runs at tens of MHz: scale it to about TSC units.
+        t << 6
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        use std::sync::OnceLock;
+        use std::time::Instant;
+        static T0: OnceLock<Instant> = OnceLock::new();
+        T0.get_or_init(Instant::now).elapsed().as_nanos() as u64 * 2
+    }
+}
+
+/// A pruned [`Ctx::join_remote`] whose function has a pruned clone
+/// ([`RemoteFn::with_pruned`]) runs the forked branch as that clone, with no
+/// pruning test at all, if its sibling (the first branch) took less than
+/// this many [`ticks`] (about 20–30 µs): siblings are usually of one size,
+/// so a processor that goes idle waits about that long at most before the
+/// busy one reaches a join that can fork for it.
+pub(crate) const SEQ_TICKS: u64 = 1 << 16;
+
+/// What filament code forks through: a processor's [`Ctx`], or [`Pruned`],
+/// its view in a subtree that pruning runs as plain calls.
+///
+/// Write a recursive filament generic over it (`ctx: &impl Fork`) and
+/// declare its [`RemoteFn`] [`with_pruned`](RemoteFn::with_pruned): then the
+/// compiler makes two copies of it. The copy for `Ctx` forks (or prunes) at
+/// every join as usual; the copy for `Pruned` is the plain recursion, with no
+/// pruning test, and runs the small subtrees that pruning would have run as
+/// plain calls anyway (a joined branch whose sibling took a few tens of
+/// microseconds). Idle processors find work in the joins of the `Ctx` copy,
+/// above those subtrees.
+///
+/// ```
+/// use hyfi_core::{Config, Fork, RemoteFn, Runtime};
+///
+/// fn fib(ctx: &impl Fork, n: u64) -> u64 {
+///     if n < 2 { return n; }
+///     let (a, b) = ctx.join_remote(|c| fib(c, n - 1), &FIB, n - 2);
+///     a + b
+/// }
+/// static FIB: RemoteFn<u64, u64> = RemoteFn::new("doc::fork_fib", fib).with_pruned(fib);
+///
+/// FIB.register()?;
+/// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+/// assert_eq!(rt.run_distributed(|ctx| fib(ctx, 25))?, 75025);
+/// # Ok::<(), hyfi_core::Error>(())
+/// ```
+///
+/// The trait is sealed: `Ctx` and `Pruned` are its only implementations.
+pub trait Fork: sealed::Sealed {
+    /// The processor's context (architecture queries, reductions, views).
+    fn ctx(&self) -> &Ctx;
+
+    /// [`Ctx::join`]: runs `a` and `b`, potentially in parallel.
+    fn join<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
+    where
+        A: FnOnce(&Self) -> RA + Send,
+        B: FnOnce(&Self) -> RB + Send,
+        RA: Send,
+        RB: Send;
+
+    /// [`Ctx::join_remote`]: runs `a` here and `f(b)` potentially in
+    /// parallel, on this node or another.
+    fn join_remote<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
+    where
+        A: FnOnce(&Self) -> RA + Send,
+        RA: Send,
+        B: Serialize + DeserializeOwned + Send + 'static,
+        RB: Serialize + DeserializeOwned + Send + 'static;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::Ctx {}
+    impl Sealed for super::Pruned {}
+}
+
+impl Fork for Ctx {
+    #[inline(always)]
+    fn ctx(&self) -> &Ctx {
+        self
+    }
+
+    #[inline(always)]
+    fn join<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
+    where
+        A: FnOnce(&Self) -> RA + Send,
+        B: FnOnce(&Self) -> RB + Send,
+        RA: Send,
+        RB: Send,
+    {
+        Ctx::join(self, a, b)
+    }
+
+    #[inline(always)]
+    fn join_remote<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
+    where
+        A: FnOnce(&Self) -> RA + Send,
+        RA: Send,
+        B: Serialize + DeserializeOwned + Send + 'static,
+        RB: Serialize + DeserializeOwned + Send + 'static,
+    {
+        Ctx::join_remote(self, a, f, b)
+    }
+}
+
+/// A processor's context inside a subtree that pruning runs as plain calls
+/// (see [`Fork`]): its joins are the two calls, with no pruning test.
+///
+/// It dereferences to the [`Ctx`], for everything else a filament does.
+/// Its joins still count their branches as filaments
+/// ([`ProcStats::filaments`](crate::ProcStats::filaments)).
+#[repr(transparent)]
+pub struct Pruned(Ctx);
+
+impl Pruned {
+    /// The processor's context.
+    #[inline(always)]
+    pub fn ctx(&self) -> &Ctx {
+        &self.0
+    }
+
+    /// [`Ctx::join`] where pruning already decided: `(a(self), b(self))`.
+    #[inline(always)]
+    pub fn join<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
+    where
+        A: FnOnce(&Pruned) -> RA + Send,
+        B: FnOnce(&Pruned) -> RB + Send,
+        RA: Send,
+        RB: Send,
+    {
+        self.0.count_filaments(2);
+        (a(self), b(self))
+    }
+
+    /// [`Ctx::join_remote`] where pruning already decided: `a`, then `f(b)`
+    /// (its pruned clone if it has one), here.
+    #[inline(always)]
+    pub fn join_remote<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
+    where
+        A: FnOnce(&Pruned) -> RA + Send,
+        RA: Send,
+        B: Serialize + DeserializeOwned + Send + 'static,
+        RB: Serialize + DeserializeOwned + Send + 'static,
+    {
+        self.0.count_filaments(2);
+        (a(self), f.call_pruned(self, b))
+    }
+}
+
+impl Deref for Pruned {
+    type Target = Ctx;
+    #[inline(always)]
+    fn deref(&self) -> &Ctx {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Pruned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pruned(node {}, proc {})", self.0.node, self.0.proc)
+    }
+}
+
+impl Fork for Pruned {
+    #[inline(always)]
+    fn ctx(&self) -> &Ctx {
+        &self.0
+    }
+
+    #[inline(always)]
+    fn join<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
+    where
+        A: FnOnce(&Self) -> RA + Send,
+        B: FnOnce(&Self) -> RB + Send,
+        RA: Send,
+        RB: Send,
+    {
+        Pruned::join(self, a, b)
+    }
+
+    #[inline(always)]
+    fn join_remote<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
+    where
+        A: FnOnce(&Self) -> RA + Send,
+        RA: Send,
+        B: Serialize + DeserializeOwned + Send + 'static,
+        RB: Serialize + DeserializeOwned + Send + 'static,
+    {
+        Pruned::join_remote(self, a, f, b)
+    }
+}
+
 impl Ctx {
+    /// This context as the pruned view of it.
+    #[inline(always)]
+    pub(crate) fn as_pruned(&self) -> &Pruned {
+        // SAFETY: `Pruned` is a `repr(transparent)` wrapper of `Ctx`.
+        unsafe { &*(self as *const Ctx as *const Pruned) }
+    }
+
     /// Runs `a` and `b`, potentially in parallel, and returns both results
     /// (a fork-join filament pair: fork `b`, run `a`, join `b`).
     ///
@@ -275,14 +498,34 @@ impl Ctx {
         RA: Send,
         RB: Send,
     {
-        // One load and one compare: plain calls unless a fork is wanted or
-        // the stack is nearly full (see `Ctx::limit`).
-        let limit = self.limit.load(Ordering::Relaxed);
-        if stack_pointer() >= limit {
+        // The fast path is a load, a compare and the two calls: plain calls
+        // unless a fork is wanted or the stack is nearly full (see
+        // `Ctx::limit`). Everything else is out of line.
+        if self.pruned_here() {
             self.count_filaments(2);
             return (a(self), b(self));
         }
-        if limit != WANTED {
+        self.join_cold(a, b)
+    }
+
+    /// The pruning test of a join: `true` to make plain calls.
+    #[inline(always)]
+    pub(crate) fn pruned_here(&self) -> bool {
+        stack_pointer() >= self.limit.load(Ordering::Relaxed)
+    }
+
+    /// A join that is not pruned: a fork is wanted, or the stack is nearly
+    /// full (then the two calls run on a fresh segment).
+    #[cold]
+    #[inline(never)]
+    fn join_cold<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
+    where
+        A: FnOnce(&Ctx) -> RA + Send,
+        B: FnOnce(&Ctx) -> RB + Send,
+        RA: Send,
+        RB: Send,
+    {
+        if self.limit.load(Ordering::Relaxed) != WANTED {
             return self.call_on_new_segment(|c| {
                 c.count_filaments(2);
                 (a(c), b(c))

@@ -44,7 +44,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{panic_message, Error};
-use crate::fork::{JobRef, Latch};
+use crate::fork::{ticks, JobRef, Latch, Pruned, SEQ_TICKS};
 use crate::runtime::WANTED;
 use crate::startup::{self, Slot};
 use crate::worker::Ctx;
@@ -57,13 +57,32 @@ use crate::worker::Ctx;
 pub struct RemoteFn<A, R> {
     name: &'static str,
     f: fn(&Ctx, A) -> R,
+    pruned: Option<fn(&Pruned, A) -> R>,
 }
 
 impl<A, R> RemoteFn<A, R> {
     /// A filament function `f` known to every node as `name`. The name must
     /// be unique in the program; a crate path (`"quad::piece"`) is a good one.
     pub const fn new(name: &'static str, f: fn(&Ctx, A) -> R) -> Self {
-        RemoteFn { name, f }
+        RemoteFn {
+            name,
+            f,
+            pruned: None,
+        }
+    }
+
+    /// The same function with its copy for subtrees that pruning runs as
+    /// plain calls: for a filament written generic over [`Fork`](crate::Fork)
+    /// (`fn fib(ctx: &impl Fork, n: u64)`), pass it again,
+    /// `RemoteFn::new("fib", fib).with_pruned(fib)`, and the compiler makes
+    /// the copy. Both must compute the same thing: `g` is `f` with its joins
+    /// made plain calls.
+    pub const fn with_pruned(self, g: fn(&Pruned, A) -> R) -> Self {
+        RemoteFn {
+            name: self.name,
+            f: self.f,
+            pruned: Some(g),
+        }
     }
 
     /// The name it travels under.
@@ -74,6 +93,16 @@ impl<A, R> RemoteFn<A, R> {
     /// Calls the function here.
     pub fn call(&self, ctx: &Ctx, arg: A) -> R {
         (self.f)(ctx, arg)
+    }
+
+    /// Calls the function here where pruning already decided: its pruned
+    /// copy if it has one.
+    #[inline(always)]
+    pub(crate) fn call_pruned(&self, ctx: &Pruned, arg: A) -> R {
+        match self.pruned {
+            Some(g) => g(ctx, arg),
+            None => (self.f)(ctx.ctx(), arg),
+        }
     }
 }
 
@@ -380,15 +409,56 @@ impl Ctx {
         B: Serialize + DeserializeOwned + Send + 'static,
         RB: Serialize + DeserializeOwned + Send + 'static,
     {
-        // The same pruning test as `join`: one load and one compare.
-        let limit = self.limit.load(Ordering::Relaxed);
-        if crate::fork::stack_pointer() >= limit {
+        // The same pruning test as `join`: a load, a compare and the calls.
+        if self.pruned_here() {
             self.count_filaments(2);
+            if f.pruned.is_some() {
+                return self.join_remote_then_pruned(a, f, b);
+            }
             return (a(self), (f.f)(self, b));
         }
-        if limit != WANTED {
+        self.join_remote_cold(a, f, b)
+    }
+
+    /// A pruned join of a function with a pruned copy: `a` here, then `b`
+    /// as the pruned copy if `a` was quick (see [`SEQ_TICKS`]), else as
+    /// this copy, which goes on testing for pruning at its joins.
+    #[inline(always)]
+    fn join_remote_then_pruned<A, RA, B, RB>(
+        &self,
+        a: A,
+        f: &'static RemoteFn<B, RB>,
+        b: B,
+    ) -> (RA, RB)
+    where
+        A: FnOnce(&Ctx) -> RA + Send,
+    {
+        let t = ticks();
+        let ra = a(self);
+        if ticks().wrapping_sub(t) < SEQ_TICKS {
+            (ra, f.call_pruned(self.as_pruned(), b))
+        } else {
+            (ra, (f.f)(self, b))
+        }
+    }
+
+    /// A `join_remote` that is not pruned: a fork is wanted, or the stack
+    /// is nearly full (then the calls run on a fresh segment).
+    #[cold]
+    #[inline(never)]
+    fn join_remote_cold<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
+    where
+        A: FnOnce(&Ctx) -> RA + Send,
+        RA: Send,
+        B: Serialize + DeserializeOwned + Send + 'static,
+        RB: Serialize + DeserializeOwned + Send + 'static,
+    {
+        if self.limit.load(Ordering::Relaxed) != WANTED {
             return self.call_on_new_segment(|c| {
                 c.count_filaments(2);
+                if f.pruned.is_some() {
+                    return c.join_remote_then_pruned(a, f, b);
+                }
                 (a(c), (f.f)(c, b))
             });
         }
@@ -426,7 +496,10 @@ impl Ctx {
             };
         }
         let job_ref = job.as_job_ref();
+        let t = ticks();
         let ra = self.fork_and_run_a(job_ref, a);
+        // With pruning off every join forks: no pruned copy then.
+        let quick = self.prune && ticks().wrapping_sub(t) < SEQ_TICKS;
         // Take b back, or wait for whoever stole it (here or on another node).
         let got_back = self.take_back_or_wait(job_ref, &job.latch);
         let ra = match ra {
@@ -445,6 +518,9 @@ impl Ctx {
             // SAFETY: popped back from our own deque: nobody else has it.
             let b = unsafe { (*job.args.get()).take() }.expect("hyfi: own job already taken");
             self.count_filaments(1);
+            if quick {
+                return (ra, self.call_inline(|c| f.call_pruned(c.as_pruned(), b)));
+            }
             return (ra, self.call_inline(|c| (f.f)(c, b)));
         }
         (ra, job.into_result())
