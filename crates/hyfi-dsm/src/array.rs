@@ -317,6 +317,16 @@ impl<'a, T: Pod> View<'a, T> {
             *o = unsafe { elem::load(self.ptr.add(j)) };
         }
     }
+    /// Copies elements `start..start + out.len()` of the view into `out`.
+    pub fn copy_range_to(&self, start: usize, out: &mut [T]) {
+        if start > self.len || out.len() > self.len - start {
+            view_oob(start + out.len(), self.len);
+        }
+        for (j, o) in out.iter_mut().enumerate() {
+            // SAFETY: in bounds (checked above); valid as in `get`.
+            *o = unsafe { elem::load(self.ptr.add(start + j)) };
+        }
+    }
     /// The view's elements.
     pub fn to_vec(&self) -> Vec<T> {
         let mut v = vec![T::zeroed(); self.len];
@@ -365,6 +375,16 @@ impl<'a, T: Pod> ViewMut<'a, T> {
         // when the view was made, and stay so until the filament ends. The
         // pointer came from a `*mut T` (see `new`).
         unsafe { elem::store(self.view.ptr.cast_mut().add(j), v) }
+    }
+    /// Copies `src` into elements `start..start + src.len()` of the view.
+    pub fn copy_range_from(&self, start: usize, src: &[T]) {
+        if start > self.len || src.len() > self.len - start {
+            view_oob(start + src.len(), self.len);
+        }
+        for (j, &v) in src.iter().enumerate() {
+            // SAFETY: in bounds (checked above); writable as in `set`.
+            unsafe { elem::store(self.view.ptr.cast_mut().add(start + j), v) };
+        }
     }
     /// Copies `src` (same length) into the view.
     pub fn copy_from(&self, src: &[T]) {
