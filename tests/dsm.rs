@@ -219,6 +219,13 @@ fn lu_and_matmul_match_sequential_on_every_configuration() {
             nodes,
         );
         all_say(&what, &out, "OK: hyfi and sequential C are identical");
+        let what = format!("matmul --per-row on {nodes}x{procs}");
+        let out = run_ok(
+            &what,
+            on(&bins().matmul, nodes, procs, &["--n", "40", "--per-row"]),
+            nodes,
+        );
+        all_say(&what, &out, "OK: hyfi and sequential C are identical");
     }
 }
 

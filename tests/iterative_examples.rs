@@ -251,6 +251,8 @@ fn matmul_matches_sequential() {
     matmul_1_2("--n 40");
     matmul_1_2("--n 17 --seed 9 --pools-per-proc 3");
     matmul_1_2("--n 1");
+    matmul_1_2("--n 40 --per-row");
+    matmul_1_2("--n 17 --seed 9 --per-row --pools-per-proc 3");
 }
 
 #[test]
