@@ -1,6 +1,7 @@
-//! Shared vectors and matrices, and the views filaments take of them.
+//! Shared vectors and matrices, and the checked views filaments take of
+//! them (the footprint views of footprint.rs are the fast path).
 //!
-//! Every access checks the per-page state byte: on a hit that is one byte
+//! Every checked access tests the per-page state byte: on a hit that is one byte
 //! load and a predictable branch. A miss requests every missing page of
 //! the range at once and suspends the filthread (see core.rs).
 //!

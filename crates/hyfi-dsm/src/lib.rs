@@ -3,12 +3,24 @@
 //! The multithreaded, page-based software distributed shared memory of
 //! hyfi (the HyFi paper, §3.3). Shared vectors and matrices of plain data
 //! live in one region reserved at the same virtual address on every node;
-//! each page has a *home* node. Filaments read and write them through
-//! checked accessors: a hit costs one byte load and a branch; a miss asks
-//! the home for every missing page of the range at once and suspends the
-//! filthread, and its processor runs the filthreads of its other pools
-//! meanwhile — several pools per processor overlap communication with
-//! computation.
+//! each page has a *home* node. Filaments read and write them in two ways:
+//!
+//! * **Footprint views** (the fast path, for regular access): a phase
+//!   declared with `Program::phase_with` takes, once per pool segment,
+//!   [`DsmMatrix::read_rows`] / [`DsmVec::read_range`] of what its filaments
+//!   only read — plain memory, `&[T]` rows — and [`DsmMatrix::write_rows`] /
+//!   [`DsmVec::write_range`] of what they write. The pages are validated
+//!   (fetched, on several nodes) once per segment, so the filaments cost
+//!   what the plain loop costs. See the `footprint` module's docs for why
+//!   plain reads are sound (an array is read-only or written per phase,
+//!   checked) and what was measured.
+//! * **Checked accessors** (`get`/`set`, `row`/`row_mut`, for irregular
+//!   access): each access tests its page's state byte.
+//!
+//! Either way, a miss asks the home for every missing page of the range at
+//! once and suspends the filthread, and its processor runs the filthreads
+//! of its other pools meanwhile — several pools per processor overlap
+//! communication with computation.
 //!
 //! **Consistency** is release consistency at phase boundaries: whatever
 //! any node wrote during a phase is visible on every node after the phase's
