@@ -15,7 +15,10 @@
 #   fib           fib(40), every call a join (no cutoff)
 #   quad          adaptive quadrature of x^6 on [1, 70], tol 1.5e-3 (quad's defaults)
 #   fib-cutoff    fib(40) with a cutoff (--fib-cutoff, default 25) for hyfi,
-#                 rayon and OpenMP tasks; `all` selects this one too
+#                 rayon and OpenMP tasks
+#   matmul-row    matmul with the example's --per-row (one filament per row
+#                 of C), if the example has that option
+#   (`--kernels all` selects all eight)
 #
 # Variants per kernel:
 #   seq       best sequential Rust   examples/baselines.rs <kernel> seq
@@ -57,7 +60,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RUNS=5
 KERNELS=jacobi-point,jacobi-row,matmul,lu,fib,quad
-ALL_KERNELS=jacobi-point,jacobi-row,matmul,lu,fib,quad,fib-cutoff
+ALL_KERNELS=jacobi-point,jacobi-row,matmul,lu,fib,quad,fib-cutoff,matmul-row
 JACOBI_N=1024
 ROW_N=1024
 ITERS=200
@@ -170,6 +173,9 @@ fi
 for b in baselines jacobi matmul lu fib quad; do
     [[ -x $EX/$b ]] || die "$EX/$b is missing (build with: cargo build --release --examples)"
 done
+if [[ ,$KERNELS, == *,matmul-row,* ]] && ! "$EX/matmul" --help | grep -q -- --per-row; then
+    die "kernel matmul-row: this matmul example has no --per-row option"
+fi
 
 # ------------------------------------------------------------ the runs
 
@@ -188,9 +194,11 @@ cmd_of() {
     jacobi-row:omp2) [[ -n $CC_USED ]] && echo "$CDIR/jacobi $ROW_N $ITERS" ;;
     jacobi-row:hyfi1) echo "$EX/jacobi --n $ROW_N --iters $ITERS --eps 0 --per-row --procs 1" ;;
     jacobi-row:hyfi2) echo "$EX/jacobi --n $ROW_N --iters $ITERS --eps 0 --per-row --procs 2" ;;
-    matmul:seq | lu:seq) echo "$EX/baselines $k seq --n $MAT_N" ;;
-    matmul:rayon2 | lu:rayon2) echo "$EX/baselines $k rayon --threads 2 --n $MAT_N" ;;
-    matmul:omp2 | lu:omp2) [[ -n $CC_USED ]] && echo "$CDIR/$k $MAT_N" ;;
+    matmul:seq | lu:seq | matmul-row:seq) echo "$EX/baselines ${k%-row} seq --n $MAT_N" ;;
+    matmul:rayon2 | lu:rayon2 | matmul-row:rayon2) echo "$EX/baselines ${k%-row} rayon --threads 2 --n $MAT_N" ;;
+    matmul:omp2 | lu:omp2 | matmul-row:omp2) [[ -n $CC_USED ]] && echo "$CDIR/${k%-row} $MAT_N" ;;
+    matmul-row:hyfi1) echo "$EX/matmul --n $MAT_N --per-row --procs 1" ;;
+    matmul-row:hyfi2) echo "$EX/matmul --n $MAT_N --per-row --procs 2" ;;
     matmul:hyfi1 | lu:hyfi1) echo "$EX/$k --n $MAT_N --procs 1" ;;
     matmul:hyfi2 | lu:hyfi2) echo "$EX/$k --n $MAT_N --procs 2" ;;
     fib:seq | fib-cutoff:seq) echo "$EX/baselines fib seq --n $FIB_N" ;;
@@ -308,6 +316,7 @@ label_of() {
     jacobi-point) echo "Jacobi ${JACOBI_N}², $ITERS sweeps, filament per point" ;;
     jacobi-row) echo "Jacobi ${ROW_N}², $ITERS sweeps, filament per row" ;;
     matmul) echo "matmul n=$MAT_N" ;;
+    matmul-row) echo "matmul n=$MAT_N, filament per row" ;;
     lu) echo "LU n=$MAT_N" ;;
     fib) echo "fib($FIB_N), no cutoff" ;;
     fib-cutoff) echo "fib($FIB_N), cutoff $FIB_CUTOFF (seq: no cutoff)" ;;
