@@ -13,7 +13,10 @@
 //!
 //! The variants run interleaved, round after round, in one process, so a
 //! busy machine slows them alike; each line gives the fastest and the
-//! median round and the ratio of the fastest to the fastest `seq`.
+//! median round, the ratio of the fastest to the fastest `seq` and the
+//! speedup, and the least CPU time the process used for one run (all its
+//! threads) over the least for `seq`: the work a variant adds, which a
+//! machine busy with other processes does not hide as it hides speedups.
 //!
 //! Run with `cargo bench --bench prune` (`PRUNE_N`, default 40;
 //! `PRUNE_ROUNDS`, default 7).
@@ -60,6 +63,20 @@ fn env(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// CPU time used so far by the process's live threads, in seconds (Linux:
+/// the first field of each `/proc/self/task/*/schedstat`, in ns; 0 where
+/// there is no such file).
+fn cpu_time() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    let ns: u64 = dir
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 * 1e-9
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument selects nothing here.
     let n = env("PRUNE_N", 40);
@@ -71,9 +88,11 @@ fn main() {
         let rt = Runtime::new(config(procs)).expect("hyfi runtime");
         let names = ["seq", "join", "join_remote", "join_remote_fork"];
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+        let mut cpus: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
         for _ in 0..rounds {
-            for (k, t) in times.iter_mut().enumerate() {
+            for (k, (t, c)) in times.iter_mut().zip(&mut cpus).enumerate() {
                 let nn = black_box(n);
+                let cpu = cpu_time();
                 let start = Instant::now();
                 let got = match k {
                     0 => fib_seq(nn),
@@ -82,20 +101,23 @@ fn main() {
                     _ => rt.run(|ctx| fib_fork(ctx, nn)).expect("runs"),
                 };
                 t.push(start.elapsed().as_secs_f64());
+                c.push(cpu_time() - cpu);
                 assert_eq!(got, want, "{}", names[k]);
             }
         }
-        for t in &mut times {
+        for t in times.iter_mut().chain(&mut cpus) {
             t.sort_by(f64::total_cmp);
         }
-        let seq = times[0][0];
-        for (name, t) in names.iter().zip(&times) {
+        let (seq, seq_cpu) = (times[0][0], cpus[0][0]);
+        for ((name, t), c) in names.iter().zip(&times).zip(&cpus) {
             println!(
-                "prune fib({n}) 1x{procs} {name:17} min {:.4} s  median {:.4} s  min/seq_min {:.3}  speedup {:.2}",
+                "prune fib({n}) 1x{procs} {name:17} min {:.4} s  median {:.4} s  min/seq_min {:.3}  \
+                 speedup {:.2}  cpu/seq_cpu {:.3}",
                 t[0],
                 t[t.len() / 2],
                 t[0] / seq,
                 seq / t[0],
+                c[0] / seq_cpu,
             );
         }
     }

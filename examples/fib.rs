@@ -9,6 +9,12 @@
 //! `--cutoff k`, calls with `n < k` run the sequential recursion directly
 //! (default 0: none, so the whole tree goes through `join` as in the paper).
 //!
+//! [`fib`] is written generic over [`Fork`] and its [`RemoteFn`] names its
+//! pruned copy: subtrees that pruning runs as plain calls run as that copy,
+//! which is the plain recursion (no pruning test, so the compiler turns the
+//! second call into a loop as it does for `fib_seq`). The plain recursion it
+//! is timed against is `fib_seq(n - 1) + fib_seq(n - 2)`, unchanged.
+//!
 //! Run it with
 //!
 //! ```text
@@ -31,35 +37,61 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use hyfi::{Fork, RemoteFn};
+use hyfi::{Ctx, Fork, RemoteFn};
 
 /// Largest `n` whose Fibonacci number fits in a `u64`.
 pub const MAX_N: u64 = 93;
 
-/// `fib(n)` with both recursive calls a fork-join filament pair; below
-/// `cutoff` the sequential recursion.
+/// `fib(n)`, its two recursive calls a fork-join filament pair, as a user
+/// writes it: `join_remote` at every call, no cutoff.
 ///
 /// Generic over [`Fork`], so the compiler makes two copies: the one for
-/// `Ctx` forks or prunes at every join, the one for `Pruned` (which
-/// [`FIB`] names with `with_pruned`) is the plain recursion, for the
-/// subtrees that pruning runs as plain calls.
-pub fn fib_hyfi(ctx: &impl Fork, n: u64, cutoff: u64) -> u64 {
+/// `Ctx` forks or prunes at every join, the one for `Pruned` (which [`FIB`]
+/// names with `with_pruned`) is the plain recursion, for the subtrees that
+/// pruning runs as plain calls.
+pub fn fib(ctx: &impl Fork, n: u64) -> u64 {
+    if n < 2 {
+        return n;
+    }
+    let (a, b) = ctx.join_remote(|c| fib(c, n - 1), &FIB, n - 2);
+    a + b
+}
+
+/// [`fib`] as a filament function any node can run.
+pub static FIB: RemoteFn<u64, u64> = RemoteFn::new("fib::fib", fib).with_pruned(fib);
+
+/// [`fib`] with the sequential recursion below `cutoff` (`--cutoff`).
+pub fn fib_cutoff(ctx: &impl Fork, n: u64, cutoff: u64) -> u64 {
     if n < 2 {
         return n;
     }
     if n < cutoff {
         return fib_seq(n);
     }
-    let (a, b) = ctx.join_remote(|c| fib_hyfi(c, n - 1, cutoff), &FIB, (n - 2, cutoff));
+    let (a, b) = ctx.join_remote(
+        |c| fib_cutoff(c, n - 1, cutoff),
+        &FIB_CUTOFF,
+        (n - 2, cutoff),
+    );
     a + b
 }
 
-/// [`fib_hyfi`] as a filament function any node can run: `(n, cutoff)`.
-pub static FIB: RemoteFn<(u64, u64), u64> =
-    RemoteFn::new("fib::fib", fib_filament).with_pruned(fib_filament);
+/// [`fib_cutoff`] as a filament function any node can run: `(n, cutoff)`.
+pub static FIB_CUTOFF: RemoteFn<(u64, u64), u64> =
+    RemoteFn::new("fib::fib_cutoff", fib_cutoff_filament).with_pruned(fib_cutoff_filament);
 
-fn fib_filament(ctx: &impl Fork, (n, cutoff): (u64, u64)) -> u64 {
-    fib_hyfi(ctx, n, cutoff)
+fn fib_cutoff_filament(ctx: &impl Fork, (n, cutoff): (u64, u64)) -> u64 {
+    fib_cutoff(ctx, n, cutoff)
+}
+
+/// `fib(n)` as the example runs it: [`fib`], or [`fib_cutoff`] for a cutoff
+/// above 2 (below that the two are the same).
+pub fn fib_hyfi(ctx: &Ctx, n: u64, cutoff: u64) -> u64 {
+    if cutoff <= 2 {
+        fib(ctx, n)
+    } else {
+        fib_cutoff(ctx, n, cutoff)
+    }
 }
 
 /// The plain sequential recursion.
@@ -127,6 +159,7 @@ fn run(args: &Args) -> Result<(), String> {
         .runtime
         .start(|cfg| if args.no_prune { cfg.prune(false) } else { cfg })?;
     FIB.register().map_err(|e| e.to_string())?;
+    FIB_CUTOFF.register().map_err(|e| e.to_string())?;
     let prune = if rt.config().get_prune() { "on" } else { "off" };
     let node = rt.node();
     println!("fib: n = {n}, cutoff {cutoff}");

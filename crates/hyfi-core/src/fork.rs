@@ -13,6 +13,17 @@
 //! took this processor's job, and when this processor takes its own job
 //! back; one want buys one real fork. So a busy node keeps about one
 //! stealable job (the shallowest) on each deque and forks nothing else.
+//! The slow paths (a real fork, a new stack segment) are out of line and
+//! cold: a pruned join is the test, a counter add and the two calls.
+//!
+//! **The pruned copy** ([`Fork`], [`Pruned`]): the test itself stops the
+//! compiler from turning a recursion's last call into a loop, which the
+//! plain recursion gets (fib's `fib(n - 1) + fib(n - 2)` loses half its
+//! speed to that). A filament written generic over [`Fork`] whose
+//! [`RemoteFn`] names its pruned copy runs small subtrees as that copy, the
+//! plain recursion: a pruned `join_remote` whose first branch took less than
+//! [`SEQ_TICKS`] runs its forked branch so. Idle processors find work at
+//! the joins of the other copy, above those subtrees.
 //!
 //! **Deep recursion**: before running a branch inline, a join checks the free
 //! stack; below a red zone it runs the branch on a fresh pooled stack segment,
@@ -302,6 +313,13 @@ pub(crate) fn ticks() -> u64 {
 /// busy one reaches a join that can fork for it.
 pub(crate) const SEQ_TICKS: u64 = 1 << 16;
 
+/// Stack a subtree run as the pruned copy may use (it makes no stack test):
+/// the copy is entered only with this much free above the red zone, where a
+/// join would move to a fresh segment. A quick subtree is rarely deep; one
+/// deeper than this runs into the guard page, which stops the program with
+/// a message naming the stack-size setting.
+pub(crate) const PRUNED_STACK: usize = 256 * 1024;
+
 /// What filament code forks through: a processor's [`Ctx`], or [`Pruned`],
 /// its view in a subtree that pruning runs as plain calls.
 ///
@@ -476,6 +494,28 @@ impl Fork for Pruned {
 }
 
 impl Ctx {
+    /// Where a first branch starts, for [`Ctx::sibling_may_run_pruned`]: the time
+    /// and this processor's filament count.
+    #[inline(always)]
+    pub(crate) fn mark(&self) -> (u64, u64) {
+        (ticks(), self.stats.filaments.get())
+    }
+
+    /// Whether the first branch that started at `mark` was quick (under
+    /// [`SEQ_TICKS`]) without being a leaf (it joined something): then its
+    /// sibling, likely as small, may run as the pruned copy. A leaf first
+    /// branch tells nothing of its sibling (one half of an adaptive
+    /// refinement may converge at once while the other goes deep).
+    ///
+    /// The pruned copy makes no stack test: it also needs [`PRUNED_STACK`]
+    /// bytes of stack free above the red zone.
+    #[inline(always)]
+    pub(crate) fn sibling_may_run_pruned(&self, (t, n): (u64, u64)) -> bool {
+        self.stats.filaments.get() != n
+            && ticks().wrapping_sub(t) < SEQ_TICKS
+            && stack_pointer() >= self.bounds.get().red.saturating_add(PRUNED_STACK)
+    }
+
     /// This context as the pruned view of it.
     #[inline(always)]
     pub(crate) fn as_pruned(&self) -> &Pruned {
@@ -534,7 +574,7 @@ impl Ctx {
         self.join_real(a, b)
     }
 
-    #[inline(never)]
+    #[inline]
     fn join_real<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
     where
         A: FnOnce(&Ctx) -> RA + Send,

@@ -8,6 +8,9 @@
 //! the result back; the join completes here, on the parent's node. On one
 //! node, or when nobody asks, it is an ordinary join and nothing is
 //! serialized: a pruned `join_remote` costs what a pruned `join` costs.
+//! Written generic over [`Fork`](crate::Fork), with
+//! [`RemoteFn::with_pruned`], its small subtrees run as the plain recursion
+//! (see [`Fork`](crate::Fork)).
 //!
 //! Functions travel by **name**: every node runs the same binary, but code
 //! addresses differ between processes, so each node keeps a registry from
@@ -44,7 +47,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{panic_message, Error};
-use crate::fork::{ticks, JobRef, Latch, Pruned, SEQ_TICKS};
+use crate::fork::{JobRef, Latch, Pruned};
 use crate::runtime::WANTED;
 use crate::startup::{self, Slot};
 use crate::worker::Ctx;
@@ -77,6 +80,14 @@ impl<A, R> RemoteFn<A, R> {
     /// `RemoteFn::new("fib", fib).with_pruned(fib)`, and the compiler makes
     /// the copy. Both must compute the same thing: `g` is `f` with its joins
     /// made plain calls.
+    ///
+    /// A pruned `join_remote` of it runs the forked branch as the copy when
+    /// the first branch was quick (a few tens of microseconds) and not a
+    /// leaf, taking the two branches to be of about one size, as in divide
+    /// and conquer. Nothing in the copy can fork, so where the forked branch
+    /// may be far larger than a quick first branch (a list walked one item
+    /// per join, with the rest forked), leave the copy out: such a branch
+    /// would run on one processor. With pruning off the copy is never used.
     pub const fn with_pruned(self, g: fn(&Pruned, A) -> R) -> Self {
         RemoteFn {
             name: self.name,
@@ -433,9 +444,9 @@ impl Ctx {
     where
         A: FnOnce(&Ctx) -> RA + Send,
     {
-        let t = ticks();
+        let since = self.mark();
         let ra = a(self);
-        if ticks().wrapping_sub(t) < SEQ_TICKS {
+        if self.sibling_may_run_pruned(since) {
             (ra, f.call_pruned(self.as_pruned(), b))
         } else {
             (ra, (f.f)(self, b))
@@ -465,7 +476,7 @@ impl Ctx {
         self.join_remote_real(a, f, b)
     }
 
-    #[inline(never)]
+    #[inline]
     fn join_remote_real<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
     where
         A: FnOnce(&Ctx) -> RA + Send,
@@ -496,10 +507,18 @@ impl Ctx {
             };
         }
         let job_ref = job.as_job_ref();
-        let t = ticks();
+        // Whether `b`, taken back, may run as the pruned copy: only if `a`
+        // was quick, and never with pruning off (every join forks then).
+        let copy = f.pruned.is_some() && self.prune;
+        let since = if copy {
+            // `fork_and_run_a` counts `a` as a filament before it runs it.
+            let (t, n) = self.mark();
+            (t, n + 1)
+        } else {
+            (0, 0)
+        };
         let ra = self.fork_and_run_a(job_ref, a);
-        // With pruning off every join forks: no pruned copy then.
-        let quick = self.prune && ticks().wrapping_sub(t) < SEQ_TICKS;
+        let quick = copy && self.sibling_may_run_pruned(since);
         // Take b back, or wait for whoever stole it (here or on another node).
         let got_back = self.take_back_or_wait(job_ref, &job.latch);
         let ra = match ra {
