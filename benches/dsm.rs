@@ -315,20 +315,25 @@ fn average(up: f64, down: f64, left: f64, right: f64) -> f64 {
     (up + down + left + right) * 0.25
 }
 
+/// The best straightforward sequential loop: row slices, `if d > m`.
 fn seq(old: &mut Vec<f64>, new: &mut Vec<f64>, n: usize, iters: u64) -> f64 {
     let mut m = 0.0f64;
     for _ in 0..iters {
         m = 0.0;
         for i in 1..n - 1 {
+            let (up, mid, down) = (
+                &old[(i - 1) * n..i * n],
+                &old[i * n..(i + 1) * n],
+                &old[(i + 1) * n..(i + 2) * n],
+            );
+            let out = &mut new[i * n..(i + 1) * n];
             for j in 1..n - 1 {
-                let v = average(
-                    old[(i - 1) * n + j],
-                    old[(i + 1) * n + j],
-                    old[i * n + j - 1],
-                    old[i * n + j + 1],
-                );
-                new[i * n + j] = v;
-                m = m.max((v - old[i * n + j]).abs());
+                let v = average(up[j], down[j], mid[j - 1], mid[j + 1]);
+                out[j] = v;
+                let d = (v - mid[j]).abs();
+                if d > m {
+                    m = d;
+                }
             }
         }
         std::mem::swap(old, new);
@@ -441,8 +446,63 @@ fn point_phase<'a, G: Grid>(
     );
 }
 
-/// The hyfi Jacobi program over `grids`, one filament per point or per row
-/// (the same filament code as `examples/jacobi.rs` and `benches/kernels.rs`).
+/// The footprint form (`Program::phase_with`, as `examples/jacobi.rs`):
+/// read view of the old grid with a one-row halo, write view of the new
+/// grid's rows, a segment-local maximum; one filament per point or per row.
+fn footprint_program<'a>(
+    rt: &Runtime,
+    n: usize,
+    g: &'a [DsmMatrix<f64>; 2],
+    maxdiff: &'a Reduction<f64>,
+    iters: u64,
+    per_row: bool,
+) -> Program<'a> {
+    let bind = move |ctx: &Ctx, span: &hyfi::Span| {
+        let k = ctx.iteration() as usize;
+        (
+            g[k % 2].read_rows(ctx, span.rows_with_halo(1, n)),
+            g[(k + 1) % 2].write_rows(ctx, span.rows()),
+            maxdiff.local(ctx, Op::Max),
+        )
+    };
+    let mut prog = Program::new();
+    if per_row {
+        prog.phase_with(
+            PoolArray::<usize>::block(rt, 1..n - 1, 1),
+            bind,
+            move |_ctx, i, (old, new, m)| {
+                let (up, mid, down) = (old.row(i - 1), old.row(i), old.row(i + 1));
+                let out = new.row_mut(i);
+                for j in 1..n - 1 {
+                    let v = average(up[j], down[j], mid[j - 1], mid[j + 1]);
+                    out.set(j, v);
+                    m.fold((v - mid[j]).abs());
+                }
+            },
+            post(maxdiff, iters),
+        );
+    } else {
+        prog.phase_with(
+            PoolArray::block_rows(rt, 1..n - 1, 1..n - 1, 1),
+            bind,
+            |_ctx, (i, j), (old, new, m)| {
+                let v = average(
+                    old[(i - 1, j)],
+                    old[(i + 1, j)],
+                    old[(i, j - 1)],
+                    old[(i, j + 1)],
+                );
+                new.set(i, j, v);
+                m.fold((v - old[(i, j)]).abs());
+            },
+            post(maxdiff, iters),
+        );
+    }
+    prog
+}
+
+/// The hyfi Jacobi program over `grids`, one filament per point or per row,
+/// through the checked per-element accessors.
 fn program<'a>(
     rt: &Runtime,
     n: usize,
@@ -515,12 +575,14 @@ fn check(rt: &Runtime, dsm: Option<&Dsm>, n: usize, iters: u64, per_row: bool, w
     );
 }
 
-const VARIANTS: [&str; 5] = [
+const VARIANTS: [&str; 7] = [
     "baseline_seq_vec",
     "shared_matrix_per_point",
     "dsm_per_point",
     "shared_matrix_per_row",
     "dsm_per_row",
+    "dsm_footprint_per_point",
+    "dsm_footprint_per_row",
 ];
 
 fn jacobi_group(c: &mut Criterion, n: usize, iters: u64) {
@@ -563,6 +625,21 @@ fn jacobi_group(c: &mut Criterion, n: usize, iters: u64) {
             check(&rt, Some(&dsm), n, iters, per_row, &want);
             let grids = Grids::dsm(&dsm, n);
             let mut prog = program(&rt, n, &grids, &maxdiff, iters, per_row);
+            g.bench_function(id, |b| b.iter(|| rt.start(&mut prog).expect("jacobi")));
+        }
+        for (per_row, id) in [(false, VARIANTS[5]), (true, VARIANTS[6])] {
+            let grids = Grids::dsm(&dsm, n);
+            let Grids::Dsm(gr) = &grids else {
+                unreachable!("Grids::dsm makes DSM grids")
+            };
+            let mut prog = footprint_program(&rt, n, gr, &maxdiff, iters, per_row);
+            rt.start(&mut prog).expect("jacobi");
+            drop(prog);
+            assert!(
+                grids.to_vec((iters % 2) as usize) == want,
+                "footprint Jacobi (per_row={per_row}) differs from the sequential loop"
+            );
+            let mut prog = footprint_program(&rt, n, gr, &maxdiff, iters, per_row);
             g.bench_function(id, |b| b.iter(|| rt.start(&mut prog).expect("jacobi")));
         }
         let s = dsm.stats().total;
@@ -613,11 +690,18 @@ fn jacobi_summary(groups: &[usize]) {
             ms(t[4])
         );
         println!(
-            "{group}: RESULT per point: DSM/SharedMatrix {}  DSM/Vec {} | per row: DSM/SharedMatrix {}  DSM/Vec {} (target ≤ 1.10)",
+            "{group}: RESULT per point: DSM/SharedMatrix {}  DSM/Vec {} | per row: DSM/SharedMatrix {}  DSM/Vec {} (checked accessors)",
             ratio(t[2], t[1]),
             ratio(t[2], t[0]),
             ratio(t[4], t[3]),
             ratio(t[4], t[0])
+        );
+        println!(
+            "{group}: RESULT footprint views / best sequential loop: per point {} (target ≤ 1.10) | per row {} (target ≤ 1.05); footprint per point {}, per row {}",
+            ratio(t[5], t[0]),
+            ratio(t[6], t[0]),
+            ms(t[5]),
+            ms(t[6])
         );
     }
 }
