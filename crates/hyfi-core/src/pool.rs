@@ -189,7 +189,8 @@ pub struct Span {
 
 impl Span {
     /// The rows (1-D: the indices) the segment's filaments cover, from the
-    /// first to one past the last.
+    /// first to one past the last (with a step above 1, the rows between
+    /// belong to other segments).
     #[inline]
     pub fn rows(&self) -> Range<usize> {
         self.rows.clone()
@@ -232,8 +233,16 @@ impl<I: Index> Pool<I> {
         mut f: impl FnMut(I, &mut V),
     ) {
         for s in &self.segs {
+            // Tight: from the first row to one past the last one a filament
+            // has (a strided segment's range may end past its last row).
+            let n = s.rows.clone().step_by(s.step).len();
+            let end = if n == 0 {
+                s.rows.start
+            } else {
+                s.rows.start + (n - 1) * s.step + 1
+            };
             let span = Span {
-                rows: s.rows.clone(),
+                rows: s.rows.start..end,
                 step: s.step,
                 cols: s.cols.clone(),
             };

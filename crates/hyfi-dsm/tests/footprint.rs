@@ -160,15 +160,11 @@ fn vector_views_and_strided_pools_cover_exactly_their_filaments() {
         // Cyclic: each processor's pool is one strided segment.
         PoolArray::cyclic(&rt, 0..n),
         |ctx, span| {
-            let r = span.rows();
-            let last = r
-                .clone()
-                .step_by(span.step())
-                .last()
-                .map_or(r.start, |l| l + 1);
+            // Tight: the last row of the span is a filament of it.
+            assert_eq!((span.rows().end - 1 - span.rows().start) % span.step(), 0);
             (
-                src.read_range(ctx, r.start..last),
-                dst.write_range(ctx, r.start..last),
+                src.read_range(ctx, span.rows()),
+                dst.write_range(ctx, span.rows()),
                 total.local(ctx, Op::Sum),
             )
         },
