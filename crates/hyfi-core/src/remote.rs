@@ -447,7 +447,7 @@ impl Ctx {
         let since = self.mark();
         let ra = a(self);
         if self.sibling_may_run_pruned(since) {
-            (ra, f.call_pruned(self.as_pruned(), b))
+            (ra, self.run_pruned(|p| f.call_pruned(p, b)))
         } else {
             (ra, (f.f)(self, b))
         }
@@ -538,7 +538,10 @@ impl Ctx {
             let b = unsafe { (*job.args.get()).take() }.expect("hyfi: own job already taken");
             self.count_filaments(1);
             if quick {
-                return (ra, self.call_inline(|c| f.call_pruned(c.as_pruned(), b)));
+                return (
+                    ra,
+                    self.call_inline(|c| c.run_pruned(|p| f.call_pruned(p, b))),
+                );
             }
             return (ra, self.call_inline(|c| (f.f)(c, b)));
         }
