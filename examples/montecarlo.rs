@@ -127,11 +127,20 @@ fn main() {
     drop(prog);
     let elapsed = t.elapsed();
 
-    // Independent answer: the same draws and intervals, sequentially.
-    let seq_hits: u64 = (0..args.phases)
-        .flat_map(|p| (0..args.blocks as u64).map(move |b| (p, b)))
-        .map(|(p, b)| block_hits(p, b, args.samples))
-        .sum();
+    // Independent answer: the same draws and intervals, sequentially, as a
+    // plain loop (timed: the same arithmetic without hyfi).
+    let t = Instant::now();
+    let mut seq_hits = 0u64;
+    let mut seq_area = 0.0f64;
+    for p in 0..args.phases {
+        seq_area = 0.0;
+        for b in 0..args.blocks as u64 {
+            seq_hits += block_hits(p, b, args.samples);
+            seq_area += block_quad(b, args.blocks as u64, args.samples);
+        }
+    }
+    let seq_secs = t.elapsed().as_secs_f64();
+    std::hint::black_box(seq_area);
     let pi_mc = 4.0 * total_hits as f64 / (args.phases * args.blocks as u64 * args.samples) as f64;
     println!(
         "result: hits={total_hits} pi_mc={pi_mc:.6} quad_bits={:016x} quad={last_area:.15} ({} nodes x {} procs, {:.3} s)",
@@ -139,6 +148,11 @@ fn main() {
         rt.num_nodes(),
         rt.procs(),
         elapsed.as_secs_f64()
+    );
+    println!(
+        "sequential: {seq_secs:.3} s (ratio hyfi/sequential {:.2}, node {})",
+        elapsed.as_secs_f64() / seq_secs,
+        rt.node()
     );
     let ok = total_hits == seq_hits && (last_area - std::f64::consts::PI).abs() < 1e-12;
     if let Some(t) = rt.traffic() {
