@@ -253,6 +253,12 @@ impl<F: FnOnce(&Ctx) + Send> HeapJob<F> {
     }
 }
 
+/// Marks the path that calls it as unlikely (for block layout), without
+/// making the function it calls cold.
+#[cold]
+#[inline(always)]
+pub(crate) fn unlikely_path() {}
+
 #[inline(always)]
 pub(crate) fn stack_pointer() -> usize {
     let sp: usize;
@@ -577,6 +583,7 @@ impl Ctx {
             self.count_filaments(2);
             return (a(self), b(self));
         }
+        unlikely_path();
         self.join_cold(a, b)
     }
 
@@ -587,8 +594,10 @@ impl Ctx {
     }
 
     /// A join that is not pruned: a fork is wanted, or the stack is nearly
-    /// full (then the two calls run on a fresh segment).
-    #[cold]
+    /// full (then the two calls run on a fresh segment). Out of line but
+    /// not `#[cold]`: calls made in a cold function are not inlined, and a
+    /// real fork needs its pieces inlined; the branch to it is marked
+    /// unlikely instead ([`unlikely_path`]).
     #[inline(never)]
     fn join_cold<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
     where

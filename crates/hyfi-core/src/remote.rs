@@ -428,6 +428,7 @@ impl Ctx {
             }
             return (a(self), (f.f)(self, b));
         }
+        crate::fork::unlikely_path();
         self.join_remote_cold(a, f, b)
     }
 
@@ -455,7 +456,7 @@ impl Ctx {
 
     /// A `join_remote` that is not pruned: a fork is wanted, or the stack
     /// is nearly full (then the calls run on a fresh segment).
-    #[cold]
+    /// Out of line, not `#[cold]` (see `Ctx::join_cold`).
     #[inline(never)]
     fn join_remote_cold<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
     where
