@@ -48,7 +48,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
-use hyfi::{Ctx, RemoteFn};
+use hyfi::{Ctx, Fork, Pruned, RemoteFn};
 use serde::{Deserialize, Serialize};
 
 /// Height, half-width and centre of the `spiky` peak.
@@ -56,7 +56,43 @@ const PEAK_H: f64 = 1e4;
 const PEAK_W: f64 = 1e-4;
 const PEAK_C: f64 = 0.93;
 
-/// The integrand.
+/// An integrand known at compile time: the recursion is monomorphised for
+/// it, as the function a user integrates would be.
+pub trait Integrand: Send + Sync + 'static {
+    /// f(x).
+    fn eval(x: f64) -> f64;
+    /// The filament function of the forked half, for this integrand.
+    fn piece() -> &'static RemoteFn<Piece, Area>;
+}
+
+/// x^6.
+pub struct X6;
+/// x^2 plus a narrow, tall Lorentzian peak near x = 0.93.
+pub struct Spiky;
+
+impl Integrand for X6 {
+    #[inline(always)]
+    fn eval(x: f64) -> f64 {
+        let x3 = x * x * x;
+        x3 * x3
+    }
+    fn piece() -> &'static RemoteFn<Piece, Area> {
+        &PIECE_X6
+    }
+}
+
+impl Integrand for Spiky {
+    #[inline(always)]
+    fn eval(x: f64) -> f64 {
+        let d = x - PEAK_C;
+        x * x + PEAK_H * (PEAK_W * PEAK_W) / (d * d + PEAK_W * PEAK_W)
+    }
+    fn piece() -> &'static RemoteFn<Piece, Area> {
+        &PIECE_SPIKY
+    }
+}
+
+/// The integrand, as the command line names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 pub enum Func {
     /// x^6 (the paper's x^{2w} with w = 3).
@@ -66,17 +102,10 @@ pub enum Func {
 }
 
 impl Func {
-    #[inline(always)]
     pub fn eval(self, x: f64) -> f64 {
         match self {
-            Func::X6 => {
-                let x3 = x * x * x;
-                x3 * x3
-            }
-            Func::Spiky => {
-                let d = x - PEAK_C;
-                x * x + PEAK_H * (PEAK_W * PEAK_W) / (d * d + PEAK_W * PEAK_W)
-            }
+            Func::X6 => X6::eval(x),
+            Func::Spiky => Spiky::eval(x),
         }
     }
 
@@ -117,19 +146,8 @@ pub struct Area {
     pub intervals: u64,
 }
 
-impl Area {
-    /// Combines two halves. The fixed `left + right` order is what makes the
-    /// result independent of which processor ran which half.
-    #[inline(always)]
-    fn combine(self, right: Area) -> Area {
-        Area {
-            value: self.value + right.value,
-            intervals: self.intervals + right.intervals,
-        }
-    }
-}
-
-/// An interval still to integrate, with what its parent already computed.
+/// An interval still to integrate, with what its parent already computed:
+/// the argument of the forked half's filament.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct Piece {
     a: f64,
@@ -142,15 +160,10 @@ pub struct Piece {
     tol: f64,
 }
 
-enum Step {
-    Done(Area),
-    Halves(Piece, Piece),
-}
-
 impl Piece {
     /// The root interval.
-    pub fn root(f: Func, a: f64, b: f64, eps: f64) -> Piece {
-        let (fa, fb) = (f.eval(a), f.eval(b));
+    pub fn root<F: Integrand>(a: f64, b: f64, eps: f64) -> Piece {
+        let (fa, fb) = (F::eval(a), F::eval(b));
         Piece {
             a,
             b,
@@ -160,91 +173,113 @@ impl Piece {
             tol: eps,
         }
     }
+}
 
-    /// One bisection step, shared by the parallel and the sequential
-    /// recursion so both build the same tree.
-    #[inline(always)]
-    fn step(self, f: Func) -> Step {
-        let Piece {
-            a,
-            b,
-            fa,
-            fb,
-            whole,
-            tol,
-        } = self;
-        let m = 0.5 * (a + b);
-        let fm = f.eval(m);
-        let left = 0.5 * (fa + fm) * (m - a);
-        let right = 0.5 * (fm + fb) * (b - m);
-        // A NaN estimate (a non-finite integrand) counts as converged, so the
-        // recursion ends and the check fails instead of recursing forever; an
-        // interval whose midpoint no longer moves is done too.
-        let diff = (left + right - whole).abs();
-        let converged = diff <= tol || diff.is_nan();
-        if converged || !(a < m && m < b) {
-            return Step::Done(Area {
-                value: left + right,
-                intervals: 1,
-            });
-        }
-        let tol = 0.5 * tol;
-        Step::Halves(
-            Piece {
-                a,
-                b: m,
-                fa,
-                fb: fm,
-                whole: left,
-                tol,
-            },
-            Piece {
+/// One bisection step of `[a, b]`, shared by the filaments and the
+/// sequential recursion so both build the same tree with the same
+/// arithmetic: `Ok(area)` if the interval is done, else the midpoint, f
+/// there, and the two halves' trapezoid areas.
+///
+/// A NaN estimate (a non-finite integrand) counts as converged (`!(diff >
+/// tol)`), so the recursion ends and the check fails instead of recursing
+/// forever; an interval whose midpoint no longer moves is done too.
+#[inline(always)]
+fn bisect<F: Integrand>(
+    a: f64,
+    b: f64,
+    fa: f64,
+    fb: f64,
+    whole: f64,
+    tol: f64,
+) -> Result<f64, (f64, f64, f64, f64)> {
+    let m = 0.5 * (a + b);
+    let fm = F::eval(m);
+    let left = 0.5 * (fa + fm) * (m - a);
+    let right = 0.5 * (fm + fb) * (b - m);
+    if !((left + right - whole).abs() > tol) || !(a < m && m < b) {
+        return Ok(left + right);
+    }
+    Err((m, fm, left, right))
+}
+
+/// Adaptive quadrature of `f` on `[a, b]` with fork-join filaments.
+pub fn quad_hyfi(ctx: &Ctx, f: Func, a: f64, b: f64, eps: f64) -> Area {
+    match f {
+        Func::X6 => piece::<X6, Ctx>(ctx, Piece::root::<X6>(a, b, eps)),
+        Func::Spiky => piece::<Spiky, Ctx>(ctx, Piece::root::<Spiky>(a, b, eps)),
+    }
+}
+
+/// The forked half's filament: [`rec`] on a [`Piece`].
+pub fn piece<F: Integrand, C: Fork>(ctx: &C, p: Piece) -> Area {
+    let (value, intervals) = rec::<F, C>(ctx, p.a, p.b, p.fa, p.fb, p.whole, p.tol);
+    Area { value, intervals }
+}
+
+/// The recursion of [`quad_hyfi`]: both halves are a fork-join pair, the
+/// right one a serializable filament that may run on another node. The
+/// interval travels in registers (a `Piece` is built only for the forked
+/// half). Generic over [`Fork`], so that the subtrees pruning runs as plain
+/// calls are the plain recursion (the `Pruned` copy the `PIECE_*`
+/// filaments name).
+fn rec<F: Integrand, C: Fork>(
+    ctx: &C,
+    a: f64,
+    b: f64,
+    fa: f64,
+    fb: f64,
+    whole: f64,
+    tol: f64,
+) -> (f64, u64) {
+    match bisect::<F>(a, b, fa, fb, whole, tol) {
+        Ok(value) => (value, 1),
+        Err((m, fm, left, right)) => {
+            let tol = 0.5 * tol;
+            let r = Piece {
                 a: m,
                 b,
                 fa: fm,
                 fb,
                 whole: right,
                 tol,
-            },
-        )
-    }
-}
-
-/// Adaptive quadrature of `f` on `[a, b]` with fork-join filaments.
-pub fn quad_hyfi(ctx: &Ctx, f: Func, a: f64, b: f64, eps: f64) -> Area {
-    quad_hyfi_piece(ctx, f, Piece::root(f, a, b, eps))
-}
-
-/// The recursion of [`quad_hyfi`]: both halves are a fork-join pair, the
-/// right one a serializable filament that may run on another node.
-pub fn quad_hyfi_piece(ctx: &Ctx, f: Func, p: Piece) -> Area {
-    match p.step(f) {
-        Step::Done(area) => area,
-        Step::Halves(l, r) => {
-            let (al, ar) = ctx.join_remote(|c| quad_hyfi_piece(c, f, l), &PIECE, (f, r));
-            al.combine(ar)
+            };
+            let ((l, nl), ar) =
+                ctx.join_remote(|c| rec::<F, C>(c, a, m, fa, fm, left, tol), F::piece(), r);
+            // The fixed `left + right` order is what makes the result
+            // independent of which processor ran which half.
+            (l + ar.value, nl + ar.intervals)
         }
     }
 }
 
-/// [`quad_hyfi_piece`] as a filament function any node can run.
-pub static PIECE: RemoteFn<(Func, Piece), Area> =
-    RemoteFn::new("quad::piece", |ctx, (f, p)| quad_hyfi_piece(ctx, f, p));
+/// [`piece`] for x^6 as a filament function any node can run.
+pub static PIECE_X6: RemoteFn<Piece, Area> =
+    RemoteFn::new("quad::x6", piece::<X6, Ctx>).with_pruned(piece::<X6, Pruned>);
+/// [`piece`] for the spiky integrand.
+pub static PIECE_SPIKY: RemoteFn<Piece, Area> =
+    RemoteFn::new("quad::spiky", piece::<Spiky, Ctx>).with_pruned(piece::<Spiky, Pruned>);
 
-/// The same recursion as [`quad_hyfi`], as plain calls.
+/// The same recursion as [`quad_hyfi`], as the plain sequential recursion
+/// an HPC user writes (scalars in registers, no runtime).
 pub fn quad_seq(f: Func, a: f64, b: f64, eps: f64) -> Area {
-    quad_seq_piece(f, Piece::root(f, a, b, eps))
-}
-
-/// The recursion of [`quad_seq`].
-pub fn quad_seq_piece(f: Func, p: Piece) -> Area {
-    match p.step(f) {
-        Step::Done(area) => area,
-        Step::Halves(l, r) => {
-            let al = quad_seq_piece(f, l);
-            let ar = quad_seq_piece(f, r);
-            al.combine(ar)
+    fn rec<F: Integrand>(a: f64, b: f64, fa: f64, fb: f64, whole: f64, tol: f64) -> (f64, u64) {
+        match bisect::<F>(a, b, fa, fb, whole, tol) {
+            Ok(v) => (v, 1),
+            Err((m, fm, left, right)) => {
+                let (l, nl) = rec::<F>(a, m, fa, fm, left, 0.5 * tol);
+                let (r, nr) = rec::<F>(m, b, fm, fb, right, 0.5 * tol);
+                (l + r, nl + nr)
+            }
         }
+    }
+    fn run<F: Integrand>(a: f64, b: f64, eps: f64) -> Area {
+        let (fa, fb) = (F::eval(a), F::eval(b));
+        let (value, intervals) = rec::<F>(a, b, fa, fb, 0.5 * (fa + fb) * (b - a), eps);
+        Area { value, intervals }
+    }
+    match f {
+        Func::X6 => run::<X6>(a, b, eps),
+        Func::Spiky => run::<Spiky>(a, b, eps),
     }
 }
 
@@ -319,7 +354,8 @@ fn run(args: &Args) -> Result<(), String> {
     let rt = args
         .runtime
         .start(|cfg| if args.no_prune { cfg.prune(false) } else { cfg })?;
-    PIECE.register().map_err(|e| e.to_string())?;
+    PIECE_X6.register().map_err(|e| e.to_string())?;
+    PIECE_SPIKY.register().map_err(|e| e.to_string())?;
     let prune = if rt.config().get_prune() { "on" } else { "off" };
     let node = rt.node();
     println!(
