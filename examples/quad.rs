@@ -180,8 +180,8 @@ impl Piece {
 /// arithmetic: `Ok(area)` if the interval is done, else the midpoint, f
 /// there, and the two halves' trapezoid areas.
 ///
-/// A NaN estimate (a non-finite integrand) counts as converged (`!(diff >
-/// tol)`), so the recursion ends and the check fails instead of recursing
+/// A NaN estimate (a non-finite integrand) counts as converged (`diff >
+/// tol` is false), so the recursion ends and the check fails instead of recursing
 /// forever; an interval whose midpoint no longer moves is done too.
 #[inline(always)]
 fn bisect<F: Integrand>(
@@ -196,10 +196,14 @@ fn bisect<F: Integrand>(
     let fm = F::eval(m);
     let left = 0.5 * (fa + fm) * (m - a);
     let right = 0.5 * (fm + fb) * (b - m);
-    if !((left + right - whole).abs() > tol) || !(a < m && m < b) {
-        return Ok(left + right);
+    // Refine only a finite estimate above the tolerance of an interval
+    // whose midpoint still moves (a NaN compares false: done).
+    let refine = (left + right - whole).abs() > tol && a < m && m < b;
+    if refine {
+        Err((m, fm, left, right))
+    } else {
+        Ok(left + right)
     }
-    Err((m, fm, left, right))
 }
 
 /// Adaptive quadrature of `f` on `[a, b]` with fork-join filaments.
