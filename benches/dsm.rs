@@ -473,11 +473,16 @@ fn footprint_program<'a>(
             move |_ctx, i, (old, new, m)| {
                 let (up, mid, down) = (old.row(i - 1), old.row(i), old.row(i + 1));
                 let out = new.row_mut(i);
+                let mut row_max = 0.0f64;
                 for j in 1..n - 1 {
                     let v = average(up[j], down[j], mid[j - 1], mid[j + 1]);
                     out.set(j, v);
-                    m.fold((v - mid[j]).abs());
+                    let d = (v - mid[j]).abs();
+                    if d > row_max {
+                        row_max = d;
+                    }
                 }
+                m.fold(row_max);
             },
             post(maxdiff, iters),
         );
