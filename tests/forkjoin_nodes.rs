@@ -199,10 +199,13 @@ fn a_steal_takes_half_of_many_ready_filaments() {
     // of them: some answered request moves more than one filament. (A
     // request that finds the donor with one ready filament moves one, which
     // happens when the machine delays the donor: look over several runs.)
+    // fib(30) runs for some 0.1 s: long enough for steals to be answered on
+    // a loaded machine, where a steal's round trip takes milliseconds (with
+    // fib(24) both nodes were often done before any steal came back).
     let _g = serial();
     let mut seen = Vec::new();
     for _ in 0..5 {
-        let (_, s) = run_ok(&bins().fib, 2, 1, &["--n", "24", "--no-prune", "--no-seq"]);
+        let (_, s) = run_ok(&bins().fib, 2, 1, &["--n", "30", "--no-prune", "--no-seq"]);
         // Node 1 received one start-up filament; the rest came by stealing.
         let stolen = s[1]["moved_in"] - 1.0;
         let steals = s[1]["remote_steals"];
