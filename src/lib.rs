@@ -13,6 +13,15 @@
 //! [`RemoteFn`] and [`Runtime::run_distributed`] for fork-join filaments
 //! across nodes.
 //!
+//! **Fine grain at the cost of the plain loop.** Declare what a phase's
+//! filaments touch with [`Program::phase_with`]: per pool segment, read
+//! views ([`DsmMatrix::read_rows`], plain memory), write views
+//! ([`DsmMatrix::write_rows`]) and register accumulators
+//! ([`Reduction::local`]); the filament is then inlined into the pool's loop.
+//! Write recursive filaments generic over [`Fork`] and name their pruned
+//! copy ([`RemoteFn::with_pruned`]) so that pruned subtrees are the plain
+//! recursion.
+//!
 //! ```
 //! use hyfi::{Config, Ctx, Runtime};
 //!
