@@ -44,6 +44,13 @@
 //! the view back). Checking the epoch on every access instead cost 1.4× on
 //! per-point Jacobi (a load the compiler cannot hoist past the stores).
 //!
+//! One case is outside this argument: a thread that is not a server
+//! thread (one the program spawned itself) writing a shared array *while a
+//! phase runs*. Nothing orders it with the phase's start, so its write may
+//! be judged against an earlier epoch and overlap a read view's plain
+//! reads; hyfi does not detect that. Write shared arrays from filaments,
+//! from post-phase code, or between runs (as every hyfi program does).
+//!
 //! Element and row references handed out by a view borrow the view, and the
 //! view lives in the segment's bound values, so no `&T` or `&[T]` outlives
 //! the filament that took it:
@@ -123,13 +130,17 @@ impl Segment {
     #[cold]
     #[inline(never)]
     fn claim(&self, epoch: u64, mode: u64, at: (usize, usize)) {
-        let want = epoch << 2 | mode;
         let mut cur = self.access.load(Relaxed);
         loop {
+            // Never move the word's epoch back: a caller whose epoch is
+            // stale (a thread outside the runtime that read the counter
+            // before a phase began) is judged against the newer epoch.
+            let e = epoch.max(cur >> 2);
+            let want = e << 2 | mode;
             if cur == want {
                 return;
             }
-            if cur >> 2 == epoch {
+            if cur >> 2 == e {
                 // The other mode, claimed in this epoch. One word, one
                 // modification order: whoever claimed first wins, so a
                 // plain read never overlaps a write of this node.
