@@ -222,8 +222,8 @@ pub fn factor_dsm(
     );
     // Phase 1, elimination: the rows not chosen yet subtract their multiple
     // of the pivot row. Each pool segment copies the pivot row's tail once
-    // (the one row a step moves between nodes); each filament works on its
-    // row's tail as a slice, so the update vectorises, and writes it back.
+    // (the one row a step moves between nodes); each filament updates its
+    // row's tail in place in one pass.
     prog.phase_with(
         PoolArray::cyclic(rt, 0..n),
         |ctx, _span| {
@@ -231,20 +231,16 @@ pub fn factor_dsm(
             let mut pivot_tail = vec![0.0f64; n - k];
             a.row(ctx, piv.load(Relaxed))
                 .copy_range_to(k, &mut pivot_tail);
-            (k, pivot_tail, vec![0.0f64; n - k])
+            (k, pivot_tail)
         },
-        |ctx, i, (k, rp, ri)| {
+        |ctx, i, (k, rp)| {
             let k = *k;
             if step_of[i].load(Relaxed) == FREE {
                 let row = a.row_mut(ctx, i);
-                row.copy_range_to(k, ri);
                 // The multiplier goes where the eliminated entry was.
-                let l = ri[0] / rp[0];
-                ri[0] = l;
-                for (x, &y) in ri[1..].iter_mut().zip(&rp[1..]) {
-                    *x -= l * y;
-                }
-                row.copy_range_from(k, ri);
+                let l = row.get(k) / rp[0];
+                row.set(k, l);
+                row.update_range(k + 1, &rp[1..], |x, y| x - l * y);
             }
         },
         |post| {

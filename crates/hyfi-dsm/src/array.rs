@@ -387,6 +387,21 @@ impl<'a, T: Pod> ViewMut<'a, T> {
             unsafe { elem::store(self.view.ptr.cast_mut().add(start + j), v) };
         }
     }
+    /// Updates elements `start..start + src.len()` in place, one pass:
+    /// element `start + k` becomes `f(element, src[k])` (a row update such
+    /// as LU's `a[i][j] -= l * a[p][j]`, with the bounds checked once).
+    #[inline]
+    pub fn update_range(&self, start: usize, src: &[T], f: impl Fn(T, T) -> T) {
+        if start > self.len || src.len() > self.len - start {
+            view_oob(start + src.len(), self.len);
+        }
+        let p = self.view.ptr.cast_mut().wrapping_add(start);
+        for (k, &s) in src.iter().enumerate() {
+            // SAFETY: in bounds (checked above); writable as in `set`;
+            // atomic element accesses.
+            unsafe { elem::store(p.add(k), f(elem::load(p.add(k)), s)) };
+        }
+    }
     /// Copies `src` (same length) into the view.
     pub fn copy_from(&self, src: &[T]) {
         assert_eq!(src.len(), self.len, "hyfi-dsm: copy_from length mismatch");

@@ -198,3 +198,48 @@ fn a_second_phase_end_hook_is_refused() {
         "{e}"
     );
 }
+
+#[test]
+fn update_range_updates_in_place_and_checks_its_bounds() {
+    let rt = rt(2);
+    let dsm = Dsm::new(&rt).unwrap();
+    let m = dsm
+        .matrix::<f64>(4, 10)
+        .from_fn(|i, j| (i * 10 + j) as f64)
+        .unwrap();
+    let src: Vec<f64> = (0..6).map(|k| k as f64).collect();
+    let mut prog = Program::new();
+    prog.phase(
+        PoolArray::block(&rt, 0..4, 1),
+        |ctx, i| m.row_mut(ctx, i).update_range(3, &src, |x, y| x - 2.0 * y),
+        |_| Control::Done,
+    );
+    rt.start(&mut prog).unwrap();
+    drop(prog);
+    for i in 0..4 {
+        for j in 0..10 {
+            let want = (i * 10 + j) as f64
+                - if (3..9).contains(&j) {
+                    2.0 * (j - 3) as f64
+                } else {
+                    0.0
+                };
+            assert_eq!(m.get(i, j), want, "({i}, {j})");
+        }
+    }
+    // Past the row's end: a clear panic, nothing written.
+    let mut prog = Program::new();
+    prog.phase(
+        PoolArray::block(&rt, 0..1, 1),
+        |ctx, i| m.row_mut(ctx, i).update_range(5, &src, |x, _| x + 100.0),
+        |_| Control::Done,
+    );
+    match rt.start(&mut prog) {
+        Err(hyfi_core::Error::FilamentPanic { message, .. }) => {
+            assert!(message.contains("out of bounds"), "{message}")
+        }
+        other => panic!("expected a filament panic, got {other:?}"),
+    }
+    drop(prog);
+    assert_eq!((m.get(0, 5), m.get(0, 9)), (5.0 - 4.0, 9.0));
+}
