@@ -27,7 +27,11 @@
 //!    another node's notices is invalidated. A page written by this node
 //!    alone keeps its copy (it equals the home's now).
 //!
-//! **Epochs.** A node's epoch counts its completed releases. A page request
+//! **Epochs.** A node's epoch counts its completed releases. A `REL` is
+//! applied only while its receiver is in the release of that epoch (one
+//! that comes while the phase's filaments still run waits), so no diff is
+//! written into a home page while filaments may read it as plain memory
+//! through a footprint view. A page request
 //! carries the requester's epoch *e*; the home serves it only once its own
 //! epoch is ≥ *e*, i.e. once it has applied every diff of the phases before
 //! (a request can overtake a slow node's diffs to the home). `REL` messages
@@ -163,8 +167,14 @@ struct Proto {
     got: usize,
     /// Their write notices (page ranges).
     notices: Vec<(u64, u32)>,
-    /// `REL` messages of later epochs: (from, epoch, payload).
+    /// `REL` messages not applied yet, of this epoch or later: (from,
+    /// epoch, payload).
     early: Vec<(usize, u64, Vec<u8>)>,
+    /// This node is in its release: `REL`s of the current epoch are
+    /// applied as they arrive. Outside it (while the phase's filaments
+    /// run) they wait in `early`: a diff written into a home page during
+    /// the phase could overlap a footprint read view's plain reads.
+    releasing: bool,
     /// Page requests waiting for this node's epoch: (from, epoch, pages).
     deferred: Vec<(usize, u64, Vec<u64>)>,
 }
@@ -257,6 +267,7 @@ impl Core {
                 got: 0,
                 notices: Vec::new(),
                 early: Vec::new(),
+                releasing: false,
                 deferred: Vec::new(),
             }),
             proto_cv: Condvar::new(),
@@ -596,11 +607,11 @@ impl Core {
         let epoch = Rd::new(&payload).u64()?;
         let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
         let now = self.completed.load(Ordering::Acquire);
-        if epoch == now {
+        if epoch == now && pr.releasing {
             self.apply_release(from, &payload, &mut pr)?;
             self.proto_cv.notify_all();
             Ok(())
-        } else if epoch > now {
+        } else if epoch >= now {
             pr.early.push((from, epoch, payload));
             Ok(())
         } else {
@@ -684,6 +695,20 @@ impl Core {
             std::thread::yield_now();
         }
         let epoch = self.completed.load(Ordering::Acquire);
+        {
+            // From now on this epoch's releases are applied as they come;
+            // those that came while the phase ran are applied first.
+            let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            pr.releasing = true;
+            let early = std::mem::take(&mut pr.early);
+            for (from, e, payload) in early {
+                if e == epoch {
+                    self.apply_release(from, &payload, &mut pr)?;
+                } else {
+                    pr.early.push((from, e, payload));
+                }
+            }
+        }
         let mut dirty = std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|e| e.into_inner()));
         dirty.sort_unstable();
         dirty.dedup();
@@ -812,14 +837,9 @@ impl Core {
             let next = epoch + 1;
             self.completed.store(next, Ordering::Release);
             pr.got = 0;
-            let early = std::mem::take(&mut pr.early);
-            for (from, e, payload) in early {
-                if e == next {
-                    self.apply_release(from, &payload, &mut pr)?;
-                } else {
-                    pr.early.push((from, e, payload));
-                }
-            }
+            // The next phase's filaments may run now: releases of the next
+            // epoch that came early stay in `early` until its release.
+            pr.releasing = false;
             let deferred = std::mem::take(&mut pr.deferred);
             let (ready, later): (Vec<_>, Vec<_>) = deferred.into_iter().partition(|d| d.1 <= next);
             pr.deferred = later;
