@@ -4,7 +4,7 @@
 use std::io;
 
 /// What went wrong in the single-node runtime.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// Zero processors were asked for.
@@ -200,5 +200,14 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "(panic payload is not a string)".to_string()
+    }
+}
+
+/// Debug shows the message (as `anyhow` does), so that `?` in a `main`
+/// returning `Result<(), Box<dyn Error>>` prints what happened and what to
+/// change, not the variant's fields.
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
     }
 }

@@ -272,3 +272,14 @@ fn bad_environment_is_reported_by_from_env() {
     assert!(!status.success());
     assert!(err.contains("HYFI_PROCS=\"lots\" is not valid"), "{err}");
 }
+
+#[test]
+fn debug_of_an_error_is_its_message() {
+    // What `?` in `fn main() -> Result<(), Box<dyn Error>>` prints.
+    let rt = Runtime::new(Config::new().procs(1).pin(false)).unwrap();
+    let e = rt.start(&mut Program::new()).unwrap_err();
+    assert!(matches!(e, Error::EmptyProgram));
+    assert_eq!(format!("{e:?}"), e.to_string());
+    let boxed: Box<dyn std::error::Error> = Box::new(e);
+    assert_eq!(format!("{boxed:?}"), boxed.to_string());
+}

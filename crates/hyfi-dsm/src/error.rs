@@ -1,7 +1,7 @@
 //! What can go wrong in the DSM, each with what to do about it.
 
 /// Errors of the shared memory.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 pub enum DsmError {
     /// The shared region could not be reserved at the same address everywhere.
     #[error(
@@ -109,4 +109,13 @@ pub enum DsmError {
     /// A collective step failed through the runtime's link.
     #[error("shared memory: a collective step failed: {0}")]
     Link(hyfi_core::LinkError),
+}
+
+/// Debug shows the message (as `anyhow` does), so that `?` in a `main`
+/// returning `Result<(), Box<dyn Error>>` prints what happened and what to
+/// change, not the variant's fields.
+impl std::fmt::Debug for DsmError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }

@@ -157,6 +157,10 @@ fn bad_allocations_are_errors_that_say_why() {
         e.to_string().contains("2 entries for an array of 3 pages"),
         "{e}"
     );
+    // `?` in main prints Debug: it is the message, not the variant's fields.
+    assert_eq!(format!("{e:?}"), e.to_string());
+    let boxed: Box<dyn std::error::Error> = Box::new(e);
+    assert!(format!("{boxed:?}").contains("2 entries for an array of 3 pages"));
     let e = dsm.vec::<[u64; 1024]>(2).zeroed().err().unwrap();
     assert!(e.to_string().contains("must be at most one page"), "{e}");
     // After refused allocations the next one still works.

@@ -4,7 +4,7 @@
 use std::io;
 
 /// What went wrong in the cluster layer.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum NetError {
     /// An environment variable holds a value hyfi cannot use.
@@ -159,5 +159,30 @@ impl NetError {
             what: what.into(),
             source,
         }
+    }
+}
+
+/// Debug shows the message (as `anyhow` does), so that `?` in a `main`
+/// returning `Result<(), Box<dyn Error>>` prints what happened and what to
+/// change, not the variant's fields.
+impl std::fmt::Debug for NetError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NetError;
+
+    #[test]
+    fn debug_is_the_message() {
+        let e = NetError::BadEnv {
+            var: "HYFI_NODES",
+            value: "two".into(),
+            expected: "a node count of at least 1",
+        };
+        assert_eq!(format!("{e:?}"), e.to_string());
+        assert!(format!("{e:?}").contains("HYFI_NODES=\"two\" is not valid"));
     }
 }
