@@ -149,10 +149,9 @@ fn many_waiters_on_one_page_cost_one_request_per_node() {
     // 16 filaments read the page each round; it is requested once a round.
     assert_eq!(stat(reader, "stats:", "fetched"), rounds, "{what}");
     assert_eq!(stat(reader, "stats:", "read_faults"), rounds, "{what}");
-    assert!(
-        stat(reader, "stats:", "suspensions") >= rounds,
-        "{what}: the waiters should have suspended"
-    );
+    // How many of the waiters suspended depends on when the reply comes
+    // (a reply that beats the first waiter's suspension leaves nobody to
+    // suspend): not asserted; the counts above are what the protocol fixes.
 }
 
 /// A fingerprint field of the `OK` line (jacobi prints `grid_bits=`).

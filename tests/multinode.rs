@@ -723,3 +723,120 @@ fn sigusr1_prints_a_nodes_statistics_and_the_job_goes_on() {
     }
     job.no_panics();
 }
+
+// ---------------------------------------------------------------------------
+// CPUs shared out between the nodes of one host
+
+/// A `Cpus_allowed_list` value ("0-2,5") as CPU numbers.
+fn cpu_list(v: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    for part in v.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap()),
+            None => out.push(part.parse().unwrap()),
+        }
+    }
+    out
+}
+
+/// `Cpus_allowed_list` of `/proc/<pid>[/task/<tid>]/status`.
+fn allowed_of(status: &str) -> Vec<usize> {
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list in status");
+    cpu_list(line)
+}
+
+/// The CPUs each server thread (`hyfi-server-*`) of process `pid` may run on.
+fn server_thread_cpus(pid: u32) -> Vec<Vec<usize>> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the node is running") {
+        let dir = t.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.starts_with("hyfi-server") {
+            let status = std::fs::read_to_string(dir.join("status")).unwrap();
+            out.push(allowed_of(&status));
+        }
+    }
+    out
+}
+
+#[test]
+fn local_nodes_pin_to_disjoint_cpus_that_cover_the_allowed_ones() {
+    let allowed = allowed_of(&std::fs::read_to_string("/proc/self/status").unwrap());
+    let nodes = 2;
+    let mut job = Job::new("2 local nodes, pinned, default processors");
+    let mut cmd = command(&bins().montecarlo);
+    // Long enough (20 phases of 100 ms) to read the threads' masks back.
+    cmd.args(["--samples", SAMPLES, "--phases", "20", "--sleep-ms", "100"])
+        .env("HYFI_NODES", nodes.to_string())
+        .env("HYFI_PIN", "1")
+        .env("HYFI_VERBOSE", "1");
+    job.spawn("launcher", cmd);
+    let mut per_node = Vec::new();
+    for rank in 0..nodes {
+        let line = job.wait_line(0, "a node's pid", |l| {
+            l.contains(&format!("node {rank} of {nodes} (")) && l.contains("pid ")
+        });
+        let pid: u32 = line.rsplit("pid ").next().unwrap().trim().parse().unwrap();
+        job.track(pid);
+        per_node.push(server_thread_cpus(pid));
+    }
+    let st = job.wait(0, BOUND);
+    if !st.success() {
+        job.fail("the job failed");
+    }
+    // Each server thread pinned to one CPU; a node's threads to distinct ones.
+    let mut all: Vec<usize> = Vec::new();
+    for (rank, threads) in per_node.iter().enumerate() {
+        assert!(!threads.is_empty(), "node {rank}: no server thread found");
+        for t in threads {
+            assert_eq!(t.len(), 1, "node {rank}: a server thread may run on {t:?}");
+        }
+        all.extend(threads.iter().map(|t| t[0]));
+    }
+    all.sort_unstable();
+    if allowed.len() >= nodes {
+        // Disjoint between the nodes, and together every allowed CPU (the
+        // default processor count is the node's share).
+        assert_eq!(
+            all, allowed,
+            "server threads' CPUs {per_node:?} vs allowed {allowed:?}"
+        );
+    }
+    // The runtime says the same at start-up (HYFI_VERBOSE=1).
+    let err = job.stderr(0);
+    for rank in 0..nodes {
+        assert!(
+            err.contains(&format!("hyfi: node {rank} of {nodes}:"))
+                && err.contains("pinned to CPUs"),
+            "{err}"
+        );
+    }
+    job.no_panics();
+}
+
+#[test]
+fn asking_for_more_processors_than_the_nodes_share_is_a_clear_error() {
+    let allowed = allowed_of(&std::fs::read_to_string("/proc/self/status").unwrap());
+    let mut job = Job::new("2 local nodes asking for every CPU each");
+    let mut cmd = command(&bins().montecarlo);
+    cmd.args(["--samples", SAMPLES, "--procs", &allowed.len().to_string()])
+        .env("HYFI_NODES", "2")
+        .env("HYFI_PIN", "1");
+    job.spawn("launcher", cmd);
+    let st = job.wait(0, BOUND);
+    if allowed.len() < 2 {
+        return; // one CPU: each node's share is that CPU, and one processor fits
+    }
+    if st.success() {
+        job.fail("should fail: each node's share is half the CPUs");
+    }
+    let err = job.stderr(0);
+    assert!(
+        err.contains("divided between the nodes of the job on this host")
+            && err.contains("HYFI_PIN=0"),
+        "{err}"
+    );
+}

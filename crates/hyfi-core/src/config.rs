@@ -33,6 +33,8 @@ pub struct Config {
     procs: Option<usize>,
     procs_source: &'static str,
     pin: bool,
+    /// This node's share of the host's CPUs: (local index, local nodes).
+    cpu_share: Option<(usize, usize)>,
     stack_size: usize,
     prune: bool,
 }
@@ -51,6 +53,7 @@ impl Config {
             procs: None,
             procs_source: "Config::procs",
             pin: true,
+            cpu_share: None,
             stack_size: DEFAULT_STACK_SIZE,
             prune: true,
         }
@@ -128,6 +131,28 @@ impl Config {
     pub fn get_procs(&self) -> Option<usize> {
         self.procs
     }
+    /// This node's share of the host's CPUs when several nodes of one job
+    /// run on one host: it is local node `index` of `count`. The CPUs
+    /// allowed to the process are divided into `count` contiguous blocks and
+    /// this node takes block `index`: its server threads are pinned there,
+    /// and the default processor count is the block's size. A binding the
+    /// launcher already imposed (a mask of fewer CPUs than the host has
+    /// online) is respected as it is. The cluster layer sets this from the
+    /// launcher (`hyfi-run`, the embedded launcher, Open MPI's local rank).
+    ///
+    /// ```
+    /// let cfg = hyfi_core::Config::new().cpu_share(1, 2);
+    /// assert_eq!(cfg.get_cpu_share(), Some((1, 2)));
+    /// ```
+    pub fn cpu_share(mut self, index: usize, count: usize) -> Self {
+        self.cpu_share = (count > 0 && index < count).then_some((index, count));
+        self
+    }
+    /// This node's share of the host's CPUs, if set: (index, count).
+    pub fn get_cpu_share(&self) -> Option<(usize, usize)> {
+        self.cpu_share
+    }
+
     /// Whether server threads are pinned.
     pub fn get_pin(&self) -> bool {
         self.pin
@@ -144,7 +169,10 @@ impl Config {
     /// Checks the configuration against this machine and returns the CPUs the
     /// server threads run on (one per processor; meaningful when pinned).
     pub(crate) fn resolve(&self) -> Result<(usize, Vec<usize>), Error> {
-        let cpus = allowed_cpus();
+        let cpus = match self.cpu_share {
+            Some((index, count)) => share_of(&allowed_cpus(), online_cpus(), index, count),
+            None => allowed_cpus(),
+        };
         let procs = self.procs.unwrap_or(cpus.len().max(1));
         if procs == 0 {
             return Err(Error::ZeroProcs {
@@ -166,6 +194,33 @@ impl Config {
         }
         let chosen = (0..procs).map(|p| cpus[p % cpus.len().max(1)]).collect();
         Ok((procs, chosen))
+    }
+}
+
+/// Block `index` of `count` contiguous blocks of `cpus` (at least one CPU:
+/// with more local nodes than CPUs, nodes share them round-robin), unless
+/// the launcher already bound the process to fewer CPUs than the host has
+/// `online`: that binding is this node's share as it is.
+pub(crate) fn share_of(cpus: &[usize], online: usize, index: usize, count: usize) -> Vec<usize> {
+    if count <= 1 || cpus.is_empty() || cpus.len() < online {
+        return cpus.to_vec();
+    }
+    let b = crate::pool::block(0..cpus.len(), count, index);
+    if b.is_empty() {
+        vec![cpus[index % cpus.len()]]
+    } else {
+        cpus[b].to_vec()
+    }
+}
+
+/// CPUs online on this host.
+fn online_cpus() -> usize {
+    // SAFETY: sysconf reads a system value; no memory is passed.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n > 0 {
+        n as usize
+    } else {
+        allowed_cpus().len()
     }
 }
 
@@ -271,5 +326,34 @@ mod tests {
     fn stack_size_bounds() {
         let e = Config::new().stack_size(1000).resolve().unwrap_err();
         assert!(e.to_string().contains("HYFI_STACK_SIZE"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod share_tests {
+    use super::share_of;
+
+    #[test]
+    fn local_nodes_get_disjoint_contiguous_blocks_covering_the_cpus() {
+        let cpus: Vec<usize> = (0..8).collect();
+        for count in 1..=8 {
+            let mut all = Vec::new();
+            for i in 0..count {
+                let s = share_of(&cpus, 8, i, count);
+                assert!(!s.is_empty());
+                assert!(s.windows(2).all(|w| w[1] == w[0] + 1), "contiguous: {s:?}");
+                all.extend(s);
+            }
+            assert_eq!(all, cpus, "{count} local nodes");
+        }
+        // More nodes than CPUs: one CPU each, shared round-robin.
+        assert_eq!(share_of(&[0, 1], 2, 3, 4), vec![1]);
+    }
+
+    #[test]
+    fn a_launcher_binding_is_respected() {
+        // The launcher bound this process to CPUs 4-5 of 8: that is its share.
+        assert_eq!(share_of(&[4, 5], 8, 1, 4), vec![4, 5]);
+        assert_eq!(share_of(&[0, 1, 2, 3], 4, 0, 1), vec![0, 1, 2, 3]);
     }
 }

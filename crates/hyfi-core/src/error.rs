@@ -16,15 +16,17 @@ pub enum Error {
 
     /// More processors than the machine lets this process use, with pinning on.
     #[error(
-        "invalid configuration: {requested} processors requested but this process may run on \
-         only {available} CPUs; with pinning on (HYFI_PIN=1 / Config::pin(true)) each server \
+        "invalid configuration: {requested} processors requested but this node may run on \
+         only {available} CPUs (those allowed to the process, divided between the nodes of the \
+         job on this host); with pinning on (HYFI_PIN=1 / Config::pin(true)) each server \
          thread needs a CPU of its own. Ask for at most {available}, or set HYFI_PIN=0 to \
          oversubscribe"
     )]
     TooManyProcs {
         /// Processors asked for.
         requested: usize,
-        /// CPUs in this process's affinity mask.
+        /// CPUs this node may use: the process's affinity mask, or this
+        /// node's share of it when several nodes run on one host.
         available: usize,
     },
 

@@ -244,6 +244,19 @@ impl Runtime {
     /// reduction) go through `link`: how the cluster layer plugs in.
     pub fn with_link(cfg: Config, link: Arc<dyn NodeLink>) -> Result<Self, Error> {
         let (procs, cpus) = cfg.resolve()?;
+        if std::env::var_os("HYFI_VERBOSE").is_some_and(|v| v != "0" && !v.is_empty()) {
+            eprintln!(
+                "hyfi: node {} of {}: {procs} server threads{} (share {:?} of the host)",
+                link.my_node(),
+                link.num_nodes(),
+                if cfg.get_pin() {
+                    format!(" pinned to CPUs {cpus:?}")
+                } else {
+                    " unpinned".to_string()
+                },
+                cfg.get_cpu_share().unwrap_or((0, 1)),
+            );
+        }
         crate::stack::install_overflow_handler(cfg.get_stack_size());
         let deques: Vec<Worker<JobRef>> = (0..procs).map(|_| Worker::new_lifo()).collect();
         let shared = Arc::new(Shared {

@@ -365,6 +365,10 @@ impl LocalLaunch {
         }
         cmd.env("HYFI_RANK", rank.to_string())
             .env("HYFI_NODES", self.nodes.to_string())
+            // Every node runs on this host: node `rank` of `nodes` here,
+            // for the division of the CPUs between them.
+            .env("HYFI_LOCAL_RANK", rank.to_string())
+            .env("HYFI_LOCAL_SIZE", self.nodes.to_string())
             .env("HYFI_COORD", format!("127.0.0.1:{port}"))
             .env("HYFI_JOB", job.to_string())
             .env("HYFI_TOKEN", token);
