@@ -762,17 +762,15 @@ fn server_thread_cpus(pid: u32) -> Vec<Vec<usize>> {
     out
 }
 
-#[test]
-fn local_nodes_pin_to_disjoint_cpus_that_cover_the_allowed_ones() {
+/// Runs `cmd` (a launcher starting 2 montecarlo nodes on this host, pinned,
+/// default processors, for some 2 s) and checks that the nodes' server
+/// threads, read back from `/proc`, are pinned to disjoint CPUs that
+/// together are the CPUs allowed to this test.
+fn local_nodes_share_the_cpus(what: &str, mut cmd: Command, lines_whole: bool) {
     let allowed = allowed_of(&std::fs::read_to_string("/proc/self/status").unwrap());
     let nodes = 2;
-    let mut job = Job::new("2 local nodes, pinned, default processors");
-    let mut cmd = command(&bins().montecarlo);
-    // Long enough (20 phases of 100 ms) to read the threads' masks back.
-    cmd.args(["--samples", SAMPLES, "--phases", "20", "--sleep-ms", "100"])
-        .env("HYFI_NODES", nodes.to_string())
-        .env("HYFI_PIN", "1")
-        .env("HYFI_VERBOSE", "1");
+    let mut job = Job::new(what);
+    cmd.env("HYFI_PIN", "1").env("HYFI_VERBOSE", "1");
     job.spawn("launcher", cmd);
     let mut per_node = Vec::new();
     for rank in 0..nodes {
@@ -790,31 +788,115 @@ fn local_nodes_pin_to_disjoint_cpus_that_cover_the_allowed_ones() {
     // Each server thread pinned to one CPU; a node's threads to distinct ones.
     let mut all: Vec<usize> = Vec::new();
     for (rank, threads) in per_node.iter().enumerate() {
-        assert!(!threads.is_empty(), "node {rank}: no server thread found");
+        assert!(
+            !threads.is_empty(),
+            "{what}: node {rank}: no server thread found"
+        );
         for t in threads {
-            assert_eq!(t.len(), 1, "node {rank}: a server thread may run on {t:?}");
+            assert_eq!(
+                t.len(),
+                1,
+                "{what}: node {rank}: a server thread may run on {t:?}"
+            );
         }
         all.extend(threads.iter().map(|t| t[0]));
     }
     all.sort_unstable();
-    if allowed.len() >= nodes {
+    if allowed.len() == nodes {
         // Disjoint between the nodes, and together every allowed CPU (the
         // default processor count is the node's share).
-        assert_eq!(
-            all, allowed,
-            "server threads' CPUs {per_node:?} vs allowed {allowed:?}"
-        );
+        assert_eq!(all, allowed, "{what}: server threads' CPUs {per_node:?}");
+    } else if allowed.len() > nodes {
+        let mut dedup = all.clone();
+        dedup.dedup();
+        assert_eq!(dedup, all, "{what}: nodes share a CPU: {per_node:?}");
     }
-    // The runtime says the same at start-up (HYFI_VERBOSE=1).
+    // The runtime says where it pinned at start-up (HYFI_VERBOSE=1); hyfi's
+    // launchers pass each node's lines whole (mpirun may interleave them).
     let err = job.stderr(0);
-    for rank in 0..nodes {
-        assert!(
-            err.contains(&format!("hyfi: node {rank} of {nodes}:"))
-                && err.contains("pinned to CPUs"),
-            "{err}"
-        );
+    if lines_whole {
+        let said = (0..nodes)
+            .filter(|r| err.contains(&format!("hyfi: node {r} of {nodes}:")))
+            .count();
+        assert_eq!(said, nodes, "{what}: {err}");
     }
     job.no_panics();
+}
+
+/// montecarlo running 20 phases of 100 ms (long enough to read its threads).
+fn slow_montecarlo_args() -> [&'static str; 6] {
+    ["--samples", SAMPLES, "--phases", "20", "--sleep-ms", "100"]
+}
+
+#[test]
+fn local_nodes_pin_to_disjoint_cpus_that_cover_the_allowed_ones() {
+    let mut cmd = command(&bins().montecarlo);
+    cmd.args(slow_montecarlo_args()).env("HYFI_NODES", "2");
+    local_nodes_share_the_cpus("embedded launcher, 2 nodes", cmd, true);
+
+    let mut cmd = command(&bins().hyfi_run);
+    cmd.args(["-n", "2", "--"])
+        .arg(&bins().montecarlo)
+        .args(slow_montecarlo_args());
+    local_nodes_share_the_cpus("hyfi-run -n 2", cmd, true);
+}
+
+#[test]
+fn a_launcher_mask_of_one_cpu_is_kept() {
+    // The whole job started under `taskset -c <last CPU>`: a mask of fewer
+    // CPUs than the host has online is the launcher's binding, kept as it
+    // is (both nodes on that CPU), not divided further.
+    let allowed = allowed_of(&std::fs::read_to_string("/proc/self/status").unwrap());
+    let Some(taskset) = on_path("taskset") else {
+        panic!("taskset (util-linux) is needed for this test");
+    };
+    let cpu = *allowed.last().unwrap();
+    let mut job = Job::new("taskset -c CPU, 2 local nodes");
+    let mut cmd = command(&taskset);
+    cmd.args(["-c", &cpu.to_string()])
+        .arg(&bins().montecarlo)
+        .args(slow_montecarlo_args())
+        .env("HYFI_NODES", "2")
+        .env("HYFI_PIN", "1");
+    job.spawn("launcher", cmd);
+    for rank in 0..2 {
+        let line = job.wait_line(0, "a node's pid", |l| {
+            l.contains(&format!("node {rank} of 2 (")) && l.contains("pid ")
+        });
+        let pid: u32 = line.rsplit("pid ").next().unwrap().trim().parse().unwrap();
+        job.track(pid);
+        let threads = server_thread_cpus(pid);
+        assert!(!threads.is_empty());
+        for t in &threads {
+            assert_eq!(t, &vec![cpu], "node {rank}: {threads:?}");
+        }
+    }
+    if !job.wait(0, BOUND).success() {
+        job.fail("the job failed");
+    }
+    job.no_panics();
+}
+
+#[test]
+fn local_nodes_under_mpirun_share_the_cpus_with_and_without_its_binding() {
+    let Some(mpirun) = on_path("mpirun") else {
+        if std::env::var_os("CI").is_some() {
+            panic!("mpirun is not installed: CI must install Open MPI: see .ci/run");
+        }
+        eprintln!("SKIPPED: mpirun not installed");
+        return;
+    };
+    // --bind-to none: the whole mask, divided by OMPI_COMM_WORLD_LOCAL_RANK;
+    // --bind-to core: Open MPI's one-CPU masks, kept as they are.
+    for bind in ["none", "core"] {
+        let mut cmd = command(&mpirun);
+        cmd.args(["--allow-run-as-root", "--bind-to", bind, "-np", "2"])
+            .args(["-x", "HYFI_PIN=1", "-x", "HYFI_VERBOSE=1"])
+            .arg(&bins().montecarlo)
+            .args(slow_montecarlo_args())
+            .env("OMPI_MCA_plm_rsh_agent", "false");
+        local_nodes_share_the_cpus(&format!("mpirun --bind-to {bind} -np 2"), cmd, false);
+    }
 }
 
 #[test]

@@ -136,8 +136,8 @@ impl Config {
     /// allowed to the process are divided into `count` contiguous blocks and
     /// this node takes block `index`: its server threads are pinned there,
     /// and the default processor count is the block's size. A binding the
-    /// launcher already imposed (a mask of fewer CPUs than the host has
-    /// online) is respected as it is. The cluster layer sets this from the
+    /// launcher already imposed (a mask of fewer CPUs than PID 1 may use:
+    /// a container's cpuset, or every online CPU) is respected as it is. The cluster layer sets this from the
     /// launcher (`hyfi-run`, the embedded launcher, Open MPI's local rank).
     ///
     /// ```
@@ -199,8 +199,9 @@ impl Config {
 
 /// Block `index` of `count` contiguous blocks of `cpus` (at least one CPU:
 /// with more local nodes than CPUs, nodes share them round-robin), unless
-/// the launcher already bound the process to fewer CPUs than the host has
-/// `online`: that binding is this node's share as it is.
+/// the launcher already bound the process to fewer CPUs than the `online`
+/// ones an unbound process here may use: that binding is this node's share
+/// as it is.
 pub(crate) fn share_of(cpus: &[usize], online: usize, index: usize, count: usize) -> Vec<usize> {
     if count <= 1 || cpus.is_empty() || cpus.len() < online {
         return cpus.to_vec();
@@ -213,8 +214,22 @@ pub(crate) fn share_of(cpus: &[usize], online: usize, index: usize, count: usize
     }
 }
 
-/// CPUs online on this host.
+/// The CPUs a process here may use when no launcher bound it: those allowed
+/// to PID 1 (in a container, its cpuset; on a host, every online CPU), or,
+/// if that cannot be read, the CPUs online. A process allowed fewer was
+/// bound by its launcher.
 fn online_cpus() -> usize {
+    let from_init = std::fs::read_to_string("/proc/1/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(count_cpu_list)
+        })
+        .filter(|&n| n > 0);
+    if let Some(n) = from_init {
+        return n;
+    }
     // SAFETY: sysconf reads a system value; no memory is passed.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     if n > 0 {
@@ -222,6 +237,21 @@ fn online_cpus() -> usize {
     } else {
         allowed_cpus().len()
     }
+}
+
+/// CPUs in a `Cpus_allowed_list` value such as `0-3,8`.
+fn count_cpu_list(v: &str) -> usize {
+    v.trim()
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('-') {
+            Some((a, b)) => match (a.trim().parse::<usize>(), b.trim().parse::<usize>()) {
+                (Ok(a), Ok(b)) if b >= a => b - a + 1,
+                _ => 0,
+            },
+            None => usize::from(p.trim().parse::<usize>().is_ok()),
+        })
+        .sum()
 }
 
 /// CPUs in this process's affinity mask, in increasing order.
@@ -348,6 +378,13 @@ mod share_tests {
         }
         // More nodes than CPUs: one CPU each, shared round-robin.
         assert_eq!(share_of(&[0, 1], 2, 3, 4), vec![1]);
+    }
+
+    #[test]
+    fn cpu_lists_are_counted() {
+        assert_eq!(super::count_cpu_list("0-3,8\n"), 5);
+        assert_eq!(super::count_cpu_list("1"), 1);
+        assert_eq!(super::count_cpu_list("junk"), 0);
     }
 
     #[test]
