@@ -24,7 +24,7 @@ use hyfi_core::Ctx;
 
 use crate::core::{readable, settled_readable, writable, Core, Segment};
 use crate::elem;
-use crate::footprint::{ReadRange, ReadRows, WriteRange, WriteRows, NONE};
+use crate::footprint::{Frame, ReadRange, ReadRows, WriteRange, WriteRows, NONE};
 use crate::region::PAGE;
 
 const SHIFT: u32 = PAGE.trailing_zeros();
@@ -504,45 +504,36 @@ impl<T: Pod> DsmVec<T> {
     /// `view.as_slice()`), for the filaments of one pool segment: see
     /// [`DsmMatrix::read_rows`], whose rules it follows.
     pub fn read_range<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> ReadRange<'a, T> {
-        self.check_range(&r);
-        let epoch = ctx.access_epoch();
-        self.sh.seg.note_read_only(epoch, (r.start, NONE));
-        if !r.is_empty() {
-            self.sh.check_read(r.start, r.len());
-        }
-        // SAFETY: the range's pages are valid here and the vector is
-        // read-only in `epoch`. A vector's view is one row of its elements.
-        unsafe {
-            ReadRange::new(
-                self.sh.base,
-                r.start,
-                r.len(),
-                &self.sh.core.live_views,
-                self.sh.seg.seq,
-            )
-        }
+        ReadRange::new(self.range_frame(ctx, r, false))
     }
 
     /// Elements `r` as a write view (`view.set(i, v)`), for the
     /// filaments of one pool segment: see [`DsmMatrix::write_rows`].
     pub fn write_range<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> WriteRange<'a, T> {
+        WriteRange::new(self.range_frame(ctx, r, true))
+    }
+
+    /// The footprint of a vector's view of `r`: the mode claimed for this
+    /// access epoch (a write claims it in `check_write`), the pages made
+    /// valid (or writable).
+    fn range_frame(&self, ctx: &Ctx, r: Range<usize>, write: bool) -> Frame {
         self.check_range(&r);
-        let epoch = ctx.access_epoch();
-        self.sh.seg.note_write(epoch, (r.start, NONE));
+        if !write {
+            self.sh
+                .seg
+                .note_read_only(ctx.access_epoch(), (r.start, NONE));
+        }
         if !r.is_empty() {
-            self.sh.check_write(r.start, r.len());
+            if write {
+                self.sh.check_write(r.start, r.len());
+            } else {
+                self.sh.check_read(r.start, r.len());
+            }
         }
-        // SAFETY: the range's pages are writable here and the vector is
-        // written in `epoch`.
-        unsafe {
-            WriteRange::new(
-                self.sh.base,
-                r.start,
-                r.len(),
-                &self.sh.core.live_views,
-                self.sh.seg.seq,
-            )
-        }
+        // SAFETY: the range's pages are valid (writable) here and the
+        // vector's mode is claimed (above, or by check_write; an empty
+        // range is never accessed). A vector's view has one element a row.
+        unsafe { Frame::new(&self.sh, r.start, r.len(), 1, 1) }
     }
 
     /// Copies elements `start..start+out.len()` into `out`.
@@ -706,18 +697,8 @@ impl<T: Pod> DsmMatrix<T> {
     /// A read view of rows `r`, for the filament owning `ctx`: every
     /// missing page of the block is requested at once.
     pub fn rows_view<'a>(&'a self, _ctx: &'a Ctx, r: Range<usize>) -> MatrixView<'a, T> {
-        if r.start > r.end || r.end > self.rows {
-            out_of_bounds(
-                "matrix rows",
-                format!("{r:?}"),
-                format!("{} rows", self.rows),
-            );
-        }
-        if !r.is_empty() && self.cols > 0 {
-            let first = r.start * self.stride;
-            let n = (r.len() - 1) * self.stride + self.cols;
-            self.sh.check_read(first, n);
-        }
+        self.check_rows(&r);
+        self.validate_rows(&r, false);
         MatrixView {
             ptr: self.sh.base.wrapping_add(r.start * self.stride),
             rows: r,
@@ -764,23 +745,7 @@ impl<T: Pod> DsmMatrix<T> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn read_rows<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> ReadRows<'a, T> {
-        self.check_rows(&r);
-        let epoch = ctx.access_epoch();
-        self.sh.seg.note_read_only(epoch, (r.start, 0));
-        self.validate_rows(&r, false);
-        // SAFETY: the rows' pages are valid here (validate_rows) and the
-        // array is read-only in `epoch` (claimed above).
-        unsafe {
-            ReadRows::new(
-                self.sh.base,
-                r.start,
-                r.len(),
-                self.cols,
-                self.stride,
-                &self.sh.core.live_views,
-                self.sh.seg.seq,
-            )
-        }
+        ReadRows::new(self.rows_frame(ctx, r, false))
     }
 
     /// The rows `r` as a write view, for the filaments of one pool segment:
@@ -788,23 +753,22 @@ impl<T: Pod> DsmMatrix<T> {
     /// missing, twins taken), and the array is marked written in this
     /// phase (a read view of it then panics).
     pub fn write_rows<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> WriteRows<'a, T> {
+        WriteRows::new(self.rows_frame(ctx, r, true))
+    }
+
+    /// The footprint of a view of rows `r`: the mode claimed for this
+    /// access epoch (a write claims it in `check_write`), the pages made
+    /// valid (or writable).
+    fn rows_frame(&self, ctx: &Ctx, r: Range<usize>, write: bool) -> Frame {
         self.check_rows(&r);
-        let epoch = ctx.access_epoch();
-        self.sh.seg.note_write(epoch, (r.start, 0));
-        self.validate_rows(&r, true);
-        // SAFETY: the rows' pages are writable here and the array is
-        // written in `epoch`.
-        unsafe {
-            WriteRows::new(
-                self.sh.base,
-                r.start,
-                r.len(),
-                self.cols,
-                self.stride,
-                &self.sh.core.live_views,
-                self.sh.seg.seq,
-            )
+        if !write {
+            self.sh.seg.note_read_only(ctx.access_epoch(), (r.start, 0));
         }
+        self.validate_rows(&r, write);
+        // SAFETY: the rows' pages are valid (writable) here and the array's
+        // mode is claimed (above, or by check_write; empty rows are never
+        // accessed).
+        unsafe { Frame::new(&self.sh, r.start, r.len(), self.cols, self.stride) }
     }
 
     fn check_rows(&self, r: &Range<usize>) {

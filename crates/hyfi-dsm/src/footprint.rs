@@ -89,6 +89,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use bytemuck::Pod;
 
+use crate::array::Shared;
 use crate::core::{Core, Segment};
 use crate::elem;
 
@@ -234,10 +235,9 @@ pub(crate) fn check_no_live_views(core: &Core) {
     }
 }
 
-/// What every view carries: where its rows start, its shape, the epoch it
-/// belongs to.
-#[derive(Clone, Copy)]
-struct Frame {
+/// What every view carries: where its rows start and its shape; it counts
+/// itself among the DSM's live views for as long as it exists.
+pub(crate) struct Frame {
     /// Element `(first, 0)`.
     ptr: *mut u8,
     first: usize,
@@ -250,16 +250,31 @@ struct Frame {
 }
 
 impl Frame {
-    /// Registers the view (see [`check_no_live_views`]).
-    fn register(self) -> Self {
-        // SAFETY: `live` is in the DSM core, kept alive by the array the
-        // view borrows.
-        unsafe { &*self.live }.fetch_add(1, Relaxed);
-        self
-    }
-    fn unregister(&self) {
-        // SAFETY: as in `register`.
-        unsafe { &*self.live }.fetch_sub(1, Relaxed);
+    /// The footprint `rows` rows of `cols` elements, `stride` apart, from
+    /// row `first` of the array `sh` (a vector's: one element per row),
+    /// counted among the live views (see [`check_no_live_views`]).
+    ///
+    /// # Safety
+    /// Every page of the footprint is valid here (writable, for a write
+    /// view), and the array's mode for this access epoch was claimed
+    /// (read-only for a read view, written for a write view).
+    pub(crate) unsafe fn new<T: Pod>(
+        sh: &Shared<T>,
+        first: usize,
+        rows: usize,
+        cols: usize,
+        stride: usize,
+    ) -> Frame {
+        sh.core.live_views.fetch_add(1, Relaxed);
+        Frame {
+            ptr: sh.base.wrapping_add(first * stride).cast(),
+            first,
+            rows,
+            cols,
+            stride,
+            live: &sh.core.live_views,
+            seq: sh.seg.seq,
+        }
     }
     /// Offset of element `(i, j)` from `ptr`, in elements; panics outside.
     #[inline(always)]
@@ -298,6 +313,14 @@ impl Frame {
     }
 }
 
+impl Drop for Frame {
+    fn drop(&mut self) {
+        // SAFETY: `live` is in the DSM core, kept alive by the array the
+        // view borrows.
+        unsafe { &*self.live }.fetch_sub(1, Relaxed);
+    }
+}
+
 /// Rows of a shared matrix that no filament of this node writes in the
 /// phase, as plain memory: `row(i)` is a `&[T]`, `view[(i, j)]` a `&T`.
 /// Made by [`DsmMatrix::read_rows`](crate::DsmMatrix::read_rows).
@@ -307,31 +330,9 @@ pub struct ReadRows<'a, T: Pod> {
 }
 
 impl<'a, T: Pod> ReadRows<'a, T> {
-    /// # Safety
-    /// Every page of the rows is valid here, and the array is read-only in
-    /// `epoch` (claimed before).
-    pub(crate) unsafe fn new(
-        base: *mut T,
-        first: usize,
-        rows: usize,
-        cols: usize,
-        stride: usize,
-        live: *const AtomicUsize,
-        seq: u64,
-    ) -> Self {
-        ReadRows {
-            f: Frame {
-                ptr: base.wrapping_add(first * stride).cast(),
-                first,
-                rows,
-                cols,
-                stride,
-                live,
-                seq,
-            }
-            .register(),
-            _a: PhantomData,
-        }
+    /// A view over `f`, made for this kind of view (see [`Frame::new`]).
+    pub(crate) fn new(f: Frame) -> Self {
+        ReadRows { f, _a: PhantomData }
     }
 
     /// The rows of the footprint.
@@ -383,28 +384,9 @@ pub struct ReadRange<'a, T: Pod> {
 }
 
 impl<'a, T: Pod> ReadRange<'a, T> {
-    /// # Safety
-    /// As for [`ReadRows::new`], for elements `start..start + len`.
-    pub(crate) unsafe fn new(
-        base: *mut T,
-        start: usize,
-        len: usize,
-        live: *const AtomicUsize,
-        seq: u64,
-    ) -> Self {
-        ReadRange {
-            f: Frame {
-                ptr: base.wrapping_add(start).cast(),
-                first: start,
-                rows: len,
-                cols: 1,
-                stride: 1,
-                live,
-                seq,
-            }
-            .register(),
-            _a: PhantomData,
-        }
+    /// A view over `f`, made for this kind of view (see [`Frame::new`]).
+    pub(crate) fn new(f: Frame) -> Self {
+        ReadRange { f, _a: PhantomData }
     }
 
     /// The elements of the footprint.
@@ -447,31 +429,9 @@ pub struct WriteRows<'a, T: Pod> {
 }
 
 impl<'a, T: Pod> WriteRows<'a, T> {
-    /// # Safety
-    /// Every page of the rows is writable here (twins taken), and the
-    /// array is marked written in `epoch`.
-    pub(crate) unsafe fn new(
-        base: *mut T,
-        first: usize,
-        rows: usize,
-        cols: usize,
-        stride: usize,
-        live: *const AtomicUsize,
-        seq: u64,
-    ) -> Self {
-        WriteRows {
-            f: Frame {
-                ptr: base.wrapping_add(first * stride).cast(),
-                first,
-                rows,
-                cols,
-                stride,
-                live,
-                seq,
-            }
-            .register(),
-            _a: PhantomData,
-        }
+    /// A view over `f`, made for this kind of view (see [`Frame::new`]).
+    pub(crate) fn new(f: Frame) -> Self {
+        WriteRows { f, _a: PhantomData }
     }
 
     /// The rows of the footprint.
@@ -575,28 +535,9 @@ pub struct WriteRange<'a, T: Pod> {
 }
 
 impl<'a, T: Pod> WriteRange<'a, T> {
-    /// # Safety
-    /// As for [`WriteRows::new`], for elements `start..start + len`.
-    pub(crate) unsafe fn new(
-        base: *mut T,
-        start: usize,
-        len: usize,
-        live: *const AtomicUsize,
-        seq: u64,
-    ) -> Self {
-        WriteRange {
-            f: Frame {
-                ptr: base.wrapping_add(start).cast(),
-                first: start,
-                rows: len,
-                cols: 1,
-                stride: 1,
-                live,
-                seq,
-            }
-            .register(),
-            _a: PhantomData,
-        }
+    /// A view over `f`, made for this kind of view (see [`Frame::new`]).
+    pub(crate) fn new(f: Frame) -> Self {
+        WriteRange { f, _a: PhantomData }
     }
 
     /// The elements of the footprint.
@@ -637,29 +578,5 @@ impl<'a, T: Pod> WriteRange<'a, T> {
             // SAFETY: inside the footprint (both ends checked), writable, atomic.
             unsafe { elem::store(p0.add(k), v) }
         }
-    }
-}
-
-impl<T: Pod> Drop for ReadRows<'_, T> {
-    fn drop(&mut self) {
-        self.f.unregister();
-    }
-}
-
-impl<T: Pod> Drop for ReadRange<'_, T> {
-    fn drop(&mut self) {
-        self.f.unregister();
-    }
-}
-
-impl<T: Pod> Drop for WriteRows<'_, T> {
-    fn drop(&mut self) {
-        self.f.unregister();
-    }
-}
-
-impl<T: Pod> Drop for WriteRange<'_, T> {
-    fn drop(&mut self) {
-        self.f.unregister();
     }
 }

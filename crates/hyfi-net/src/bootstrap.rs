@@ -435,6 +435,33 @@ fn check_rank(
     }
 }
 
+/// This node's place among the job's nodes on this host, from the launcher:
+/// hyfi's own (`HYFI_LOCAL_RANK`/`HYFI_LOCAL_SIZE`, set by the embedded
+/// launcher and `hyfi-run`), then Open MPI (`OMPI_COMM_WORLD_LOCAL_RANK`/
+/// `OMPI_COMM_WORLD_LOCAL_SIZE`). The CPUs allowed to the process are divided
+/// between the local nodes (see `Config::cpu_share`).
+pub(crate) fn local_share() -> Result<Option<(usize, usize)>, NetError> {
+    let get = |var: &str| std::env::var(var).ok();
+    let env = Env(&get);
+    for (rank_var, size_var) in [
+        ("HYFI_LOCAL_RANK", "HYFI_LOCAL_SIZE"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ] {
+        let (Some(r), Some(s)) = (env.get(rank_var), env.get(size_var)) else {
+            continue;
+        };
+        let (rank, size) = (parse_rank(rank_var, &r)?, parse_size(size_var, &s)?);
+        check_rank(
+            rank_var,
+            rank,
+            size,
+            "a local rank below the local node count",
+        )?;
+        return Ok(Some((rank, size)));
+    }
+    Ok(None)
+}
+
 /// Keeps `[A-Za-z0-9._-]` and replaces anything else with `_`, so a job key
 /// can name a file (PMIx namespaces look like `prterun-host-1234@1`).
 fn sanitise(key: &str) -> String {

@@ -81,7 +81,7 @@ pub fn init_nodes(cfg: Config, nodes: Option<usize>) -> Result<Runtime, NetError
         bootstrap::Detected::Single => Ok(Runtime::new(cfg)?),
         bootstrap::Detected::LaunchLocal { nodes } => launch::launch_self(nodes),
         bootstrap::Detected::Member(spec) => {
-            let cfg = match local_share()? {
+            let cfg = match bootstrap::local_share()? {
                 Some((index, count)) if cfg.get_cpu_share().is_none() => {
                     cfg.cpu_share(index, count)
                 }
@@ -96,39 +96,6 @@ pub fn init_nodes(cfg: Config, nodes: Option<usize>) -> Result<Runtime, NetError
             Ok(rt)
         }
     }
-}
-
-/// This node's place among the job's nodes on this host, from the launcher:
-/// hyfi's own (`HYFI_LOCAL_RANK`/`HYFI_LOCAL_SIZE`, set by the embedded
-/// launcher and `hyfi-run`), then Open MPI (`OMPI_COMM_WORLD_LOCAL_RANK`/
-/// `OMPI_COMM_WORLD_LOCAL_SIZE`). The CPUs allowed to the process are divided
-/// between the local nodes (see `Config::cpu_share`).
-fn local_share() -> Result<Option<(usize, usize)>, NetError> {
-    for (rank_var, size_var) in [
-        ("HYFI_LOCAL_RANK", "HYFI_LOCAL_SIZE"),
-        ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    ] {
-        let (Ok(r), Ok(s)) = (std::env::var(rank_var), std::env::var(size_var)) else {
-            continue;
-        };
-        let parse = |var: &'static str, v: &str| {
-            v.trim().parse::<usize>().map_err(|_| NetError::BadEnv {
-                var,
-                value: v.to_string(),
-                expected: "a whole number",
-            })
-        };
-        let (r, s) = (parse(rank_var, &r)?, parse(size_var, &s)?);
-        if s == 0 || r >= s {
-            return Err(NetError::BadEnv {
-                var: rank_var,
-                value: r.to_string(),
-                expected: "a local rank below the local node count",
-            });
-        }
-        return Ok(Some((r, s)));
-    }
-    Ok(None)
 }
 
 /// The setup timeout: `HYFI_TIMEOUT` seconds, or [`DEFAULT_SETUP_TIMEOUT`].
