@@ -65,7 +65,8 @@ fn run(exe: &Path, nodes: usize, procs: usize, args: &[&str]) -> Vec<Fields> {
             "--no-seq",
         ])
         .args(args)
-        .env("HYFI_PIN", "0")
+        // Default settings (pinned; local nodes on disjoint CPUs).
+        .env_remove("HYFI_PIN")
         .env_remove("HYFI_NODES")
         .output()
         .expect("running an example");

@@ -190,7 +190,7 @@ run() {
     [[ $# -ge 1 ]] || die "run: no command"
     ns_exists "$NS0" && ns_exists "$NS1" || die "link is down (run: $0 up)"
     local ns=hyfi$rank
-    exec ip netns exec "$ns" env HYFI_RANK="$rank" HYFI_NODES=2 \
+    exec ip netns exec "$ns" env HYFI_RANK="$rank" HYFI_NODES=2 HYFI_LOCAL_RANK="$rank" HYFI_LOCAL_SIZE=2 \
         HYFI_COORD="$IP0:$PORT" "$@"
 }
 
@@ -206,7 +206,7 @@ job() {
     local pids=() rank st=0 s
     for rank in 0 1; do
         (
-            ip netns exec "hyfi$rank" env HYFI_RANK="$rank" HYFI_NODES=2 \
+            ip netns exec "hyfi$rank" env HYFI_RANK="$rank" HYFI_NODES=2 HYFI_LOCAL_RANK="$rank" HYFI_LOCAL_SIZE=2 \
                 HYFI_COORD="$IP0:$PORT" HYFI_JOB="$job" HYFI_TOKEN="$token" "$@" 2>&1 |
                 sed -u "s/^/[node $rank] /"
             exit "${PIPESTATUS[0]}"
