@@ -329,7 +329,10 @@ fn nodes_that_disagree_on_the_region_or_an_allocation_both_fail() {
     for r in 0..2 {
         assert!(!ok[r], "node {r} should fail");
         assert!(
-            err[r].contains("shared allocation #0 differs between nodes (page count)"),
+            // Named by the SPMD step check, with both sizes, on both nodes.
+            err[r].contains("nodes took different steps")
+                && err[r].contains("made shared allocation #0 (10240 elements, 81920 bytes)")
+                && err[r].contains("made shared allocation #0 (20480 elements, 163840 bytes)"),
             "node {r}: {}",
             err[r]
         );
@@ -373,8 +376,12 @@ fn a_node_lost_while_pages_are_in_flight_ends_the_job_everywhere() {
             "node 0 did not report the lost node (after {took:?})"
         ));
     }
-    // Reported as an error, not as a panic per waiting filthread.
+    // Reported as an error, not as a panic per waiting filthread, and a
+    // lost node is never called a filament's panic.
     job.no_panics();
+    if err.contains("filament panicked") {
+        job.fail("node 0 called the lost node a filament panic");
+    }
 }
 
 #[test]

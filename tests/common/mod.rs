@@ -30,6 +30,7 @@ pub struct Bins {
     pub quad: PathBuf,
     pub fib: PathBuf,
     pub fj_probe: PathBuf,
+    pub faults: PathBuf,
 }
 
 /// The examples and `hyfi-run`, built once per test process with this test's
@@ -71,6 +72,8 @@ pub fn bins() -> &'static Bins {
             "fib",
             "--example",
             "fj_probe",
+            "--example",
+            "faults",
             "--bin",
             "hyfi-run",
             "-p",
@@ -107,6 +110,7 @@ pub fn bins() -> &'static Bins {
             quad: ex("quad"),
             fib: ex("fib"),
             fj_probe: ex("fj_probe"),
+            faults: ex("faults"),
         };
         for exe in [
             &bins.montecarlo,
@@ -118,6 +122,7 @@ pub fn bins() -> &'static Bins {
             &bins.quad,
             &bins.fib,
             &bins.fj_probe,
+            &bins.faults,
         ] {
             assert!(
                 exe.exists(),

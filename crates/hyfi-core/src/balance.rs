@@ -558,6 +558,10 @@ impl Runtime {
         }
         let total = nodes * sh.procs;
         let run = sh.fj.next_run.fetch_add(1, Ordering::SeqCst) + 1;
+        // Every node must call it: a node that does not is named at once.
+        sh.link
+            .enter_step(crate::Step::Distributed { seq: run })
+            .map_err(Error::Link)?;
         sh.fj_done.store(false, Ordering::SeqCst);
         *sh.fj.outcome.lock().unwrap_or_else(|e| e.into_inner()) = None;
         sh.fj.run.store(run, Ordering::SeqCst);
@@ -612,6 +616,8 @@ impl Runtime {
                 None => Err(sh.fj.failure()),
             }
         };
+        // A failure of a distributed run reaches every node through the
+        // run's own protocol (each returns it), so it is not an abort.
         r.map_err(Error::from)
     }
 }

@@ -135,6 +135,14 @@ impl std::fmt::Debug for Waker {
     }
 }
 
+/// Ends the calling filament because this node's link to the others
+/// failed (a lost peer, an abort) while it waited: the runtime returns
+/// `Error::Link(e)` from `start` or `run`, not a filament panic, and no
+/// panic message is printed (the unwind skips the panic hook).
+pub fn link_failed(e: crate::LinkError) -> ! {
+    std::panic::resume_unwind(Box::new(crate::reduce::LinkAbort(crate::Error::Link(e))))
+}
+
 /// Suspends the calling filthread until the [`Waker`] given to `register` is
 /// woken; the server thread runs other filthreads meanwhile.
 ///

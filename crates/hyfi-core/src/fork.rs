@@ -161,6 +161,7 @@ impl Latch {
         if self.probe() {
             return;
         }
+        let _w = crate::waits::waiting(|_| "a stolen child to finish (a join)".into(), [0; 3]);
         filthread::suspend(|w| {
             // SAFETY: only the joiner writes the slot, before publishing
             // WAITING; the setter reads it only after observing WAITING.

@@ -38,6 +38,108 @@ pub trait NodeLink: Send + Sync + 'static {
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         None
     }
+    /// This node enters the next SPMD step: every node must enter the same
+    /// steps in the same order. A link over several nodes compares each
+    /// node's steps with its neighbour's and ends the job, naming both,
+    /// when they differ (a node that allocates, runs a phase or a
+    /// distributed run the others do not), instead of hanging.
+    fn enter_step(&self, _step: Step) -> Result<(), LinkError> {
+        Ok(())
+    }
+    /// This node failed on its own (a panic in a filament, an error of its
+    /// program): tell every other node at once, with `cause`, so that the
+    /// job ends everywhere instead of waiting for this node.
+    fn abort(&self, _cause: &str) {}
+}
+
+/// One step of an SPMD program, as every node must take it: the unit the
+/// link compares between nodes (see [`NodeLink::enter_step`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// Phase `phase` of the `program`-th program this runtime started
+    /// (counting from 1), in its `iteration`-th execution (from 0): its
+    /// filaments, its release and its post-phase code.
+    Phase {
+        /// Which program (1 for the first `Runtime::start`).
+        program: u64,
+        /// The phase's index in the program.
+        phase: u64,
+        /// How many times the phase ran before.
+        iteration: u64,
+    },
+    /// The `seq`-th collective allocation of a shared array (from 0), of
+    /// `elems` elements in `bytes` bytes.
+    Alloc {
+        /// Allocation number.
+        seq: u64,
+        /// Elements.
+        elems: u64,
+        /// Size in bytes.
+        bytes: u64,
+    },
+    /// The `seq`-th distributed fork-join run (from 1).
+    Distributed {
+        /// Run number.
+        seq: u64,
+    },
+    /// A layer's collective set-up (the shared-memory layer's start).
+    Setup {
+        /// Which layer: 1 for the shared memory.
+        layer: u64,
+    },
+}
+
+impl Step {
+    /// The step as four numbers (a kind and three arguments), for the wire.
+    pub fn to_words(self) -> [u64; 4] {
+        match self {
+            Step::Phase {
+                program,
+                phase,
+                iteration,
+            } => [1, program, phase, iteration],
+            Step::Alloc { seq, elems, bytes } => [2, seq, elems, bytes],
+            Step::Distributed { seq } => [3, seq, 0, 0],
+            Step::Setup { layer } => [4, layer, 0, 0],
+        }
+    }
+    /// The step [`Step::to_words`] gave, or `None` for words that are none.
+    pub fn from_words(w: [u64; 4]) -> Option<Step> {
+        Some(match w {
+            [1, program, phase, iteration] => Step::Phase {
+                program,
+                phase,
+                iteration,
+            },
+            [2, seq, elems, bytes] => Step::Alloc { seq, elems, bytes },
+            [3, seq, 0, 0] => Step::Distributed { seq },
+            [4, layer, 0, 0] => Step::Setup { layer },
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Step::Phase {
+                program,
+                phase,
+                iteration,
+            } => write!(
+                f,
+                "ran phase {phase} (execution {}) of program #{program}",
+                iteration + 1
+            ),
+            Step::Alloc { seq, elems, bytes } => write!(
+                f,
+                "made shared allocation #{seq} ({elems} elements, {bytes} bytes)"
+            ),
+            Step::Distributed { seq } => write!(f, "called run_distributed (#{seq})"),
+            Step::Setup { layer: 1 } => write!(f, "set up the shared memory (Dsm::new)"),
+            Step::Setup { layer } => write!(f, "set up layer {layer}"),
+        }
+    }
 }
 
 /// Work a layer must do at the end of every phase, on every node, in place

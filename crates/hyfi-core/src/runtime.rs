@@ -188,6 +188,9 @@ pub(crate) struct ProgramRun {
     abort: AtomicBool,
     error: Mutex<Option<Error>>,
     node: usize,
+    /// Which program this is on the runtime (from 1): names its phases'
+    /// SPMD steps.
+    pub(crate) program: u64,
 }
 
 impl ProgramRun {
@@ -227,6 +230,8 @@ pub struct Runtime {
     pub(crate) shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
     pub(crate) start_lock: Mutex<()>,
+    /// Programs started so far (numbers their SPMD steps).
+    programs: AtomicU64,
 }
 
 impl Runtime {
@@ -293,6 +298,7 @@ impl Runtime {
             shared: shared.clone(),
             threads: Vec::with_capacity(procs),
             start_lock: Mutex::new(()),
+            programs: AtomicU64::new(0),
         };
         let (tx, rx) = std::sync::mpsc::channel();
         for (proc, deque) in deques.into_iter().enumerate() {
@@ -435,13 +441,24 @@ impl Runtime {
             abort: AtomicBool::new(false),
             error: Mutex::new(None),
             node: self.node(),
+            program: self.programs.fetch_add(1, Ordering::Relaxed) + 1,
         };
         self.shared
             .dispatch(Command::Program(ProgramPtr(&run as *const ProgramRun)));
         match run.error.into_inner().unwrap_or_else(|e| e.into_inner()) {
-            Some(e) => Err(e),
+            Some(e) => Err(self.failed(e)),
             None => Ok(()),
         }
+    }
+
+    /// An error of this node's own (not one its link reported) ends the
+    /// job on every node: the peers are told at once, with the error, so
+    /// none of them waits for this node at its next barrier.
+    pub(crate) fn failed(&self, e: Error) -> Error {
+        if !matches!(e, Error::Link(_)) && self.num_nodes() > 1 {
+            self.shared.link.abort(&e.to_string());
+        }
+        e
     }
 
     /// Runs a fork-join computation: `root` on one processor, its joins
@@ -462,18 +479,23 @@ impl Runtime {
         let _g = self.start_lock.lock().unwrap_or_else(|e| e.into_inner());
         let sh = &*self.shared;
         sh.fj_done.store(false, Ordering::SeqCst);
+        let node = self.node();
         let slot = self.dispatch_fork_join(Some(move |ctx: &Ctx| {
-            catch_unwind(AssertUnwindSafe(|| root(ctx)))
-                .map_err(|p| (ctx.proc(), panic_message(&*p)))
+            catch_unwind(AssertUnwindSafe(|| root(ctx))).map_err(|p| match p
+                .downcast::<crate::reduce::LinkAbort>()
+            {
+                Ok(link) => link.0,
+                Err(p) => Error::FilamentPanic {
+                    node,
+                    proc: ctx.proc(),
+                    during: "fork-join".into(),
+                    message: panic_message(&*p),
+                },
+            })
         }));
         match slot {
             Some(Ok(r)) => Ok(r),
-            Some(Err((proc, message))) => Err(Error::FilamentPanic {
-                node: self.node(),
-                proc,
-                during: "fork-join".into(),
-                message,
-            }),
+            Some(Err(e)) => Err(self.failed(e)),
             None => unreachable!("hyfi: fork-join run ended without its root"),
         }
     }

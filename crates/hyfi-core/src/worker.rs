@@ -575,13 +575,30 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
         let body: &'static dyn PhaseBody = phases[cur];
         ctx.iteration
             .set(run.iterations[cur].load(Ordering::SeqCst));
+        if ctx.proc == 0 && !run.aborted() {
+            // Every node must take the same steps: the link compares them
+            // between nodes while this phase runs.
+            let step = crate::Step::Phase {
+                program: run.program,
+                phase: cur as u64,
+                iteration: ctx.iteration.get(),
+            };
+            if let Err(e) = ctx.shared.link.enter_step(step) {
+                run.fail(crate::Error::Link(e));
+            }
+        }
         sched.run_phase(ctx, body, run, cur);
         ctx.stats.phases.set(ctx.stats.phases.get() + 1);
         let next = if ctx.proc == 0 {
             // Master: wait for the others, then the node-level step, then the
             // post-phase code, then release everyone with the decision.
             let parker = ctx.ws().parker();
+            let w = crate::waits::waiting(
+                |a| format!("the node's other processors to end phase {}", a[0]),
+                [cur as u64, 0, 0],
+            );
             parker.wait_until(|| run.arrived.load(Ordering::SeqCst) == p - 1);
+            drop(w);
             run.arrived.store(0, Ordering::SeqCst);
             let next = post_phase(ctx, run, cur, body, phases.len());
             // The next phase is a new access epoch (no filament runs now;
@@ -598,6 +615,15 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
                 ctx.shared.workers[0].parker().notify();
             }
             let parker = ctx.ws().parker();
+            let _w = crate::waits::waiting(
+                |a| {
+                    format!(
+                        "processor 0 to end phase {} (the node's barrier, release and post-phase code)",
+                        a[0]
+                    )
+                },
+                [cur as u64, 0, 0],
+            );
             parker.wait_until(|| run.gen.load(Ordering::SeqCst) != gen);
             run.next.load(Ordering::SeqCst)
         };

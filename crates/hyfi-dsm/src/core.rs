@@ -466,24 +466,32 @@ impl Core {
             return;
         }
         let t = Instant::now();
+        let _w = hyfi_core::waits::waiting(
+            |a| {
+                format!(
+                    "page {} of shared allocation #{} from its home node {}",
+                    a[0], a[1], a[2]
+                )
+            },
+            [p as u64, seg.seq, u64::from(seg.homes[p])],
+        );
         loop {
             if seg.state[p].load(Ordering::Acquire) >= READ {
                 break;
             }
             if let Some(why) = self.failure() {
                 let msg = format!(
-                    "hyfi-dsm: node {}: page {} of shared array #{} (home node {}) cannot arrive: {why}",
-                    self.me, p, seg.seq, seg.homes[p]
+                    "page {} of shared allocation #{} (home node {}) cannot arrive: {why}",
+                    p, seg.seq, seg.homes[p]
                 );
                 if filthread::current_processor().is_some() {
                     // On a server thread the runtime catches the unwind and
-                    // returns it from `start` as the filament's failure;
-                    // resume_unwind skips the panic hook, so the message is
-                    // reported once, not as a panic with a backtrace per
-                    // waiting filthread.
-                    std::panic::resume_unwind(Box::new(msg));
+                    // returns it from `start` as the link's failure (not a
+                    // panic of the filament), once, without a panic message
+                    // and backtrace per waiting filthread.
+                    filthread::link_failed(msg.into());
                 }
-                panic!("{msg}");
+                panic!("hyfi-dsm: node {}: {msg}", self.me);
             }
             filthread::suspend(|w| {
                 let mut m = seg.lock(p);
@@ -782,6 +790,15 @@ impl Core {
         // 3. Wait for every other node's release of this epoch.
         let notices = {
             let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            let _w = hyfi_core::waits::waiting(
+                |a| {
+                    format!(
+                        "the other nodes' releases at the end of a phase (release #{}; {} of {} had come)",
+                        a[0], a[1], a[2]
+                    )
+                },
+                [epoch, pr.got as u64, self.nodes as u64 - 1],
+            );
             while pr.got < self.nodes - 1 {
                 if let Some(f) = self.failure() {
                     return Err(f.clone());

@@ -211,6 +211,8 @@ impl Dsm {
             }));
         }
         rt.set_phase_end(Arc::new(Hook(core.clone())))?;
+        link.enter_step(hyfi_core::Step::Setup { layer: 1 })
+            .map_err(DsmError::Link)?;
         // Nobody sends a page request before every page server is in.
         link.barrier().map_err(DsmError::Link)?;
         Ok(Dsm { core, link })
@@ -283,7 +285,14 @@ impl Dsm {
             let a = self.core.alloc.lock().unwrap_or_else(|e| e.into_inner());
             (a.0, a.1)
         };
-        // Every node must make the same allocation.
+        // Every node must make the same allocations, in the same order.
+        self.link
+            .enter_step(hyfi_core::Step::Alloc {
+                seq,
+                elems: (rows * stride) as u64,
+                bytes: bytes as u64,
+            })
+            .map_err(DsmError::Link)?;
         let fingerprint = [
             seq,
             pages as u64,

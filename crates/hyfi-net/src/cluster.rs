@@ -39,8 +39,10 @@ impl Cluster {
     /// program ends first, the process exits with code 1 after
     /// [`FAILURE_GRACE`]: a node never hangs waiting for a dead peer.
     pub fn connect(spec: &JobSpec, timeout: Duration) -> Result<Arc<Cluster>, NetError> {
+        let heartbeat = crate::heartbeat()?;
         let links = mesh::connect(spec, timeout)?;
         let rank = links.rank;
+        record_panics();
         let comm = Comm::start(
             links,
             Box::new(move |why: &str| {
@@ -59,6 +61,7 @@ impl Cluster {
                         std::process::exit(1);
                     });
             }),
+            heartbeat,
         )?;
         Ok(Arc::new(Cluster {
             comm,
@@ -90,7 +93,15 @@ impl Cluster {
                     std::thread::sleep(Duration::from_millis(200));
                     std::process::exit(signals::exit_code_for(signal));
                 }
-                SignalEvent::DumpStats => eprint!("{}", c.report()),
+                SignalEvent::DumpStats => {
+                    let waits = hyfi_core::waits::report();
+                    let waits = if waits.is_empty() {
+                        "nothing\n".to_string()
+                    } else {
+                        format!("\n{waits}")
+                    };
+                    eprint!("{}hyfi: node {} waits for: {waits}", c.report(), c.rank());
+                }
             }
         })?;
         *self.signals.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
@@ -186,6 +197,14 @@ impl NodeLink for Cluster {
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
     }
+    fn enter_step(&self, step: hyfi_core::Step) -> Result<(), LinkError> {
+        self.comm
+            .enter_step(step)
+            .map_err(|e| Box::new(e) as LinkError)
+    }
+    fn abort(&self, cause: &str) {
+        Cluster::abort(self, cause);
+    }
     fn barrier(&self) -> Result<(), LinkError> {
         Cluster::barrier(self).map_err(|e| Box::new(e) as LinkError)
     }
@@ -208,8 +227,50 @@ impl Drop for Cluster {
         {
             let _ = t.stop();
         }
-        // Long enough for a peer to finish reading its results out of
-        // pages homed here; a dead peer ends the wait at once.
-        self.comm.close(Duration::from_secs(120));
+        if std::thread::panicking() {
+            // The program is unwinding past its runtime: the peers would
+            // wait for this node at their next barrier. Tell them why.
+            let what = last_panic().unwrap_or_else(|| "(no message)".into());
+            self.comm.abort(&format!(
+                "the program of node {} panicked: {what}",
+                self.rank()
+            ));
+        }
+        // As long as a peer reads its results out of pages homed here: a
+        // dead, hung or diverged peer ends the wait (lost link, heartbeat,
+        // SPMD step), a live one is served until its program ends.
+        self.comm.close(None);
     }
+}
+
+/// The last panic's message and place on this process (any thread).
+static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
+
+/// Keeps the message of every panic (then runs the hook that was there),
+/// so that a node whose program panics can tell its peers why.
+fn record_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let msg = match info.payload().downcast_ref::<&str>() {
+                Some(s) => (*s).to_string(),
+                None => info
+                    .payload()
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .unwrap_or_else(|| "(a non-string payload)".into()),
+            };
+            let at = info
+                .location()
+                .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            *LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{msg}{at}"));
+            prev(info);
+        }));
+    });
+}
+
+fn last_panic() -> Option<String> {
+    LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }

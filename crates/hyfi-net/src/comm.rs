@@ -31,7 +31,12 @@ use tokio::sync::mpsc::unbounded_channel;
 
 use crate::error::NetError;
 use crate::mesh::Links;
+use crate::spmd::Steps;
 use crate::wire::{self, Header, Kind, Msg, HANDSHAKE_LEN, HEADER_LEN};
+
+/// How long a node whose program ended serves its peers before it says
+/// so on stderr (it goes on serving them).
+const CLOSE_NOTICE: Duration = Duration::from_secs(10);
 
 /// How long a waiting thread spins before it sleeps.
 const SPIN: Duration = Duration::from_micros(50);
@@ -147,6 +152,11 @@ struct InboxState {
     bulk: HashMap<usize, std::collections::VecDeque<(u64, Vec<u8>)>>,
     failed: Option<String>,
     byes: usize,
+    /// Peers that said `Bye`: they send nothing more but answers to
+    /// requests, so a wait for anything else from them would never end.
+    gone: std::collections::HashSet<usize>,
+    /// This node's SPMD steps and its ring predecessor's (see `spmd`).
+    steps: Option<Steps>,
     /// Filthreads suspended until something arrives.
     waiters: Vec<hyfi_core::filthread::Waker>,
 }
@@ -223,20 +233,33 @@ impl Inbox {
             ServiceSlot::Ready(s) => s.frame(from, tag, payload),
         }
     }
-    fn bye(&self) {
-        self.put(|s| s.byes += 1);
+    /// Peer `from` said `Bye` after `steps` steps: an error if this node
+    /// already went further.
+    fn bye(&self, from: usize, steps: u64, last: Option<hyfi_core::Step>) -> Result<(), String> {
+        let mut r = Ok(());
+        self.put(|s| {
+            s.byes += 1;
+            s.gone.insert(from);
+            if let Some(st) = s.steps.as_mut() {
+                r = st.on_bye(from, steps, last);
+            }
+        });
+        r
     }
     /// Waits until `take` finds its message (or the node fails). On a
     /// filthread the filthread suspends and its server thread runs other
     /// work meanwhile; elsewhere the calling thread blocks.
-    fn wait<T>(&self, mut take: impl FnMut(&mut InboxState) -> Option<T>) -> Result<T, String> {
+    fn wait<T>(
+        &self,
+        mut take: impl FnMut(&mut InboxState) -> Option<Result<T, String>>,
+    ) -> Result<T, String> {
         if hyfi_core::filthread::in_filthread() {
             let mut got = None;
             loop {
                 hyfi_core::filthread::suspend(|waker| {
                     let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
                     if let Some(v) = take(&mut s) {
-                        got = Some(Ok(v));
+                        got = Some(v);
                         return false;
                     }
                     if let Some(f) = &s.failed {
@@ -261,7 +284,7 @@ impl Inbox {
             {
                 let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(v) = take(&mut s) {
-                    return Ok(v);
+                    return v;
                 }
                 if let Some(f) = &s.failed {
                     return Err(f.clone());
@@ -277,7 +300,7 @@ impl Inbox {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(v) = take(&mut s) {
-                return Ok(v);
+                return v;
             }
             if let Some(f) = &s.failed {
                 return Err(f.clone());
@@ -541,6 +564,66 @@ impl Sender {
         self.send_frame(peer, wire::bulk_frame(tag, bytes))
     }
 
+    /// Tells every peer this node aborts the job, with `cause`.
+    fn send_abort(&self, cause: &str) {
+        // Failure texts name this node already; the peer names the sender.
+        let prefix = format!("node {}: ", self.rank);
+        let cause = cause.strip_prefix(&prefix).unwrap_or(cause);
+        for p in 0..self.nodes {
+            if p != self.rank {
+                let _ = self.send(
+                    p,
+                    &Msg::Abort {
+                        cause: cause.to_string(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// This node enters its next SPMD step (see `spmd`): compared with the
+    /// ring predecessor's, and sent to the successor.
+    pub fn enter_step(&self, step: hyfi_core::Step) -> Result<(), NetError> {
+        if self.nodes < 2 {
+            return Ok(());
+        }
+        let prev = (self.rank + self.nodes - 1) % self.nodes;
+        let entered = {
+            let mut s = self.inbox.state.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(f) = &s.failed {
+                return Err(self.aborted(f.clone()));
+            }
+            match s.steps.as_mut() {
+                Some(st) => st.enter(prev, step),
+                None => return Ok(()),
+            }
+        };
+        match entered {
+            Ok(n) => self.send(
+                (self.rank + 1) % self.nodes,
+                &Msg::Step {
+                    n,
+                    step: step.to_words(),
+                },
+            ),
+            Err(why) => {
+                let why = format!("node {}: {why}", self.rank);
+                self.fail_and_tell(why.clone());
+                Err(self.aborted(why))
+            }
+        }
+    }
+
+    /// Fails this node with `why` (its waits return the error) and tells
+    /// every peer; returns false if the node had failed already.
+    fn fail_and_tell(&self, why: String) -> bool {
+        if self.inbox.fail(why.clone()) {
+            self.send_abort(&why);
+            return true;
+        }
+        false
+    }
+
     pub(crate) fn aborted(&self, cause: String) -> NetError {
         // Failure texts already name this node; do not name it twice.
         let prefix = format!("node {}: ", self.rank);
@@ -558,11 +641,27 @@ impl Sender {
 /// Called once, on the communication thread, when the node fails.
 pub type FailureHook = Box<dyn Fn(&str) + Send + Sync>;
 
+/// Why a wait for `peer` cannot end: it said `Bye` (its program ended)
+/// and what this node waits for was not sent before it.
+fn gone(me: usize, peer: usize) -> String {
+    format!(
+        "node {me} waits for node {peer} at a barrier or reduction, but node {peer} ended its \
+         program: every node must make the same phases, shared allocations and \
+         run_distributed calls (SPMD)"
+    )
+}
+
 impl Comm {
-    /// Starts the communication thread over an established mesh.
-    pub fn start(links: Links, on_failure: FailureHook) -> Result<Comm, NetError> {
+    /// Starts the communication thread over an established mesh. A peer
+    /// that sends nothing (not even a heartbeat) for `heartbeat` is lost.
+    pub fn start(
+        links: Links,
+        on_failure: FailureHook,
+        heartbeat: Duration,
+    ) -> Result<Comm, NetError> {
         let (rank, nodes) = (links.rank, links.nodes);
         let inbox = Arc::new(Inbox::default());
+        inbox.state.lock().unwrap_or_else(|e| e.into_inner()).steps = Some(Steps::new(rank));
         let stats = Arc::new(NetStats::default());
         let on_failure: Arc<FailureHook> = Arc::new(on_failure);
         let mut txs = Vec::with_capacity(nodes);
@@ -595,20 +694,25 @@ impl Comm {
             cv: Condvar::new(),
             stop: Default::default(),
         });
+        let sender = Sender(Arc::new(SenderInner {
+            rank,
+            nodes,
+            tx: txs.clone(),
+            flusher: flusher.clone(),
+            inbox,
+            stats,
+        }));
+        let node = Node {
+            sender: sender.clone(),
+            hook: on_failure,
+        };
         let flusher_thread = {
-            let (f, t, ib, hook) = (
-                flusher.clone(),
-                txs.clone(),
-                inbox.clone(),
-                on_failure.clone(),
-            );
+            let (f, t, node) = (flusher.clone(), txs.clone(), node.clone());
             std::thread::Builder::new()
                 .name("hyfi-flush".into())
                 .spawn(move || {
                     flusher_loop(f, t, |peer, e| {
-                        fail(
-                            &ib,
-                            &hook,
+                        node.fail(
                             NetError::LostNode {
                                 me: rank,
                                 lost: peer,
@@ -624,7 +728,6 @@ impl Comm {
             .enable_all()
             .build()
             .map_err(|e| NetError::io("starting the communication thread's runtime", e))?;
-        let (inbox2, stats2) = (inbox.clone(), stats.clone());
         let shutdown = Arc::new(tokio::sync::Notify::new());
         let stop = shutdown.clone();
         let thread = std::thread::Builder::new()
@@ -632,21 +735,14 @@ impl Comm {
             .spawn(move || {
                 rt.block_on(async move {
                     tokio::select! {
-                        _ = run(links, inbox2, stats2, on_failure) => {}
+                        _ = run(links, node, heartbeat) => {}
                         _ = stop.notified() => {}
                     }
                 })
             })
             .map_err(|e| NetError::io("spawning the communication thread", e))?;
         Ok(Comm {
-            sender: Sender(Arc::new(SenderInner {
-                rank,
-                nodes,
-                tx: txs,
-                flusher,
-                inbox,
-                stats,
-            })),
+            sender,
             flusher_thread: Mutex::new(Some(flusher_thread)),
             thread: Mutex::new(Some(thread)),
             shutdown,
@@ -702,23 +798,51 @@ impl Comm {
 
     /// Waits for the collective message `(from, seq, dir)`.
     pub fn recv_coll(&self, from: usize, seq: u64, dir: Dir) -> Result<Vec<u8>, NetError> {
+        let me = self.rank;
+        let _w = hyfi_core::waits::waiting(
+            |a| {
+                format!(
+                    "collective message #{} ({}) from node {} (a barrier or reduction)",
+                    a[0],
+                    if a[1] == 0 {
+                        "up the tree"
+                    } else {
+                        "down the tree"
+                    },
+                    a[2]
+                )
+            },
+            [seq, (dir == Dir::Down) as u64, from as u64],
+        );
         self.inbox
-            .wait(|s| s.coll.remove(&(from, seq, dir)))
+            .wait(|s| match s.coll.remove(&(from, seq, dir)) {
+                Some(d) => Some(Ok(d)),
+                None => s.gone.contains(&from).then(|| Err(gone(me, from))),
+            })
             .map_err(|cause| self.aborted(cause))
     }
 
     /// Waits for the next bulk frame from `from`.
     pub fn recv_bulk(&self, from: usize) -> Result<(u64, Vec<u8>), NetError> {
+        let me = self.rank;
         self.inbox
-            .wait(|s| s.bulk.get_mut(&from).and_then(|q| q.pop_front()))
+            .wait(
+                |s| match s.bulk.get_mut(&from).and_then(|q| q.pop_front()) {
+                    Some(d) => Some(Ok(d)),
+                    None => s.gone.contains(&from).then(|| Err(gone(me, from))),
+                },
+            )
             .map_err(|cause| self.aborted(cause))
     }
 
     /// Tells every peer this node aborts, and fails the node.
     pub fn abort(&self, cause: &str) {
-        self.inbox
-            .fail(format!("node {} aborted: {cause}", self.rank));
-        self.send_abort(cause);
+        if self
+            .inbox
+            .fail(format!("node {} aborted: {cause}", self.rank))
+        {
+            self.send_abort(cause);
+        }
     }
 
     /// Tells every peer this node aborts, without failing this node's own
@@ -729,42 +853,55 @@ impl Comm {
         self.send_abort(cause);
     }
 
-    fn send_abort(&self, cause: &str) {
-        for p in 0..self.nodes {
-            if p != self.rank {
-                let _ = self.send(
-                    p,
-                    &Msg::Abort {
-                        cause: cause.to_string(),
-                    },
-                );
-            }
-        }
-    }
-
     /// Orderly end: says `Bye` to every peer (after everything queued),
     /// keeps answering their requests until each has said `Bye` too (at
     /// most `grace`), writes out what is backlogged, and stops the threads.
     /// `Bye` means "I will ask for nothing more": a peer still reading pages
     /// homed here after its program ended is served until it says so.
-    pub fn close(&self, grace: Duration) {
+    ///
+    /// With `grace` `None` it waits as long as the peers live: a peer that
+    /// stops answering is lost at the heartbeat limit, and one that took a
+    /// step this node did not is named when it sees the `Bye`.
+    pub fn close(&self, grace: Option<Duration>) {
+        let (steps, last) = {
+            let s = self.inbox.state.lock().unwrap_or_else(|e| e.into_inner());
+            s.steps.as_ref().map(Steps::last).unwrap_or((0, None))
+        };
+        let bye = Msg::Bye {
+            steps,
+            last: last.map(hyfi_core::Step::to_words).unwrap_or([0; 4]),
+        };
         for p in 0..self.nodes {
             if p != self.rank {
-                let _ = self.send(p, &Msg::Bye);
+                let _ = self.send(p, &bye);
             }
         }
-        let deadline = Instant::now() + grace;
+        let start = Instant::now();
+        let mut said = false;
         {
             let mut s = self.inbox.state.lock().unwrap_or_else(|e| e.into_inner());
             while s.byes < self.nodes - 1 && s.failed.is_none() {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
+                let waited = start.elapsed();
+                if grace.is_some_and(|g| waited >= g) {
                     break;
+                }
+                if !said && waited >= CLOSE_NOTICE {
+                    said = true;
+                    let busy: Vec<String> = (0..self.nodes)
+                        .filter(|p| *p != self.rank && !s.gone.contains(p))
+                        .map(|p| p.to_string())
+                        .collect();
+                    eprintln!(
+                        "hyfi: node {}: its program ended; it goes on serving node(s) {} \
+                         (shared pages homed here) until their programs end too",
+                        self.rank,
+                        busy.join(", ")
+                    );
                 }
                 s = self
                     .inbox
                     .cv
-                    .wait_timeout(s, left)
+                    .wait_timeout(s, Duration::from_millis(500))
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             }
@@ -812,45 +949,72 @@ impl Comm {
     }
 }
 
-async fn run(links: Links, inbox: Arc<Inbox>, stats: Arc<NetStats>, on_failure: Arc<FailureHook>) {
+/// What the communication thread's tasks share: the node's sending side
+/// (and through it the inbox) and its failure hook.
+#[derive(Clone)]
+struct Node {
+    sender: Sender,
+    hook: Arc<FailureHook>,
+}
+
+impl Node {
+    /// The node fails with `why`: the first time, its program's waits
+    /// return the error, the hook runs, and every peer is told.
+    fn fail(&self, why: String) {
+        if self.sender.fail_and_tell(why.clone()) {
+            (self.hook)(&why);
+        }
+    }
+}
+
+/// Milliseconds since `t0`, for the last-heard stamps.
+fn millis(t0: Instant) -> u64 {
+    t0.elapsed().as_millis() as u64
+}
+
+async fn run(links: Links, node: Node, heartbeat: Duration) {
     let me = links.rank;
+    let nodes = links.nodes;
     let (done_tx, mut done_rx) = unbounded_channel::<()>();
+    let t0 = Instant::now();
+    // When each peer was last heard from, and whether its link is still
+    // read (a link that ended cleanly is not expected to talk).
+    let heard: Arc<Vec<AtomicU64>> = Arc::new((0..nodes).map(|_| AtomicU64::new(0)).collect());
+    let open: Arc<Vec<std::sync::atomic::AtomicBool>> = Arc::new(
+        (0..nodes)
+            .map(|p| std::sync::atomic::AtomicBool::new(p != me))
+            .collect(),
+    );
     let mut tasks = 0usize;
     for (peer, stream) in links.peers.into_iter().enumerate() {
         let Some(stream) = stream else { continue };
         let stream = match tokio::net::TcpStream::from_std(stream) {
             Ok(s) => s,
             Err(e) => {
-                fail(
-                    &inbox,
-                    &on_failure,
-                    format!("node {me}: link to node {peer} unusable: {e}"),
-                );
+                node.fail(format!("node {me}: link to node {peer} unusable: {e}"));
                 continue;
             }
         };
         // Writes go through the std clone in PeerTx; the reader task gets
         // the whole stream (not a split half: dropping tokio's write half
         // would shut our sending side down).
-        let r = stream;
         tasks += 1;
-        let (d, ib, st, of) = (
-            done_tx.clone(),
-            inbox.clone(),
-            stats.clone(),
-            on_failure.clone(),
-        );
+        let (d, n, h, o) = (done_tx.clone(), node.clone(), heard.clone(), open.clone());
         tokio::spawn(async move {
-            reader(me, peer, r, &ib, &st, &of).await;
+            if let Some(why) = read_frames(me, peer, stream, &n, &h[peer], t0).await {
+                n.fail(why);
+            }
+            o[peer].store(false, Ordering::SeqCst);
             let _ = d.send(());
         });
     }
     for l in links.listeners {
         if let Ok(l) = tokio::net::TcpListener::from_std(l) {
-            let st = stats.clone();
+            let st = node.sender.stats.clone();
             tokio::spawn(refuse_strays(me, l, st));
         }
     }
+    tokio::spawn(heartbeats(me, node.clone(), heard, open, t0, heartbeat));
     drop(done_tx);
     for _ in 0..tasks {
         if done_rx.recv().await.is_none() {
@@ -859,22 +1023,51 @@ async fn run(links: Links, inbox: Arc<Inbox>, stats: Arc<NetStats>, on_failure: 
     }
 }
 
-fn fail(inbox: &Inbox, hook: &FailureHook, why: String) {
-    if inbox.fail(why.clone()) {
-        hook(&why);
-    }
-}
-
-async fn reader(
+/// Sends a heartbeat to every peer at a quarter of the limit, and fails
+/// the node when a peer whose link is open has been silent past it.
+async fn heartbeats(
     me: usize,
-    peer: usize,
-    r: tokio::net::TcpStream,
-    inbox: &Inbox,
-    stats: &NetStats,
-    hook: &FailureHook,
+    node: Node,
+    heard: Arc<Vec<AtomicU64>>,
+    open: Arc<Vec<std::sync::atomic::AtomicBool>>,
+    t0: Instant,
+    limit: Duration,
 ) {
-    if let Some(why) = read_frames(me, peer, r, inbox, stats).await {
-        fail(inbox, hook, why);
+    let every = (limit / 4).max(Duration::from_millis(10));
+    let frame = wire::control_frame(&Msg::Heartbeat);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if node.sender.inbox.failure().is_some() {
+            return;
+        }
+        let now = millis(t0);
+        for peer in 0..heard.len() {
+            if !open[peer].load(Ordering::SeqCst) {
+                continue;
+            }
+            // Not counted as traffic: it is the link's own upkeep.
+            let _ = node.sender.push(peer, frame.clone(), true);
+            let silent = now.saturating_sub(heard[peer].load(Ordering::Relaxed));
+            if silent > limit.as_millis() as u64 {
+                node.fail(
+                    NetError::LostNode {
+                        me,
+                        lost: peer,
+                        why: format!(
+                            "it stopped answering: nothing, not even a heartbeat, for {:.1} s \
+                             (HYFI_HEARTBEAT={}): it is hung, stopped (SIGSTOP) or cut off \
+                             from this node",
+                            silent as f64 / 1000.0,
+                            limit.as_secs_f64()
+                        ),
+                    }
+                    .to_string(),
+                );
+                return;
+            }
+        }
     }
 }
 
@@ -884,9 +1077,11 @@ async fn read_frames(
     me: usize,
     peer: usize,
     r: tokio::net::TcpStream,
-    inbox: &Inbox,
-    stats: &NetStats,
+    node: &Node,
+    heard: &AtomicU64,
+    t0: Instant,
 ) -> Option<String> {
+    let (inbox, stats) = (&*node.sender.inbox, &*node.sender.stats);
     let lost = |why: String| {
         Some(
             NetError::LostNode {
@@ -907,10 +1102,13 @@ async fn read_frames(
             .to_string(),
         )
     };
+    let spmd = |why: String| Some(format!("node {me}: {why}"));
+    let step = |w: [u64; 4]| hyfi_core::Step::from_words(w);
     // Buffered: a frame's header and payload usually arrive in one read.
     let mut r = tokio::io::BufReader::with_capacity(64 * 1024, r);
     let mut said_bye = false;
     loop {
+        heard.store(millis(t0), Ordering::Relaxed);
         let mut h = [0u8; HEADER_LEN];
         if let Err(e) = r.read_exact(&mut h).await {
             if said_bye {
@@ -946,20 +1144,42 @@ async fn read_frames(
                 }
             }
             Kind::Control => {
-                stats.control_received.fetch_add(1, Ordering::Relaxed);
-                stats
-                    .control_bytes_received
-                    .fetch_add(bytes, Ordering::Relaxed);
-                match wire::decode_msg(&payload) {
+                let msg = wire::decode_msg(&payload);
+                if !matches!(msg, Ok(Msg::Heartbeat)) {
+                    stats.control_received.fetch_add(1, Ordering::Relaxed);
+                    stats
+                        .control_bytes_received
+                        .fetch_add(bytes, Ordering::Relaxed);
+                }
+                match msg {
                     Ok(Msg::Up { seq, data }) => inbox.put_coll(peer, seq, Dir::Up, data),
                     Ok(Msg::Down { seq, data }) => inbox.put_coll(peer, seq, Dir::Down, data),
+                    Ok(Msg::Heartbeat) => {}
+                    Ok(Msg::Step { n, step: w }) => {
+                        let Some(theirs) = step(w) else {
+                            return protocol(format!("a step {w:?} that is none"));
+                        };
+                        let r = {
+                            let mut s = inbox.state.lock().unwrap_or_else(|e| e.into_inner());
+                            match s.steps.as_mut() {
+                                Some(st) => st.on_step(peer, n, theirs),
+                                None => Ok(()),
+                            }
+                        };
+                        if let Err(why) = r {
+                            return spmd(why);
+                        }
+                    }
                     // The peer is going away; whatever follows changes nothing.
                     Ok(Msg::Abort { cause }) => {
                         return Some(format!("node {peer} aborted the job: {cause}"))
                     }
-                    Ok(Msg::Bye) => {
+                    Ok(Msg::Bye { steps, last }) => {
                         said_bye = true;
-                        inbox.bye();
+                        let last = if last == [0; 4] { None } else { step(last) };
+                        if let Err(why) = inbox.bye(peer, steps, last) {
+                            return spmd(why);
+                        }
                     }
                     Ok(other) => return protocol(format!("unexpected {other:?}")),
                     Err(why) => return protocol(why),

@@ -27,6 +27,7 @@ mod error;
 pub mod launch;
 pub mod mesh;
 pub mod signals;
+mod spmd;
 pub mod steal;
 pub mod wire;
 
@@ -95,6 +96,31 @@ pub fn init_nodes(cfg: Config, nodes: Option<usize>) -> Result<Runtime, NetError
             steal::install(&rt, &cluster)?;
             Ok(rt)
         }
+    }
+}
+
+/// Default limit on how long a peer may send nothing at all before it is
+/// declared lost (`HYFI_HEARTBEAT` overrides it, in seconds). Every link
+/// carries a heartbeat at a quarter of it, from the communication thread,
+/// whatever the program does; so only a peer that is hung, stopped or cut
+/// off goes silent that long.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// The heartbeat limit: `HYFI_HEARTBEAT` seconds, or [`DEFAULT_HEARTBEAT`].
+pub fn heartbeat() -> Result<Duration, NetError> {
+    match std::env::var("HYFI_HEARTBEAT") {
+        Err(_) => Ok(DEFAULT_HEARTBEAT),
+        Ok(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s >= 0.1 && *s <= 86_400.0)
+            .map(Duration::from_secs_f64)
+            .ok_or(NetError::BadEnv {
+                var: "HYFI_HEARTBEAT",
+                value: v,
+                expected: "a number of seconds from 0.1 to 86400",
+            }),
     }
 }
 

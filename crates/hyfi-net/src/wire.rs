@@ -150,8 +150,25 @@ pub enum Msg {
         /// Why.
         cause: String,
     },
-    /// The sender is done and will close the link: not a failure.
-    Bye,
+    /// The sender is done and will close the link: not a failure. It will
+    /// take no step after its `steps`-th, `last` (see [`Msg::Step`]).
+    Bye {
+        /// How many SPMD steps the sender took.
+        steps: u64,
+        /// Its last step ([`hyfi_core::Step::to_words`]; all zero if none).
+        last: [u64; 4],
+    },
+    /// The sender entered its `n`-th SPMD step (from 1), `step`: sent to
+    /// the next node of the ring, which compares it with its own `n`-th.
+    Step {
+        /// The step's number.
+        n: u64,
+        /// The step ([`hyfi_core::Step::to_words`]).
+        step: [u64; 4],
+    },
+    /// "Still here": sent on every link at a fixed interval, so that a
+    /// peer that stops answering (hung, stopped, cut off) is noticed.
+    Heartbeat,
 }
 
 /// A frame's header.
