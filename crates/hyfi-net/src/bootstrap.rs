@@ -752,7 +752,10 @@ mod tests {
             let mut vars = base.clone();
             vars.push(("HYFI_COORD", "node0"));
             let e = error(&vars);
-            assert!(e.contains("HYFI_COORD=\"node0\"") && e.contains("host:port"), "{e}");
+            assert!(
+                e.contains("HYFI_COORD=\"node0\"") && e.contains("host:port"),
+                "{e}"
+            );
             let mut vars = base.clone();
             vars.push(("HYFI_TOKEN", "secret"));
             let e = error(&vars);

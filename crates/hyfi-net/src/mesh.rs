@@ -51,8 +51,7 @@ use crate::error::NetError;
 use crate::refusal::RefusalLog;
 use crate::rendezvous::{self, Published};
 use crate::wire::{
-    self, Binding, Handshake, Msg, Nonce, Proof, Purpose, Side, HANDSHAKE_LEN, NONCE_LEN,
-    PROOF_LEN,
+    self, Binding, Handshake, Msg, Nonce, Proof, Purpose, Side, HANDSHAKE_LEN, NONCE_LEN, PROOF_LEN,
 };
 
 /// The established mesh.
@@ -414,17 +413,11 @@ impl Acceptor {
 
     /// The next admitted connection, or `None` at the deadline.
     fn next(&self, deadline: Instant) -> Option<Admitted> {
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            match self.admitted.recv_timeout(left) {
-                Ok(a) => return Some(a),
-                Err(RecvTimeoutError::Timeout) => return None,
-                // The accepting thread ended (its deadline passed).
-                Err(RecvTimeoutError::Disconnected) => return None,
-            }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.admitted.recv_timeout(left) {
+            Ok(a) => Some(a),
+            // Disconnected: the accepting thread ended (its deadline passed).
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
         }
     }
 }
@@ -490,7 +483,8 @@ fn accept_loop(
             });
         if let Err(e) = spawned {
             pending.fetch_sub(1, Ordering::Relaxed);
-            gate.log.refuse(from, format!("no thread for its handshake: {e}"));
+            gate.log
+                .refuse(from, format!("no thread for its handshake: {e}"));
         }
     }
 }
@@ -664,7 +658,9 @@ fn tcp_connect(addr: &str) -> Result<TcpStream, Failure> {
                 Ok(s) => return Ok(s),
                 Err(e) => e,
             },
-            None => std::io::Error::new(std::io::ErrorKind::NotFound, "address resolves to nothing"),
+            None => {
+                std::io::Error::new(std::io::ErrorKind::NotFound, "address resolves to nothing")
+            }
         },
         Err(e) => e,
     };
@@ -682,77 +678,71 @@ fn reach_coordinator(
     timeout: Duration,
 ) -> Result<(TcpStream, Token, String), NetError> {
     let rank = spec.rank;
-    reach(
-        rank,
-        "the coordinator (node 0)",
-        deadline,
-        timeout,
-        || {
-            // Re-read every time: a stale file is replaced by node 0's.
-            let (addr, from_file) = match &spec.rendezvous {
-                Rendezvous::Coord(a) => (a.clone(), None),
-                Rendezvous::File(p) => match rendezvous::read(p, spec.job) {
-                    Ok(e) => (e.addr, e.token),
+    reach(rank, "the coordinator (node 0)", deadline, timeout, || {
+        // Re-read every time: a stale file is replaced by node 0's.
+        let (addr, from_file) = match &spec.rendezvous {
+            Rendezvous::Coord(a) => (a.clone(), None),
+            Rendezvous::File(p) => match rendezvous::read(p, spec.job) {
+                Ok(e) => (e.addr, e.token),
+                Err(why) => {
+                    return Ok(Err(Failure::Waiting {
+                        addr: p.display().to_string(),
+                        why,
+                    }))
+                }
+            },
+        };
+        let mut c = match tcp_connect(&addr) {
+            Ok(c) => c,
+            Err(f) => return Ok(Err(f)),
+        };
+        let token = match (spec.token, from_file, &spec.rendezvous) {
+            (Some(t), _, _) => t,
+            (None, Some(t), _) => t,
+            (None, None, Rendezvous::File(p)) => {
+                return Ok(Err(Failure::Waiting {
+                    addr: p.display().to_string(),
+                    why: "it carries no token (node 0 was given HYFI_TOKEN, this node was \
+                              not): give every node the same HYFI_TOKEN"
+                        .into(),
+                }))
+            }
+            (None, None, Rendezvous::Coord(coord)) => {
+                // Node 0 made a token and left it where only this user
+                // on its host can read it.
+                let local = c.peer_addr().is_ok_and(|p| is_local(p.ip()));
+                if !local {
+                    return Err(NetError::NoToken {
+                        rank,
+                        coord: coord.clone(),
+                    });
+                }
+                let file = rendezvous::token_file(spec.job);
+                match rendezvous::read(&file, spec.job) {
+                    Ok(rendezvous::Entry { token: Some(t), .. }) => t,
+                    Ok(_) => {
+                        return Ok(Err(Failure::Waiting {
+                            addr: file.display().to_string(),
+                            why: "it carries no token".into(),
+                        }))
+                    }
                     Err(why) => {
                         return Ok(Err(Failure::Waiting {
-                            addr: p.display().to_string(),
+                            addr: file.display().to_string(),
                             why,
                         }))
                     }
-                },
-            };
-            let mut c = match tcp_connect(&addr) {
-                Ok(c) => c,
-                Err(f) => return Ok(Err(f)),
-            };
-            let token = match (spec.token, from_file, &spec.rendezvous) {
-                (Some(t), _, _) => t,
-                (None, Some(t), _) => t,
-                (None, None, Rendezvous::File(p)) => {
-                    return Ok(Err(Failure::Waiting {
-                        addr: p.display().to_string(),
-                        why: "it carries no token (node 0 was given HYFI_TOKEN, this node was \
-                              not): give every node the same HYFI_TOKEN"
-                            .into(),
-                    }))
                 }
-                (None, None, Rendezvous::Coord(coord)) => {
-                    // Node 0 made a token and left it where only this user
-                    // on its host can read it.
-                    let local = c.peer_addr().is_ok_and(|p| is_local(p.ip()));
-                    if !local {
-                        return Err(NetError::NoToken {
-                            rank,
-                            coord: coord.clone(),
-                        });
-                    }
-                    let file = rendezvous::token_file(spec.job);
-                    match rendezvous::read(&file, spec.job) {
-                        Ok(rendezvous::Entry { token: Some(t), .. }) => t,
-                        Ok(_) => {
-                            return Ok(Err(Failure::Waiting {
-                                addr: file.display().to_string(),
-                                why: "it carries no token".into(),
-                            }))
-                        }
-                        Err(why) => {
-                            return Ok(Err(Failure::Waiting {
-                                addr: file.display().to_string(),
-                                why,
-                            }))
-                        }
-                    }
-                }
-            };
-            // Node 0 gives us HANDSHAKE_WAIT; waiting longer is pointless
-            // (and a stale address may lead to something that never answers).
-            let until = Instant::now() + HANDSHAKE_WAIT + Duration::from_secs(1);
-            match introduce(&mut c, Purpose::Hello, spec, 0, &token, until) {
-                Ok(()) => Ok(Ok((c, token, addr))),
-                Err(why) => Ok(Err(Failure::Handshake { addr, why })),
             }
-        },
-    )
+        };
+        // Node 0 gives us HANDSHAKE_WAIT; waiting longer is pointless
+        // (and a stale address may lead to something that never answers).
+        let until = Instant::now() + HANDSHAKE_WAIT + Duration::from_secs(1);
+        match introduce(&mut c, Purpose::Hello, spec, 0, &token, until) {
+            Ok(()) => Ok(Ok((c, token, addr))),
+            Err(why) => Ok(Err(Failure::Handshake { addr, why })),
+        }
+    })
 }
 
 fn member(
@@ -845,13 +835,15 @@ fn member(
                 Err(f) => return Ok(Err(f)),
             };
             let until = Instant::now() + HANDSHAKE_WAIT + Duration::from_secs(1);
-            Ok(match introduce(&mut s, Purpose::Mesh, spec, j, &token, until) {
-                Ok(()) => Ok(s),
-                Err(why) => Err(Failure::Handshake {
-                    addr: addr.clone(),
-                    why,
-                }),
-            })
+            Ok(
+                match introduce(&mut s, Purpose::Mesh, spec, j, &token, until) {
+                    Ok(()) => Ok(s),
+                    Err(why) => Err(Failure::Handshake {
+                        addr: addr.clone(),
+                        why,
+                    }),
+                },
+            )
         })?;
         configure(&s)?;
         peers[j] = Some(s);

@@ -208,7 +208,9 @@ pub(crate) fn read(path: &Path, job: u64) -> Result<Entry, String> {
         .open(path)
         .map_err(|e| format!("not readable yet ({e})"))?;
     // Checked on the open file, so it cannot be swapped in between.
-    let m = f.metadata().map_err(|e| format!("cannot inspect it: {e}"))?;
+    let m = f
+        .metadata()
+        .map_err(|e| format!("cannot inspect it: {e}"))?;
     if !m.file_type().is_file() {
         return Err("it is not a regular file".into());
     }
@@ -285,7 +287,11 @@ mod tests {
         assert!(read(&path, 8).unwrap_err().contains("stale"));
         drop(p);
         assert!(!path.exists());
-        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0, "no temporary left");
+        assert_eq!(
+            std::fs::read_dir(&d).unwrap().count(),
+            0,
+            "no temporary left"
+        );
         std::fs::remove_dir(&d).unwrap();
     }
 
@@ -301,7 +307,10 @@ mod tests {
         assert_eq!(read(&path, 1).unwrap().token, None);
         drop(p);
         std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let e = publish(&path, 1, "127.0.0.1:1", None).err().unwrap().to_string();
+        let e = publish(&path, 1, "127.0.0.1:1", None)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("mode is 755") && e.contains("TMPDIR"), "{e}");
         assert!(read(&path, 1).unwrap_err().contains("not private"));
         std::fs::remove_dir(&private).unwrap();

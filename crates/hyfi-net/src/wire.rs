@@ -440,13 +440,25 @@ mod tests {
         assert!(!proof_ok(&other, Side::Connector, &b, &p));
         assert!(!proof_ok(&token, Side::Acceptor, &b, &p));
         let changed = [
-            Binding { purpose: Purpose::Hello, ..b },
-            Binding { job: b.job + 1, ..b },
+            Binding {
+                purpose: Purpose::Hello,
+                ..b
+            },
+            Binding {
+                job: b.job + 1,
+                ..b
+            },
             Binding { from: 2, ..b },
             Binding { to: 0, ..b },
             Binding { nodes: 5, ..b },
-            Binding { connector_nonce: [0x12; NONCE_LEN], ..b },
-            Binding { acceptor_nonce: [0x23; NONCE_LEN], ..b },
+            Binding {
+                connector_nonce: [0x12; NONCE_LEN],
+                ..b
+            },
+            Binding {
+                acceptor_nonce: [0x23; NONCE_LEN],
+                ..b
+            },
         ];
         for c in changed {
             assert!(!proof_ok(&token, Side::Connector, &c, &p), "{c:?}");
@@ -463,10 +475,7 @@ mod tests {
         let mut m = <Hmac<Sha256> as Mac>::new_from_slice(b"Jefe").unwrap();
         m.update(b"what do ya want for nothing?");
         let tag: [u8; 32] = m.finalize().into_bytes().into();
-        assert_eq!(
-            tag[..8],
-            [0x5b, 0xdc, 0xc1, 0x46, 0xbf, 0x60, 0x75, 0x4e]
-        );
+        assert_eq!(tag[..8], [0x5b, 0xdc, 0xc1, 0x46, 0xbf, 0x60, 0x75, 0x4e]);
         // Nothing a peer sends contains the token: not the handshake, not a
         // proof.
         let token: Token = [0xa5; 16];
