@@ -282,9 +282,16 @@ fn without_a_token_the_rendezvous_file_is_private_and_removed() {
     assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
 }
 
+/// What is tried, the variables, and what stderr must say.
+type Case = (
+    &'static str,
+    Vec<(&'static str, &'static str)>,
+    &'static [&'static str],
+);
+
 #[test]
 fn bad_coord_and_token_are_clear_errors() {
-    let cases: [(&str, Vec<(&str, &str)>, &[&str]); 5] = [
+    let cases: [Case; 5] = [
         (
             "a coordinator without a port",
             vec![
