@@ -593,13 +593,13 @@ fn strays_at_the_coordinator_are_refused() {
         .unwrap_or_else(|e| job.fail(&format!("connecting to node 0 mid-run: {e}")));
     let _ = s.write_all(&garbage);
     drop(s);
-    // A well-formed hello of this job with a wrong token.
+    // A well-formed hello of this job from a stranger (who cannot prove the token).
     let mut wrong = token;
     wrong[0] ^= 0xff;
     let hello = Handshake {
         purpose: Purpose::Hello,
         job: id,
-        token: wrong,
+        nonce: wrong,
         rank: 1,
         nodes: nodes as u32,
     };

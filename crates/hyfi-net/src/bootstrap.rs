@@ -13,8 +13,10 @@
 //!    `OMPI_COMM_WORLD_SIZE`. The rendezvous is `HYFI_COORD` or
 //!    `HYFI_RENDEZVOUS` if set (pass them with `mpirun -x`); otherwise, when
 //!    every rank runs on this host (`OMPI_COMM_WORLD_LOCAL_SIZE` equals the
-//!    size), a file `$TMPDIR/hyfi-<jobkey>.addr` (`/tmp` if `TMPDIR` is unset),
-//!    where the job key is `PMIX_NAMESPACE` or else `OMPI_MCA_ess_base_jobid`.
+//!    size), a file `$TMPDIR/hyfi-<uid>/hyfi-<jobkey>.addr` (`/tmp` if
+//!    `TMPDIR` is unset; the directory is private to the user, see
+//!    [`crate::rendezvous`]), where the job key is `PMIX_NAMESPACE` or else
+//!    `OMPI_MCA_ess_base_jobid`.
 //!    Ranks spread over several hosts with neither variable set cannot meet:
 //!    [`NetError::NoRendezvous`] says what to set.
 //! 3. **PMI** (MPICH's hydra and friends): `PMI_RANK` and `PMI_SIZE`. As for
@@ -33,7 +35,12 @@
 //! In every multi-node case, `HYFI_JOB` (a decimal `u64`) overrides the job id,
 //! which is otherwise a hash of the launcher's job key (or, failing one, of the
 //! rendezvous), and `HYFI_TOKEN` (32 hex digits) hands out the job's secret.
-//! Empty variables count as unset. A value hyfi cannot use is an error
+//! Without `HYFI_TOKEN`, node 0 makes a random token and leaves it in a file
+//! only this user can read ([`crate::rendezvous`]), so a job without one
+//! works only when every node can read that file (one host, or a
+//! `HYFI_RENDEZVOUS` on a shared file system). `HYFI_COORD` and `HYFI_TOKEN`
+//! are checked whatever the launcher, even for a one-node run: a malformed
+//! value is an error, not ignored. Empty variables count as unset. A value hyfi cannot use is an error
 //! ([`NetError::BadEnv`]) that names the variable and what it should hold,
 //! never a silent fallback: a node that guessed its rank wrongly would hang the
 //! whole job.
@@ -160,6 +167,10 @@ pub fn detect_env() -> Result<Detected, NetError> {
 /// unset.
 pub fn detect(get: impl Fn(&str) -> Option<String>) -> Result<Detected, NetError> {
     let env = Env(&get);
+    // Checked up front, so a typo is reported whichever rule applies (a
+    // one-node run or the embedded launcher would otherwise ignore it).
+    env.hyfi_rendezvous()?;
+    env.token()?;
 
     if let Some(rank) = env.get("HYFI_RANK") {
         let rank = parse_rank("HYFI_RANK", &rank)?;
@@ -307,7 +318,11 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
         if let Some(coord) = self.get("HYFI_COORD") {
             let coord = coord.trim();
             let ok = match coord.rsplit_once(':') {
-                Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0),
+                Some((host, port)) => {
+                    !host.is_empty()
+                        && !host.contains(char::is_whitespace)
+                        && port.parse::<u16>().is_ok_and(|p| p != 0)
+                }
                 None => false,
             };
             if !ok {
@@ -322,6 +337,19 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
         Ok(self
             .get("HYFI_RENDEZVOUS")
             .map(|p| Rendezvous::File(PathBuf::from(p))))
+    }
+
+    /// `HYFI_TOKEN`, checked.
+    fn token(&self) -> Result<Option<Token>, NetError> {
+        match self.get("HYFI_TOKEN") {
+            Some(t) => Ok(Some(parse_token(&t).ok_or(NetError::BadEnv {
+                var: "HYFI_TOKEN",
+                value: t.clone(),
+                expected: "32 hexadecimal digits (16 bytes), the same on every node, e.g. from \
+                           `openssl rand -hex 16`",
+            })?)),
+            None => Ok(None),
+        }
     }
 
     /// The rendezvous rules shared by Open MPI and PMI.
@@ -342,7 +370,8 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
                 // by construction, and the job key keeps jobs apart.
                 (Some(key), Some(local)) if local == nodes => {
                     let dir = self.get("TMPDIR").unwrap_or_else(|| "/tmp".to_string());
-                    Rendezvous::File(PathBuf::from(dir).join(format!("hyfi-{key}.addr")))
+                    let private = crate::rendezvous::private_dir(&PathBuf::from(dir));
+                    Rendezvous::File(private.join(format!("hyfi-{key}.addr")))
                 }
                 _ => {
                     return Err(NetError::NoRendezvous {
@@ -380,14 +409,7 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
                 },
             },
         };
-        let token = match self.get("HYFI_TOKEN") {
-            Some(t) => Some(parse_token(&t).ok_or(NetError::BadEnv {
-                var: "HYFI_TOKEN",
-                value: t.clone(),
-                expected: "32 hexadecimal digits (16 bytes)",
-            })?),
-            None => None,
-        };
+        let token = self.token()?;
         Ok(Detected::Member(JobSpec {
             rank,
             nodes,
@@ -682,7 +704,7 @@ mod tests {
             ("HYFI_COORD", "h:1"),
         ]);
         assert!(e.contains("HYFI_NODES=\"0\""), "{e}");
-        for coord in ["nohost", "h:", ":80", "h:99999", "h:0"] {
+        for coord in ["nohost", "h:", ":80", "h:99999", "h:0", "h h:80", "h:8o"] {
             let e = error(&[
                 ("HYFI_RANK", "0"),
                 ("HYFI_NODES", "2"),
@@ -713,6 +735,32 @@ mod tests {
             ]);
             assert!(
                 e.contains("HYFI_TOKEN") && e.contains("32 hexadecimal digits"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_coord_or_token_is_an_error_whatever_the_launcher() {
+        // A one-node run, the embedded launcher, Slurm: a malformed value is
+        // reported, never ignored.
+        for base in [
+            vec![],
+            vec![("HYFI_NODES", "3")],
+            vec![("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")],
+        ] {
+            let mut vars = base.clone();
+            vars.push(("HYFI_COORD", "node0"));
+            let e = error(&vars);
+            assert!(
+                e.contains("HYFI_COORD=\"node0\"") && e.contains("host:port"),
+                "{e}"
+            );
+            let mut vars = base.clone();
+            vars.push(("HYFI_TOKEN", "secret"));
+            let e = error(&vars);
+            assert!(
+                e.contains("HYFI_TOKEN=\"secret\"") && e.contains("openssl rand -hex 16"),
                 "{e}"
             );
         }
@@ -760,7 +808,10 @@ mod tests {
             JobSpec {
                 rank: 1,
                 nodes: 4,
-                rendezvous: Rendezvous::File("/scratch/tmp/hyfi-prterun-host-1234_1.addr".into()),
+                rendezvous: Rendezvous::File(
+                    crate::rendezvous::private_dir("/scratch/tmp".as_ref())
+                        .join("hyfi-prterun-host-1234_1.addr")
+                ),
                 job: fnv1a(b"prterun-host-1234_1"),
                 token: None,
                 launcher: Launcher::OpenMpi,
@@ -778,7 +829,9 @@ mod tests {
         ]);
         assert_eq!(
             spec.rendezvous,
-            Rendezvous::File("/tmp/hyfi-3735879681.addr".into())
+            Rendezvous::File(
+                crate::rendezvous::private_dir("/tmp".as_ref()).join("hyfi-3735879681.addr")
+            )
         );
         assert_eq!(spec.job, fnv1a(b"3735879681"));
     }
@@ -866,7 +919,9 @@ mod tests {
             JobSpec {
                 rank: 1,
                 nodes: 2,
-                rendezvous: Rendezvous::File("/tmp/hyfi-kvs_1234_0.addr".into()),
+                rendezvous: Rendezvous::File(
+                    crate::rendezvous::private_dir("/tmp".as_ref()).join("hyfi-kvs_1234_0.addr")
+                ),
                 job: fnv1a(b"kvs_1234_0"),
                 token: None,
                 launcher: Launcher::Pmi,
@@ -881,7 +936,7 @@ mod tests {
         ]);
         assert_eq!(
             spec.rendezvous,
-            Rendezvous::File("/tmp/hyfi-ns.addr".into())
+            Rendezvous::File(crate::rendezvous::private_dir("/tmp".as_ref()).join("hyfi-ns.addr"))
         );
         let spec = member(&[("PMI_RANK", "0"), ("PMI_SIZE", "3"), ("HYFI_COORD", "n0:9")]);
         assert_eq!(spec.rendezvous, Rendezvous::Coord("n0:9".into()));

@@ -1190,17 +1190,32 @@ async fn read_frames(
 }
 
 /// After setup, any connection to our listeners is a stray (a port scan,
-/// a node of another job, garbage): read what it says, log it, drop it.
+/// a node of another job, garbage): read what it says, log it (rate-limited:
+/// a flood costs a few lines and a count), drop it.
 async fn refuse_strays(me: usize, l: tokio::net::TcpListener, stats: Arc<NetStats>) {
+    let log = Arc::new(crate::refusal::RefusalLog::new(me));
+    let wait = crate::mesh::HANDSHAKE_WAIT;
     loop {
-        let Ok((mut s, from)) = l.accept().await else {
-            return;
+        let (mut s, from) = match l.accept().await {
+            Ok(c) => c,
+            // Out of descriptors under a flood, say: refusing must go on.
+            Err(e) => {
+                if let Some(after) = log.refuse("(accept)", e) {
+                    let log = log.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        log.tick();
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
         };
         stats.refused.fetch_add(1, Ordering::Relaxed);
+        let log = log.clone();
         tokio::spawn(async move {
             let mut b = [0u8; HANDSHAKE_LEN];
-            let why = match tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut b)).await
-            {
+            let why = match tokio::time::timeout(wait, s.read_exact(&mut b)).await {
                 Ok(Ok(_)) => match wire::Handshake::decode(&b) {
                     Ok(h) => format!(
                         "a handshake from rank {} of job {} after setup ended",
@@ -1209,10 +1224,14 @@ async fn refuse_strays(me: usize, l: tokio::net::TcpListener, stats: Arc<NetStat
                     Err(why) => why,
                 },
                 Ok(Err(e)) => format!("no handshake: {e}"),
-                Err(_) => "no handshake within 5 s".to_string(),
+                Err(_) => format!("no handshake within {} s", wait.as_secs()),
             };
-            tracing::warn!("node {me}: refused a connection from {from}: {why}");
-            eprintln!("hyfi: node {me}: refused a connection from {from}: {why}");
+            drop(s);
+            // The held-back lines are summed up even if no stray follows.
+            if let Some(after) = log.refuse(from, why) {
+                tokio::time::sleep(after).await;
+                log.tick();
+            }
         });
     }
 }

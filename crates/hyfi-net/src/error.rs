@@ -54,6 +54,44 @@ pub enum NetError {
         source: io::Error,
     },
 
+    /// The rendezvous file (or its directory) cannot be used safely.
+    #[error("rendezvous file {path}: {why}")]
+    Rendezvous {
+        /// The file or directory.
+        path: String,
+        /// What is wrong, and what to do.
+        why: String,
+    },
+
+    /// A node cannot learn the job's token: none was given and node 0 is on
+    /// another host.
+    #[error(
+        "node {rank}: no HYFI_TOKEN, and node 0 ({coord}) is on another host, so this node cannot          read the token node 0 made; give every node the same secret, e.g.          `export HYFI_TOKEN=$(openssl rand -hex 16)` then `mpirun -x HYFI_TOKEN ...` or          `srun --export=ALL,HYFI_TOKEN=$HYFI_TOKEN ...`"
+    )]
+    NoToken {
+        /// This rank.
+        rank: usize,
+        /// The coordinator's address.
+        coord: String,
+    },
+
+    /// A peer answered, but the handshake never succeeded in time.
+    #[error(
+        "node {rank}: {what} at {addr} did not complete the handshake within {secs} s ({why});          every node must be given the same HYFI_TOKEN (or, without one, run as the same user          on node 0's host, reading its rendezvous file)"
+    )]
+    Rejected {
+        /// This rank.
+        rank: usize,
+        /// "the coordinator (node 0)" or "node k".
+        what: String,
+        /// Address tried.
+        addr: String,
+        /// Seconds waited.
+        secs: u64,
+        /// The last failure.
+        why: String,
+    },
+
     /// Not every node showed up at the coordinator in time.
     #[error(
         "node 0 (coordinator): only {arrived} of {nodes} nodes arrived within {secs} s \

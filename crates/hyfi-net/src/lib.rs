@@ -26,6 +26,8 @@ pub mod comm;
 mod error;
 pub mod launch;
 pub mod mesh;
+mod refusal;
+pub mod rendezvous;
 pub mod signals;
 mod spmd;
 pub mod steal;

@@ -2,9 +2,40 @@
 //!
 //! **Handshake** (40 bytes, fixed layout, checked before anything else is
 //! read, so garbage costs nothing): magic `HYFI`, protocol version (u16),
-//! purpose (hello to the coordinator, or mesh link), job id (u64), the job's
-//! token (16 bytes), sender rank (u32), sender's node count (u32). Little
-//! endian throughout.
+//! purpose (hello to the coordinator, or mesh link), job id (u64), the
+//! connector's nonce (16 random bytes), sender rank (u32), sender's node
+//! count (u32). Little endian throughout.
+//!
+//! **Proof of the job's token** (challenge–response, mutual). The token never
+//! goes over the wire; each side proves it knows it:
+//!
+//! 1. connector → acceptor: the handshake, with a fresh nonce `Nc`;
+//! 2. acceptor → connector: a fresh nonce `Na` ([`NONCE_LEN`] bytes);
+//! 3. connector → acceptor: [`proof`]`(token, Connector, …)` ([`PROOF_LEN`]
+//!    bytes); the acceptor checks it and, if wrong, closes the connection
+//!    having sent nothing but `Na`;
+//! 4. acceptor → connector: [`proof`]`(token, Acceptor, …)`, which the
+//!    connector checks before it believes anything the acceptor says (node
+//!    0's address table, say).
+//!
+//! A proof is HMAC-SHA256 keyed with the token over a [`Binding`]: the side,
+//! the purpose, the job, both ranks, the node count and both nonces. Fresh
+//! nonces on both sides make a recorded proof useless later; the side label
+//! keeps an acceptor's proof from passing as a connector's. This
+//! authenticates the peers at setup; it does not encrypt or sign the frames
+//! that follow (run jobs on a network you trust with your data).
+//!
+//! ```
+//! use hyfi_net::wire::{proof, proof_ok, Binding, Purpose, Side};
+//!
+//! let token = [7u8; 16];
+//! let b = Binding { purpose: Purpose::Hello, job: 42, from: 1, to: 0, nodes: 2,
+//!                   connector_nonce: [1; 16], acceptor_nonce: [2; 16] };
+//! let p = proof(&token, Side::Connector, &b);
+//! assert!(proof_ok(&token, Side::Connector, &b, &p));
+//! assert!(!proof_ok(&[8u8; 16], Side::Connector, &b, &p));
+//! assert!(!proof_ok(&token, Side::Acceptor, &b, &p));
+//! ```
 //!
 //! **Frames**: a 16-byte header — payload length (u32), kind (u8: control or
 //! bulk), 3 reserved bytes, tag (u64) — then the payload. Control payloads
@@ -14,12 +45,15 @@
 
 use std::io::{self, Read, Write};
 
+use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
+use sha2::Sha256;
 
 use crate::bootstrap::Token;
 
-/// Protocol version; a peer speaking another is refused.
-pub const VERSION: u16 = 1;
+/// Protocol version; a peer speaking another is refused. Version 2 replaced
+/// the token in the handshake with a nonce and a challenge–response.
+pub const VERSION: u16 = 2;
 const MAGIC: [u8; 4] = *b"HYFI";
 /// Size of the handshake.
 pub const HANDSHAKE_LEN: usize = 40;
@@ -45,8 +79,8 @@ pub struct Handshake {
     pub purpose: Purpose,
     /// Job id.
     pub job: u64,
-    /// The job's token (zeros when a node reaches the coordinator without one).
-    pub token: Token,
+    /// The connector's fresh random nonce (its half of the challenge).
+    pub nonce: Nonce,
     /// Sender's rank.
     pub rank: u32,
     /// Sender's node count.
@@ -61,7 +95,7 @@ impl Handshake {
         b[4..6].copy_from_slice(&VERSION.to_le_bytes());
         b[6] = self.purpose as u8;
         b[8..16].copy_from_slice(&self.job.to_le_bytes());
-        b[16..32].copy_from_slice(&self.token);
+        b[16..32].copy_from_slice(&self.nonce);
         b[32..36].copy_from_slice(&self.rank.to_le_bytes());
         b[36..40].copy_from_slice(&self.nodes.to_le_bytes());
         b
@@ -83,22 +117,83 @@ impl Handshake {
             2 => Purpose::Mesh,
             p => return Err(format!("unknown connection purpose {p}")),
         };
-        let mut token = [0u8; 16];
-        token.copy_from_slice(&b[16..32]);
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&b[16..32]);
         Ok(Handshake {
             purpose,
             job: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
-            token,
+            nonce,
             rank: u32::from_le_bytes(b[32..36].try_into().expect("4 bytes")),
             nodes: u32::from_le_bytes(b[36..40].try_into().expect("4 bytes")),
         })
     }
 }
 
-/// Compares tokens in constant time (the comparison must not tell an
+/// Size of a nonce.
+pub const NONCE_LEN: usize = 16;
+/// A nonce: 16 fresh random bytes, one per side and connection.
+pub type Nonce = [u8; NONCE_LEN];
+/// Size of a proof (an HMAC-SHA256 tag).
+pub const PROOF_LEN: usize = 32;
+/// A proof that its sender knows the job's token.
+pub type Proof = [u8; PROOF_LEN];
+
+/// Which side of a connection computes a proof.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Side {
+    /// The side that opened the connection (and sent the handshake).
+    Connector = b'C',
+    /// The side that accepted it (and sent the challenge).
+    Acceptor = b'A',
+}
+
+/// Everything a proof is bound to: a proof made for one connection, job,
+/// rank or direction is worthless for any other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Binding {
+    /// The connection's purpose.
+    pub purpose: Purpose,
+    /// Job id.
+    pub job: u64,
+    /// The connector's rank.
+    pub from: u32,
+    /// The acceptor's rank (the node the connector means to reach).
+    pub to: u32,
+    /// The connector's node count.
+    pub nodes: u32,
+    /// The nonce the connector sent in its handshake.
+    pub connector_nonce: Nonce,
+    /// The nonce the acceptor sent back.
+    pub acceptor_nonce: Nonce,
+}
+
+/// Domain separation: these MACs are for nothing but this handshake.
+const PROOF_LABEL: &[u8] = b"hyfi handshake v2";
+
+fn keyed(token: &Token, side: Side, b: &Binding) -> Hmac<Sha256> {
+    // HMAC accepts keys of any length, so this cannot fail.
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(token).expect("HMAC takes any key length");
+    m.update(PROOF_LABEL);
+    m.update(&[side as u8, b.purpose as u8]);
+    m.update(&b.job.to_le_bytes());
+    m.update(&b.from.to_le_bytes());
+    m.update(&b.to.to_le_bytes());
+    m.update(&b.nodes.to_le_bytes());
+    m.update(&b.connector_nonce);
+    m.update(&b.acceptor_nonce);
+    m
+}
+
+/// `side`'s proof that it knows `token`, for the connection `b` describes.
+pub fn proof(token: &Token, side: Side, b: &Binding) -> Proof {
+    keyed(token, side, b).finalize().into_bytes().into()
+}
+
+/// Checks `side`'s proof, in constant time (the comparison must not tell an
 /// attacker how many leading bytes were right).
-pub fn token_eq(a: &Token, b: &Token) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+pub fn proof_ok(token: &Token, side: Side, b: &Binding, got: &Proof) -> bool {
+    keyed(token, side, b).verify_slice(got).is_ok()
 }
 
 /// Frame kinds.
@@ -119,12 +214,11 @@ pub enum Msg {
         /// `host:port` of the node's mesh listener.
         listen: String,
     },
-    /// Coordinator → node: every node's mesh address, and the job's token.
+    /// Coordinator → node, once the node proved it knows the job's token and
+    /// every node arrived: every node's mesh address.
     Table {
         /// Mesh addresses by rank (entry 0 unused: the coordinator link is node 0's).
         addrs: Vec<String>,
-        /// The token every mesh link presents.
-        token: Token,
     },
     /// Coordinator → node: you are not admitted (and why).
     Refuse {
@@ -298,7 +392,7 @@ mod tests {
         let h = Handshake {
             purpose: Purpose::Mesh,
             job: 0xdead_beef_0123,
-            token: [7; 16],
+            nonce: [7; 16],
             rank: 3,
             nodes: 4,
         };
@@ -335,6 +429,87 @@ mod tests {
         .encode();
         huge[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(Header::decode(&huge).unwrap_err().contains("exceeds"));
-        assert!(token_eq(&[1; 16], &[1; 16]) && !token_eq(&[1; 16], &[2; 16]));
+    }
+
+    fn binding() -> Binding {
+        Binding {
+            purpose: Purpose::Mesh,
+            job: 0x0123_4567_89ab_cdef,
+            from: 3,
+            to: 1,
+            nodes: 4,
+            connector_nonce: [0x11; NONCE_LEN],
+            acceptor_nonce: [0x22; NONCE_LEN],
+        }
+    }
+
+    #[test]
+    fn a_proof_verifies_only_with_its_token_side_and_binding() {
+        let token: Token = *b"0123456789abcdef";
+        let b = binding();
+        let p = proof(&token, Side::Connector, &b);
+        assert!(proof_ok(&token, Side::Connector, &b, &p));
+        // Deterministic: the other side recomputes the same tag.
+        assert_eq!(p, proof(&token, Side::Connector, &b));
+        // Another token, the other direction, or any field changed: refused.
+        let mut other = token;
+        other[15] ^= 1;
+        assert!(!proof_ok(&other, Side::Connector, &b, &p));
+        assert!(!proof_ok(&token, Side::Acceptor, &b, &p));
+        let changed = [
+            Binding {
+                purpose: Purpose::Hello,
+                ..b
+            },
+            Binding {
+                job: b.job + 1,
+                ..b
+            },
+            Binding { from: 2, ..b },
+            Binding { to: 0, ..b },
+            Binding { nodes: 5, ..b },
+            Binding {
+                connector_nonce: [0x12; NONCE_LEN],
+                ..b
+            },
+            Binding {
+                acceptor_nonce: [0x23; NONCE_LEN],
+                ..b
+            },
+        ];
+        for c in changed {
+            assert!(!proof_ok(&token, Side::Connector, &c, &p), "{c:?}");
+        }
+        // A flipped bit of the tag, or a truncated one, is refused.
+        let mut bad = p;
+        bad[31] ^= 0x80;
+        assert!(!proof_ok(&token, Side::Connector, &b, &bad));
+    }
+
+    #[test]
+    fn the_proof_is_hmac_sha256_and_hides_the_token() {
+        // RFC 4231 test case 2 pins the primitive: key "Jefe".
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(b"Jefe").unwrap();
+        m.update(b"what do ya want for nothing?");
+        let tag: [u8; 32] = m.finalize().into_bytes().into();
+        assert_eq!(tag[..8], [0x5b, 0xdc, 0xc1, 0x46, 0xbf, 0x60, 0x75, 0x4e]);
+        // Nothing a peer sends contains the token: not the handshake, not a
+        // proof.
+        let token: Token = [0xa5; 16];
+        let b = binding();
+        let h = Handshake {
+            purpose: b.purpose,
+            job: b.job,
+            nonce: b.connector_nonce,
+            rank: b.from,
+            nodes: b.nodes,
+        };
+        for sent in [
+            h.encode().to_vec(),
+            proof(&token, Side::Connector, &b).to_vec(),
+            proof(&token, Side::Acceptor, &b).to_vec(),
+        ] {
+            assert!(!sent.windows(4).any(|w| w == [0xa5; 4]), "{sent:02x?}");
+        }
     }
 }

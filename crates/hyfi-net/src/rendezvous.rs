@@ -1,0 +1,319 @@
+//! The rendezvous file: where node 0 tells the other nodes its address and,
+//! when the launcher handed out no `HYFI_TOKEN`, the job's token.
+//!
+//! The file holds one line, `job addr [token]`. It is the job's secret when
+//! it carries the token, so:
+//!
+//! - node 0 writes it to a temporary name created with `O_EXCL` and mode
+//!   0600, then renames it into place (readers never see half a line; a stale
+//!   file of a crashed job is replaced, not appended to);
+//! - a file in `$TMPDIR/hyfi-<uid>/` (the default under `mpirun` and for
+//!   `HYFI_COORD` jobs without a token) lives in a directory created mode
+//!   0700; an existing one must be a directory of ours with no access for
+//!   group or others, or setup stops with an error that says so;
+//! - readers trust a file only if it is a regular file of their own user
+//!   with no group or other access: a file planted by another user is never
+//!   believed;
+//! - node 0 removes the file when the mesh is complete or setup fails (by
+//!   then every node has read it); a file left by a killed node 0 is
+//!   replaced by the next job's.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::bootstrap::{parse_token, token_hex, Token};
+use crate::error::NetError;
+
+/// This process's effective user id.
+pub(crate) fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// `$TMPDIR`, or `/tmp`.
+pub(crate) fn tmp_dir() -> PathBuf {
+    std::env::var_os("TMPDIR")
+        .filter(|t| !t.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+}
+
+/// This user's private directory under `tmp`: `tmp/hyfi-<uid>`.
+pub fn private_dir(tmp: &Path) -> PathBuf {
+    tmp.join(format!("hyfi-{}", euid()))
+}
+
+/// The file that carries the token of a `HYFI_COORD` job started without
+/// `HYFI_TOKEN` (readable by this user's nodes on this host only).
+pub(crate) fn token_file(job: u64) -> PathBuf {
+    private_dir(&tmp_dir()).join(format!("hyfi-job-{job}.addr"))
+}
+
+/// Is `path` in this user's private directory (so the job is local: every
+/// node that can read it runs on this host)?
+pub(crate) fn is_private(path: &Path) -> bool {
+    let uid_dir = format!("hyfi-{}", euid());
+    path.parent()
+        .and_then(|d| d.file_name())
+        .is_some_and(|n| n == uid_dir.as_str())
+}
+
+/// Why the directory `dir` is not a private directory of ours, if it is not.
+fn check_private_dir(dir: &Path) -> Result<(), String> {
+    let m = std::fs::symlink_metadata(dir).map_err(|e| format!("cannot inspect it: {e}"))?;
+    if !m.file_type().is_dir() {
+        return Err("it is not a directory (a symbolic link or a file?)".into());
+    }
+    if m.uid() != euid() {
+        return Err(format!(
+            "it belongs to uid {}, not to this user (uid {})",
+            m.uid(),
+            euid()
+        ));
+    }
+    if m.mode() & 0o077 != 0 {
+        return Err(format!(
+            "its mode is {:o}: group and others may use it",
+            m.mode() & 0o777
+        ));
+    }
+    Ok(())
+}
+
+fn file_error(path: &Path, why: impl Into<String>) -> NetError {
+    NetError::Rendezvous {
+        path: path.display().to_string(),
+        why: why.into(),
+    }
+}
+
+/// Creates `dir` mode 0700, or checks that the existing one is ours and
+/// private.
+fn ensure_private_dir(dir: &Path) -> Result<(), NetError> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            check_private_dir(dir).map_err(|why| {
+                file_error(
+                    dir,
+                    format!(
+                        "{why}; remove it (or give it to this user with mode 0700), or set \
+                         TMPDIR to a directory of yours"
+                    ),
+                )
+            })
+        }
+        Err(e) => Err(file_error(
+            dir,
+            format!("cannot create it ({e}); set TMPDIR to a writable directory"),
+        )),
+    }
+}
+
+/// The published file; dropping it removes the file.
+pub(crate) struct Published {
+    path: PathBuf,
+}
+
+impl Drop for Published {
+    fn drop(&mut self) {
+        // Removing a file another job already replaced would hurt it, but a
+        // job key names one job, so only our own file can be here.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Publishes `job addr [token]` at `path` (see the module docs).
+pub(crate) fn publish(
+    path: &Path,
+    job: u64,
+    addr: &str,
+    token: Option<&Token>,
+) -> Result<Published, NetError> {
+    if is_private(path) {
+        let dir = path.parent().expect("a private path has a parent");
+        ensure_private_dir(dir)?;
+    }
+    let name = path
+        .file_name()
+        .ok_or_else(|| file_error(path, "it names no file; set HYFI_RENDEZVOUS to a file path"))?
+        .to_string_lossy()
+        .into_owned();
+    let tmp = path.with_file_name(format!(".{name}.tmp.{}", std::process::id()));
+    let mut line = format!("{job} {addr}");
+    if let Some(t) = token {
+        line += &format!(" {}", token_hex(t));
+    }
+    line.push('\n');
+    let create = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+    };
+    let mut f = match create() {
+        // Left by a process of ours with the same pid that died mid-write.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let _ = std::fs::remove_file(&tmp);
+            create()
+        }
+        other => other,
+    }
+    .map_err(|e| {
+        file_error(
+            &tmp,
+            format!("node 0 cannot create it ({e}); set HYFI_RENDEZVOUS or TMPDIR to a directory of yours"),
+        )
+    })?;
+    let written = f.write_all(line.as_bytes()).and_then(|_| f.sync_all());
+    drop(f);
+    if let Err(e) = written.and_then(|_| std::fs::rename(&tmp, path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(file_error(
+            path,
+            format!(
+                "node 0 cannot write it ({e}); if another user's file is in the way, remove it \
+                 or set HYFI_RENDEZVOUS to a path of yours"
+            ),
+        ));
+    }
+    Ok(Published {
+        path: path.to_path_buf(),
+    })
+}
+
+/// What node 0 published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    /// Node 0's `host:port`.
+    pub addr: String,
+    /// The job's token, when node 0 made it.
+    pub token: Option<Token>,
+}
+
+/// Reads the entry of `job` at `path`; `Err` says why there is none (yet).
+pub(crate) fn read(path: &Path, job: u64) -> Result<Entry, String> {
+    if is_private(path) {
+        let dir = path.parent().expect("a private path has a parent");
+        if dir.exists() {
+            check_private_dir(dir).map_err(|why| format!("its directory is not private: {why}"))?;
+        }
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| format!("not readable yet ({e})"))?;
+    // Checked on the open file, so it cannot be swapped in between.
+    let m = f
+        .metadata()
+        .map_err(|e| format!("cannot inspect it: {e}"))?;
+    if !m.file_type().is_file() {
+        return Err("it is not a regular file".into());
+    }
+    if m.uid() != euid() {
+        return Err(format!(
+            "it belongs to uid {}, not to this user (uid {}): not trusted; remove it",
+            m.uid(),
+            euid()
+        ));
+    }
+    if m.mode() & 0o077 != 0 {
+        return Err(format!(
+            "its mode is {:o}: others may have written it; not trusted",
+            m.mode() & 0o777
+        ));
+    }
+    let mut s = String::new();
+    f.take(4096)
+        .read_to_string(&mut s)
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    let mut it = s.split_whitespace();
+    let (Some(j), Some(addr)) = (it.next(), it.next()) else {
+        return Err("it is empty or incomplete".into());
+    };
+    if j.parse::<u64>() != Ok(job) {
+        return Err(format!(
+            "it holds job {j}, not this job ({job}): a stale file, to be replaced by node 0"
+        ));
+    }
+    let token = match it.next() {
+        Some(t) => Some(parse_token(t).ok_or("its token is not 32 hexadecimal digits")?),
+        None => None,
+    };
+    Ok(Entry {
+        addr: addr.to_string(),
+        token,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn scratch(what: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "hyfi-rv-test-{what}-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn published_file_is_private_replaces_a_stale_one_and_goes_away() {
+        let d = scratch("pub");
+        let path = d.join("job.addr");
+        // A stale file of a crashed job, world-readable.
+        std::fs::write(&path, "7 127.0.0.1:1 00\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(read(&path, 9).unwrap_err().contains("mode is 644"));
+        let token = [0x5a; 16];
+        let p = publish(&path, 9, "127.0.0.1:4000", Some(&token)).unwrap();
+        let m = std::fs::metadata(&path).unwrap();
+        assert_eq!(m.mode() & 0o777, 0o600);
+        assert_eq!(
+            read(&path, 9).unwrap(),
+            Entry {
+                addr: "127.0.0.1:4000".into(),
+                token: Some(token)
+            }
+        );
+        assert!(read(&path, 8).unwrap_err().contains("stale"));
+        drop(p);
+        assert!(!path.exists());
+        assert_eq!(
+            std::fs::read_dir(&d).unwrap().count(),
+            0,
+            "no temporary left"
+        );
+        std::fs::remove_dir(&d).unwrap();
+    }
+
+    #[test]
+    fn a_private_directory_must_be_private() {
+        let d = scratch("dir");
+        let private = private_dir(&d);
+        let path = private.join("hyfi-x.addr");
+        assert!(is_private(&path) && !is_private(&d.join("x.addr")));
+        let p = publish(&path, 1, "127.0.0.1:1", None).unwrap();
+        let m = std::fs::metadata(&private).unwrap();
+        assert_eq!(m.mode() & 0o777, 0o700);
+        assert_eq!(read(&path, 1).unwrap().token, None);
+        drop(p);
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = publish(&path, 1, "127.0.0.1:1", None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("mode is 755") && e.contains("TMPDIR"), "{e}");
+        assert!(read(&path, 1).unwrap_err().contains("not private"));
+        std::fs::remove_dir(&private).unwrap();
+        std::fs::remove_dir(&d).unwrap();
+    }
+}
