@@ -153,7 +153,6 @@ pub enum NetError {
         why: String,
     },
     // --- end of the launcher's limits ---
-
     /// An OS call failed.
     #[error("{what}: {source}")]
     Io {

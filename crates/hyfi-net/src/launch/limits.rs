@@ -41,16 +41,17 @@ impl Limits {
     pub(crate) fn read() -> Result<Limits, NetError> {
         let max_nodes = match std::env::var("HYFI_MAX_LOCAL_NODES") {
             Err(_) => MAX_LOCAL_NODES,
-            Ok(v) => v
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|&n| n >= 1)
-                .ok_or(NetError::BadEnv {
-                    var: "HYFI_MAX_LOCAL_NODES",
-                    value: v,
-                    expected: "a whole number >= 1 (the most local nodes a launcher may start)",
-                })?,
+            Ok(v) => {
+                v.trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .ok_or(NetError::BadEnv {
+                        var: "HYFI_MAX_LOCAL_NODES",
+                        value: v,
+                        expected: "a whole number >= 1 (the most local nodes a launcher may start)",
+                    })?
+            }
         };
         let mut room = Vec::new();
         if let Some(r) = user_room() {

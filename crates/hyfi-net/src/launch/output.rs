@@ -72,7 +72,13 @@ impl Stderr {
         }
         if seen.lines.len() < MAX_REMEMBERED {
             seen.order.push(key.clone());
-            seen.lines.insert(key, Writers { shown: 1, held: Vec::new() });
+            seen.lines.insert(
+                key,
+                Writers {
+                    shown: 1,
+                    held: Vec::new(),
+                },
+            );
         }
         true
     }
@@ -256,7 +262,7 @@ fn mask_rank(line: &str, rank: usize) -> String {
         let at = i + off;
         let after = at + r.len();
         let alone = (at == 0 || !b[at - 1].is_ascii_digit())
-            && b.get(after).is_none_or(|c| !c.is_ascii_digit());
+            && !b.get(after).is_some_and(u8::is_ascii_digit);
         if alone {
             out.push_str(&line[copied..at]);
             out.push_str("<rank>");
@@ -285,7 +291,10 @@ mod tests {
     #[test]
     fn lists_in_lines_become_ranges() {
         let missing: Vec<String> = (1..3000).map(|r| r.to_string()).collect();
-        let line = format!("only 1 of 3000 nodes arrived (missing: {}); check", missing.join(", "));
+        let line = format!(
+            "only 1 of 3000 nodes arrived (missing: {}); check",
+            missing.join(", ")
+        );
         assert_eq!(
             compress_lists(&line),
             "only 1 of 3000 nodes arrived (missing: 1-2999); check"
@@ -309,7 +318,10 @@ mod tests {
 
     #[test]
     fn each_nodes_own_rank_is_masked() {
-        assert_eq!(mask_rank("node 3: lost node 0", 3), "node <rank>: lost node 0");
+        assert_eq!(
+            mask_rank("node 3: lost node 0", 3),
+            "node <rank>: lost node 0"
+        );
         assert_eq!(mask_rank("node 13: 3 of 31", 3), "node 13: <rank> of 31");
     }
 
