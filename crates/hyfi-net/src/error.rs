@@ -176,6 +176,21 @@ pub enum NetError {
     #[error("launcher: {0}")]
     Launch(String),
 
+    // --- the launcher's limits (launch.rs, hyfi-run) ---
+    /// The launcher was asked for more local nodes than it may start.
+    #[error(
+        "launcher: cannot start {nodes} nodes on this host: {why}. Start at most {max} (HYFI_NODES, \
+         --nodes or hyfi-run -n), or spread the job over several hosts with mpirun or srun"
+    )]
+    TooManyNodes {
+        /// Nodes asked for.
+        nodes: usize,
+        /// The most that fit.
+        max: usize,
+        /// Which bound, and how to change it.
+        why: String,
+    },
+    // --- end of the launcher's limits ---
     /// An OS call failed.
     #[error("{what}: {source}")]
     Io {

@@ -11,25 +11,43 @@
 //!   other launchers (`OMPI_*`, `PMI_*`, `PMIX_*`, `SLURM_PROCID`,
 //!   `SLURM_NTASKS`) are removed so that a node run inside `mpirun` or `srun`
 //!   does not take itself for one of their ranks. Stdin is `/dev/null`.
+//! - **Limits.** Before anything starts, the node count is checked against
+//!   [`limits::MAX_LOCAL_NODES`] and what the host has room for (see
+//!   [`limits`]); too many is a [`NetError::TooManyNodes`] naming the bound.
 //! - **Output.** Each line a node writes is copied whole to the launcher's
-//!   stdout or stderr, prefixed with `[node i] `.
+//!   stdout or stderr, prefixed with `[node i] `; stderr lines that many
+//!   nodes repeat are summarised (see [`output`]).
+//! - **Process groups.** Each node leads a process group of its own, and
+//!   the launcher signals the whole group (`kill(-pgid, sig)`), so what a
+//!   node started is stopped with it. A node therefore does not get the
+//!   terminal's Ctrl-C itself: the launcher forwards it (below).
 //! - **Failure.** When a node fails (non-zero exit or a signal), the others
-//!   get SIGTERM, then SIGKILL after [`GRACE`]; every node is reaped and each
-//!   failure reported on stderr. A node still running at the optional
-//!   deadline is stopped the same way, and the launch is an error.
+//!   get SIGTERM, then SIGKILL after [`GRACE`]; every node is reaped and its
+//!   failure reported on stderr (the first [`REPORTS_SHOWN`] one by one, the
+//!   rest grouped at the end). A node still running at the optional deadline
+//!   is stopped the same way, and the launch is an error. A node that has
+//!   not gone [`GRACE`] after its SIGKILL is given up on, so no wait is
+//!   unbounded. A node failing while others are still being started stops
+//!   the start-up.
+//! - **Cleanup.** When every node is reaped, what is left in their process
+//!   groups (a daemon a node started and did not wait for) gets SIGTERM,
+//!   then SIGKILL after [`GRACE`].
 //! - **No orphans.** Each node asks the kernel for SIGKILL when the launcher
 //!   goes away (`PR_SET_PDEATHSIG`), so even a `kill -9` of the launcher
 //!   takes the nodes with it. SIGINT, SIGTERM and SIGHUP sent to the launcher
-//!   are *forwarded*: [`LocalLaunch::run`] blocks them on its thread and a
-//!   thread of its own takes them with `sigtimedwait` and hands them to the
-//!   supervising loop, which sends them on to the nodes still running (a
-//!   second signal sends SIGKILL). The nodes then exit and are reaped as
-//!   usual, and the outcome reports them killed by that signal. We forward
-//!   rather than die because dying would let the kernel SIGKILL the nodes,
-//!   which gives them no chance to shut down in order.
+//!   (unless it ignores them, as under `nohup`) are *forwarded*:
+//!   [`LocalLaunch::run`] blocks them on its thread and a thread of its own takes them with `sigtimedwait` and hands them to the
+//!   supervising loop, which sends them on to the nodes' groups (a second
+//!   signal sends SIGKILL). A signal that comes while nodes are still being
+//!   started stops the start-up there. The nodes then exit and are reaped as
+//!   usual, and the launcher exits with 128 + the signal (130 for Ctrl-C,
+//!   [`LaunchOutcome::exit_code`]) whatever the nodes' own statuses. We
+//!   forward rather than die because dying would let the kernel SIGKILL the
+//!   nodes, which gives them no chance to shut down in order.
 //!
 //! Only the supervising loop signals and reaps the nodes, so a node's pid is
-//! never signalled after it was reaped (and possibly reused).
+//! never signalled after it was reaped (and possibly reused), except by the
+//! cleanup of its group (see `cleanup_groups` for why that is safe).
 //!
 //! ```no_run
 //! use hyfi_net::launch::LocalLaunch;
@@ -39,8 +57,8 @@
 //! std::process::exit(outcome.exit_code());
 //! ```
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -49,16 +67,29 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::unistd::Pid;
 
 use crate::bootstrap::{random_token, random_u64, token_hex};
 use crate::NetError;
 
-/// How long nodes get between SIGTERM and SIGKILL.
+pub mod limits;
+pub mod output;
+
+/// How long nodes get between SIGTERM and SIGKILL, and how long a node
+/// SIGKILLed may take to go before it is given up on.
 pub const GRACE: Duration = Duration::from_secs(5);
+
+/// Failures reported one by one; the rest are grouped by how they ended.
+pub const REPORTS_SHOWN: usize = 8;
 
 /// How often the supervising loop looks at the nodes.
 const POLL: Duration = Duration::from_millis(20);
+
+/// While starting nodes, look at those started every this many spawns: a
+/// node that failed at once stops the start-up, at a cost linear in nodes.
+const POLL_EVERY_SPAWNS: usize = 64;
 
 /// How long to wait, once every node is reaped, for the last of its output:
 /// a grandchild that inherited a node's pipe could hold it open forever.
@@ -85,23 +116,30 @@ pub struct LocalLaunch {
 /// How the nodes ended.
 #[derive(Clone, Debug)]
 pub struct LaunchOutcome {
-    /// Node i's exit status at index i.
+    /// Node i's exit status at index i, for the nodes started: fewer than
+    /// asked for if a signal or a failure stopped the start-up.
     pub statuses: Vec<ExitStatus>,
     /// The node that failed first in time, if any: the likely cause, since
     /// the others may have been stopped by the launcher because of it.
     pub first_failure: Option<usize>,
+    /// The first forwarded signal the launcher received, if any.
+    pub interrupted: Option<Signal>,
 }
 
 impl LaunchOutcome {
-    /// Whether every node exited with status 0.
+    /// Whether every node exited with status 0 and no signal stopped the job.
     pub fn success(&self) -> bool {
-        self.statuses.iter().all(ExitStatus::success)
+        self.interrupted.is_none() && self.statuses.iter().all(ExitStatus::success)
     }
 
-    /// The exit code the launcher should end with: 0 if every node
-    /// succeeded, else the code of the first node to fail, or 128 + signal
-    /// if a signal killed it (the shell's convention).
+    /// The exit code the launcher should end with: 128 + the signal if one
+    /// stopped the job (130 for Ctrl-C, as a shell reports it, whatever the
+    /// nodes made of it); else 0 if every node succeeded, else the code of
+    /// the first node to fail, or 128 + signal if a signal killed it.
     pub fn exit_code(&self) -> i32 {
+        if let Some(sig) = self.interrupted {
+            return crate::signals::exit_code_for(sig);
+        }
         let failed = self
             .first_failure
             .or_else(|| self.statuses.iter().position(|s| !s.success()));
@@ -147,19 +185,24 @@ impl LocalLaunch {
 
     /// Starts the nodes, forwards their output, and waits for all of them.
     ///
-    /// Returns how each node ended; `Err` if the nodes could not be started
-    /// or the timeout expired. Call it on a thread that lives until it
-    /// returns (it does not return earlier): `PR_SET_PDEATHSIG` fires when
-    /// the *thread* that started a node ends. SIGINT, SIGTERM and SIGHUP are
-    /// blocked on the calling thread while it runs and forwarded to the
-    /// nodes; threads the program started before the call still take them,
-    /// so call it early (as [`launch_self`] and `hyfi-run` do).
+    /// Returns how each node ended; `Err` if the node count is more than
+    /// this host may run ([`NetError::TooManyNodes`], before any node
+    /// starts), if the nodes could not be started, or if the timeout
+    /// expired. Call it on a thread that lives until it returns (it does not
+    /// return earlier): `PR_SET_PDEATHSIG` fires when the *thread* that
+    /// started a node ends. SIGINT, SIGTERM and SIGHUP are blocked on the
+    /// calling thread while it runs and forwarded to the nodes; threads the
+    /// program started before the call still take them, so call it early (as
+    /// [`launch_self`] and `hyfi-run` do).
     pub fn run(&self) -> Result<LaunchOutcome, NetError> {
         if self.nodes == 0 {
-            return Err(NetError::Launch("cannot start 0 nodes".into()));
+            return Err(NetError::Launch(
+                "cannot start 0 nodes; ask for at least 1".into(),
+            ));
         }
+        limits::Limits::read()?.check(self.nodes)?;
         let mut blocked = SigSet::empty();
-        for s in FORWARDED {
+        for s in FORWARDED.into_iter().filter(|&s| !ignored(s)) {
             blocked.add(s);
         }
         // Block before any thread of ours starts, so they inherit the mask
@@ -197,120 +240,63 @@ impl LocalLaunch {
         let port = free_port()?;
         let job = random_u64();
         let token = token_hex(&random_token());
+        let stderr = Arc::new(output::Stderr::default());
         let (done_tx, done_rx) = mpsc::channel::<()>();
-        let mut nodes: Vec<Node> = Vec::with_capacity(self.nodes);
+        let mut sup = Supervisor::new(self.nodes, self.timeout);
         let mut forwarders = 0;
+        let mut spawn_error = None;
         for rank in 0..self.nodes {
+            // A signal or a failed node ends the start-up here: the job
+            // cannot run, and starting thousands more only delays the end.
+            if let Ok(sig) = signals.try_recv() {
+                eprintln!(
+                    "hyfi launcher: got {sig} while starting node {rank} of {}; starting no more",
+                    self.nodes
+                );
+                sup.on_signal(sig);
+                break;
+            }
+            if rank % POLL_EVERY_SPAWNS == 0 && rank > 0 {
+                sup.reap();
+                if sup.first_failure.is_some() {
+                    eprintln!(
+                        "hyfi launcher: a node failed while node {rank} of {} was being \
+                         started; starting no more",
+                        self.nodes
+                    );
+                    break;
+                }
+            }
             let mut cmd = self.command(rank, port, job, &token);
             match cmd.spawn() {
                 Ok(mut child) => {
                     if let Some(out) = child.stdout.take() {
-                        forwarders += forward(rank, out, false, done_tx.clone());
+                        forwarders += output::forward(rank, out, None, done_tx.clone());
                     }
                     if let Some(err) = child.stderr.take() {
-                        forwarders += forward(rank, err, true, done_tx.clone());
+                        let seen = Some(Arc::clone(&stderr));
+                        forwarders += output::forward(rank, err, seen, done_tx.clone());
                     }
-                    nodes.push(Node {
-                        child,
-                        status: None,
-                        signalled: None,
-                    });
+                    sup.nodes.push(Node::new(child));
                 }
                 Err(e) => {
-                    // Stop the nodes already started: without this one the
-                    // job cannot run.
-                    for n in &mut nodes {
-                        n.signal(Signal::SIGKILL);
-                        let _ = n.child.wait();
-                    }
-                    return Err(NetError::Launch(format!(
-                        "could not start node {rank} ({}): {e}",
+                    // Without this node the job cannot run: stop the others
+                    // (through the loop below, with its bounded waits).
+                    spawn_error = Some(NetError::Launch(format!(
+                        "could not start node {rank} of {} ({}): {e}; if the host is out of \
+                         processes or memory, start fewer nodes",
+                        self.nodes,
                         self.program.display()
                     )));
+                    sup.stop(Signal::SIGTERM);
+                    break;
                 }
             }
         }
         drop(done_tx);
 
-        let deadline = self.timeout.map(|t| Instant::now() + t);
-        let mut first_failure = None;
-        let mut stopping_since: Option<Instant> = None;
-        let mut killed = false;
-        let mut timed_out = false;
-        let mut interrupted = 0;
-        loop {
-            for (rank, n) in nodes.iter_mut().enumerate() {
-                if n.status.is_some() {
-                    continue;
-                }
-                match n.child.try_wait() {
-                    Ok(Some(status)) => {
-                        n.status = Some(status);
-                        if !status.success() {
-                            report(rank, status, n.signalled);
-                            if first_failure.is_none() {
-                                first_failure = Some(rank);
-                            }
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        // Cannot happen for a child we own; if it does, the
-                        // node is beyond our reach: kill it and move on.
-                        eprintln!("hyfi launcher: cannot wait for node {rank}: {e}; killing it");
-                        n.signal(Signal::SIGKILL);
-                        n.status = n.child.wait().ok();
-                        if n.status.is_none() {
-                            n.status = Some(ExitStatus::from_raw(libc::SIGKILL));
-                        }
-                        first_failure.get_or_insert(rank);
-                    }
-                }
-            }
-            if nodes.iter().all(|n| n.status.is_some()) {
-                break;
-            }
-            let now = Instant::now();
-            if first_failure.is_some() && stopping_since.is_none() {
-                eprintln!("hyfi launcher: a node failed; stopping the others");
-                signal_all(&mut nodes, Signal::SIGTERM);
-                stopping_since = Some(now);
-            }
-            if let Some(d) = deadline {
-                if now >= d && !timed_out {
-                    timed_out = true;
-                    eprintln!(
-                        "hyfi launcher: timeout of {:?} reached; stopping the nodes still running",
-                        self.timeout.unwrap_or_default()
-                    );
-                    signal_all(&mut nodes, Signal::SIGTERM);
-                    stopping_since.get_or_insert(now);
-                }
-            }
-            if let Some(t) = stopping_since {
-                if !killed && now.duration_since(t) >= GRACE {
-                    killed = true;
-                    signal_all(&mut nodes, Signal::SIGKILL);
-                }
-            }
-            // Waiting on the signal channel doubles as the poll sleep, so a
-            // signal is forwarded at once.
-            match signals.recv_timeout(POLL) {
-                Ok(sig) => {
-                    interrupted += 1;
-                    let sig = if interrupted > 1 {
-                        Signal::SIGKILL
-                    } else {
-                        sig
-                    };
-                    eprintln!("hyfi launcher: got a signal; sending {sig} to the nodes");
-                    signal_all(&mut nodes, sig);
-                    stopping_since.get_or_insert(now);
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => thread::sleep(POLL),
-            }
-        }
+        sup.watch(signals);
+        cleanup_groups(&sup.nodes);
 
         // Let the forwarders print what the nodes wrote last.
         let drain_until = Instant::now() + DRAIN;
@@ -320,27 +306,33 @@ impl LocalLaunch {
                 break;
             }
         }
+        for line in stderr.summary() {
+            eprintln!("{line}");
+        }
+        sup.report_the_rest();
 
-        let statuses: Vec<ExitStatus> = nodes
-            .iter()
-            .map(|n| n.status.unwrap_or(ExitStatus::from_raw(libc::SIGKILL)))
-            .collect();
-        if timed_out {
-            let still: Vec<String> = nodes
-                .iter()
-                .enumerate()
-                .filter(|(_, n)| n.signalled.is_some())
-                .map(|(i, _)| i.to_string())
+        if let Some(e) = spawn_error {
+            return Err(e);
+        }
+        if sup.timed_out {
+            let still: Vec<usize> = (0..sup.nodes.len())
+                .filter(|&i| sup.nodes[i].signalled.is_some())
                 .collect();
             return Err(NetError::Launch(format!(
-                "timed out after {:?}: node(s) {} were still running and were stopped",
+                "timed out after {:?}: node(s) {} were still running and were stopped; \
+                 raise the timeout if the job needs longer",
                 self.timeout.unwrap_or_default(),
-                still.join(", ")
+                output::ranges(&still)
             )));
         }
         Ok(LaunchOutcome {
-            statuses,
-            first_failure,
+            statuses: sup
+                .nodes
+                .iter()
+                .map(|n| n.status.unwrap_or(ExitStatus::from_raw(libc::SIGKILL)))
+                .collect(),
+            first_failure: sup.first_failure,
+            interrupted: sup.interrupted,
         })
     }
 
@@ -350,7 +342,10 @@ impl LocalLaunch {
         cmd.args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stderr(Stdio::piped())
+            // A group of its own, led by the node: signalling -pid reaches
+            // whatever the node starts (see the module docs).
+            .process_group(0);
         for (key, _) in std::env::vars_os() {
             let k = key.to_string_lossy();
             if k.starts_with("OMPI_")
@@ -419,32 +414,241 @@ struct Node {
 }
 
 impl Node {
+    fn new(child: Child) -> Node {
+        Node {
+            child,
+            status: None,
+            signalled: None,
+        }
+    }
+
+    /// The node's process group: its pid, since it leads the group.
+    fn group(&self) -> Pid {
+        Pid::from_raw(-(self.child.id() as i32))
+    }
+
+    /// Sends `sig` to the node's whole group, unless it is reaped.
     fn signal(&mut self, sig: Signal) {
         if self.status.is_some() {
             return;
         }
-        // The child is not reaped yet (only the supervising loop reaps), so
-        // its pid is still ours; ESRCH cannot happen and other errors leave
-        // nothing to do.
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, sig);
+        // The node is not reaped yet (only the supervising loop reaps), so
+        // its pid, and the group it leads, are still ours; ESRCH cannot
+        // happen and other errors leave nothing to do.
+        let _ = nix::sys::signal::kill(self.group(), sig);
         self.signalled = Some(sig);
     }
 }
 
-fn signal_all(nodes: &mut [Node], sig: Signal) {
-    for n in nodes {
-        n.signal(sig);
+/// The supervising loop's state: the nodes, and how far stopping them got.
+struct Supervisor {
+    nodes: Vec<Node>,
+    timeout: Option<Duration>,
+    deadline: Option<Instant>,
+    first_failure: Option<usize>,
+    /// When the nodes were first told to stop (SIGTERM or a forwarded signal).
+    stopping_since: Option<Instant>,
+    /// When they were SIGKILLed.
+    killed_at: Option<Instant>,
+    timed_out: bool,
+    interrupted: Option<Signal>,
+    signals: usize,
+    /// Failures after the first [`REPORTS_SHOWN`]: how they ended → ranks.
+    unreported: BTreeMap<String, Vec<usize>>,
+    reported: usize,
+}
+
+impl Supervisor {
+    fn new(capacity: usize, timeout: Option<Duration>) -> Supervisor {
+        Supervisor {
+            nodes: Vec::with_capacity(capacity),
+            timeout,
+            deadline: timeout.map(|t| Instant::now() + t),
+            first_failure: None,
+            stopping_since: None,
+            killed_at: None,
+            timed_out: false,
+            interrupted: None,
+            signals: 0,
+            unreported: BTreeMap::new(),
+            reported: 0,
+        }
+    }
+
+    /// Reaps the nodes that ended, and reports the failures.
+    fn reap(&mut self) {
+        for rank in 0..self.nodes.len() {
+            let n = &mut self.nodes[rank];
+            if n.status.is_some() {
+                continue;
+            }
+            let status = match n.child.try_wait() {
+                Ok(Some(status)) => status,
+                Ok(None) => continue,
+                Err(e) => {
+                    // Cannot happen for a child we own; if it does, the
+                    // node is beyond our reach: kill it and move on.
+                    eprintln!("hyfi launcher: cannot wait for node {rank}: {e}; killing it");
+                    n.signal(Signal::SIGKILL);
+                    let _ = n.child.kill();
+                    ExitStatus::from_raw(libc::SIGKILL)
+                }
+            };
+            n.status = Some(status);
+            if !status.success() {
+                let signalled = n.signalled;
+                self.first_failure.get_or_insert(rank);
+                self.report(rank, status, signalled);
+            }
+        }
+    }
+
+    /// Sends `sig` to every node still running, and starts the grace.
+    fn stop(&mut self, sig: Signal) {
+        for n in &mut self.nodes {
+            n.signal(sig);
+        }
+        let now = Instant::now();
+        self.stopping_since.get_or_insert(now);
+        if sig == Signal::SIGKILL {
+            self.killed_at.get_or_insert(now);
+        }
+    }
+
+    /// A forwarded signal: the first is passed on, a second means SIGKILL.
+    fn on_signal(&mut self, sig: Signal) {
+        self.signals += 1;
+        self.interrupted.get_or_insert(sig);
+        let sig = if self.signals > 1 {
+            Signal::SIGKILL
+        } else {
+            sig
+        };
+        eprintln!("hyfi launcher: got a signal; sending {sig} to the nodes");
+        self.stop(sig);
+    }
+
+    /// Watches the nodes until every one is reaped or given up on.
+    fn watch(&mut self, signals: &mpsc::Receiver<Signal>) {
+        loop {
+            self.reap();
+            if self.nodes.iter().all(|n| n.status.is_some()) {
+                return;
+            }
+            let now = Instant::now();
+            if self.first_failure.is_some() && self.stopping_since.is_none() {
+                eprintln!("hyfi launcher: a node failed; stopping the others");
+                self.stop(Signal::SIGTERM);
+            }
+            if self.deadline.is_some_and(|d| now >= d) && !self.timed_out {
+                self.timed_out = true;
+                eprintln!(
+                    "hyfi launcher: timeout of {:?} reached; stopping the nodes still running",
+                    self.timeout.unwrap_or_default()
+                );
+                self.stop(Signal::SIGTERM);
+            }
+            if self
+                .stopping_since
+                .is_some_and(|t| now.duration_since(t) >= GRACE)
+                && self.killed_at.is_none()
+            {
+                self.stop(Signal::SIGKILL);
+            }
+            if self
+                .killed_at
+                .is_some_and(|t| now.duration_since(t) >= GRACE)
+            {
+                // SIGKILLed and still there (stuck in the kernel): waiting
+                // longer would not help; PR_SET_PDEATHSIG ends it with us.
+                let stuck: Vec<usize> = (0..self.nodes.len())
+                    .filter(|&i| self.nodes[i].status.is_none())
+                    .collect();
+                eprintln!(
+                    "hyfi launcher: node(s) {} still there {GRACE:?} after SIGKILL; giving up \
+                     on them",
+                    output::ranges(&stuck)
+                );
+                return;
+            }
+            // Waiting on the signal channel doubles as the poll sleep, so a
+            // signal is forwarded at once.
+            match signals.recv_timeout(POLL) {
+                Ok(sig) => self.on_signal(sig),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => thread::sleep(POLL),
+            }
+        }
+    }
+
+    /// Reports a failed node: at once for the first few, later grouped.
+    fn report(&mut self, rank: usize, status: ExitStatus, signalled: Option<Signal>) {
+        let by_us = if signalled.is_some() {
+            " (stopped by the launcher)"
+        } else {
+            ""
+        };
+        let how = format!("{}{by_us}", describe(status));
+        if self.reported < REPORTS_SHOWN {
+            self.reported += 1;
+            eprintln!("hyfi launcher: node {rank} {how}");
+        } else {
+            self.unreported.entry(how).or_default().push(rank);
+        }
+    }
+
+    /// The failures not reported one by one, a line per way of ending.
+    fn report_the_rest(&self) {
+        for (how, ranks) in &self.unreported {
+            eprintln!(
+                "hyfi launcher: {} more node(s) (ranks {}): each {how}",
+                ranks.len(),
+                output::ranges(ranks)
+            );
+        }
     }
 }
 
-fn report(rank: usize, status: ExitStatus, signalled: Option<Signal>) {
-    let by_us = if signalled.is_some() {
-        " (stopped by the launcher)"
-    } else {
-        ""
-    };
-    eprintln!("hyfi launcher: node {rank} {}{by_us}", describe(status));
+/// Stops what is left in the nodes' process groups once every node is
+/// reaped: SIGTERM, then SIGKILL after [`GRACE`], then no more waiting.
+///
+/// Signalling a group after its leader was reaped is safe on Linux: the
+/// kernel does not hand out a pid again while a process group of that id
+/// has members, so `-pid` is still the node's group, or no group (ESRCH).
+fn cleanup_groups(nodes: &[Node]) {
+    let alive = |n: &&Node| nix::sys::signal::kill(n.group(), None) != Err(Errno::ESRCH);
+    let left: Vec<&Node> = nodes.iter().filter(alive).collect();
+    if left.is_empty() {
+        return;
+    }
+    for sig in [Signal::SIGTERM, Signal::SIGKILL] {
+        for n in &left {
+            let _ = nix::sys::signal::kill(n.group(), sig);
+        }
+        let until = Instant::now() + GRACE;
+        // Orphans are reaped by init (or a subreaper), not by us; a zombie
+        // still counts as a member until then.
+        while left.iter().any(alive) && Instant::now() < until {
+            thread::sleep(POLL);
+        }
+        if !left.iter().any(alive) {
+            return;
+        }
+    }
+}
+
+/// Whether `sig` is ignored in this process (`nohup` ignores SIGHUP; a
+/// shell without job control ignores SIGINT for a job in the background).
+/// Such a signal is not forwarded: the nodes inherit the same intent (an
+/// ignored disposition survives exec), and a blocked signal would be taken
+/// by `sigtimedwait` even though ignored.
+fn ignored(sig: Signal) -> bool {
+    let mut old = std::mem::MaybeUninit::<libc::sigaction>::zeroed();
+    // SAFETY: with a null new action sigaction only writes the current one
+    // into `old`, a zeroed (valid) sigaction that lives across the call.
+    let rc = unsafe { libc::sigaction(sig as libc::c_int, std::ptr::null(), old.as_mut_ptr()) };
+    // SAFETY: zeroed and then, on success, filled in by the kernel.
+    rc == 0 && unsafe { old.assume_init() }.sa_sigaction == libc::SIG_IGN
 }
 
 /// Takes the forwarded signals until `stop`; `sigtimedwait` with a short
@@ -476,48 +680,6 @@ fn free_port() -> Result<u16, NetError> {
     l.local_addr()
         .map(|a| a.port())
         .map_err(|e| NetError::io("finding a free port on 127.0.0.1", e))
-}
-
-/// Copies `pipe` to our stdout (or stderr) line by line with the node's
-/// prefix; signals `done` at end of file. Returns the number of threads
-/// started (0 or 1).
-fn forward(
-    rank: usize,
-    pipe: impl Read + Send + 'static,
-    to_err: bool,
-    done: mpsc::Sender<()>,
-) -> usize {
-    let spawned = thread::Builder::new()
-        .name(format!("hyfi-launch-out{rank}"))
-        .spawn(move || {
-            let prefix = format!("[node {rank}] ");
-            let mut reader = BufReader::new(pipe);
-            let mut line = Vec::new();
-            let mut out = prefix.clone().into_bytes();
-            loop {
-                line.clear();
-                match reader.read_until(b'\n', &mut line) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
-                }
-                out.truncate(prefix.len());
-                out.extend_from_slice(&line);
-                if !line.ends_with(b"\n") {
-                    out.push(b'\n');
-                }
-                // One write_all under the lock: lines never interleave. A
-                // closed stdout is no reason to stop draining the node
-                // (it would block on a full pipe), so errors are dropped.
-                if to_err {
-                    let _ = std::io::stderr().lock().write_all(&out);
-                } else {
-                    let mut o = std::io::stdout().lock();
-                    let _ = o.write_all(&out).and_then(|()| o.flush());
-                }
-            }
-            let _ = done.send(());
-        });
-    usize::from(spawned.is_ok())
 }
 
 /// Starts `nodes` copies of this program as the nodes of a local job, waits
@@ -559,6 +721,7 @@ mod tests {
         LaunchOutcome {
             statuses: raw.iter().map(|&r| ExitStatus::from_raw(r)).collect(),
             first_failure: first,
+            interrupted: None,
         }
     }
 
@@ -572,6 +735,11 @@ mod tests {
         assert_eq!(outcome(&[9, 0], None).exit_code(), 137);
         // The first failure in time wins over the lowest rank.
         assert_eq!(outcome(&[15, 3 << 8], Some(1)).exit_code(), 3);
+        // A signal to the launcher wins over whatever the nodes made of it.
+        let mut o = outcome(&[0, 0], None);
+        o.interrupted = Some(Signal::SIGINT);
+        assert_eq!(o.exit_code(), 130);
+        assert!(!o.success());
     }
 
     #[test]

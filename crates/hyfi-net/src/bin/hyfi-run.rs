@@ -5,9 +5,16 @@
 //! `HYFI_TOKEN` (and `HYFI_PROCS` with `-p`); its output comes back prefixed
 //! with `[node i] `. See `hyfi_net::launch` for how nodes are supervised.
 //!
-//! Exit status: that of the first node to fail (128 + signal if a signal
-//! killed it), 0 if all succeed, 1 if the launch itself fails (including a
-//! timeout), 2 on bad usage, 127 if PROGRAM cannot be found.
+//! NODES is bounded (4096 unless `HYFI_MAX_LOCAL_NODES` says otherwise, and
+//! what the host's process limits leave room for; see
+//! `hyfi_net::launch::limits`): a larger count is refused before any node
+//! starts.
+//!
+//! Exit status: 128 + the signal if SIGINT, SIGTERM or SIGHUP stopped the job
+//! (130 for Ctrl-C, even while nodes are still starting); else that of the
+//! first node to fail (128 + signal if a signal killed it), 0 if all succeed,
+//! 1 if the launch itself fails (too many nodes, or a timeout), 2 on bad
+//! usage, 127 if PROGRAM cannot be found.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::PermissionsExt;
@@ -22,7 +29,9 @@ usage: hyfi-run -n NODES [-p PROCS] [--timeout SECS] [--] PROGRAM [ARGS...]
 
 Starts PROGRAM as NODES nodes of one hyfi job on this host.
 
-  -n, --nodes NODES    number of nodes (processes) to start, >= 1
+  -n, --nodes NODES    number of nodes (processes) to start, >= 1; at most
+                       4096 (HYFI_MAX_LOCAL_NODES) and what the host's
+                       process limits leave room for
   -p, --procs PROCS    worker threads per node (sets HYFI_PROCS), >= 1
       --timeout SECS   stop the nodes and fail after SECS seconds
   -h, --help           show this help
