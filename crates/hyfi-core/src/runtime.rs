@@ -375,8 +375,8 @@ impl Runtime {
         &self.shared.cfg
     }
 
-    /// A reduction variable: one private copy per processor, each starting at
-    /// `init` (`filCreateReduction`).
+    /// A reduction variable (`filCreateReduction`): a private copy per pool
+    /// of each processor, each starting at `init` (see [`Reduction`]).
     pub fn reduction<T: bytemuck::Pod + Send + Sync>(&self, init: T) -> Reduction<T> {
         Reduction::new(self.shared.id, self.shared.procs, init)
     }
