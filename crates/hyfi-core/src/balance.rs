@@ -521,6 +521,11 @@ impl Runtime {
     /// On one node it is [`Runtime::run`] plus start-up distribution over
     /// the processors, and nothing is serialized.
     ///
+    /// **Shared arrays** (hyfi-dsm): it begins (on several nodes) and ends
+    /// with a collective release, like a phase: what any node's filaments
+    /// wrote is visible on every node when it returns, and what local
+    /// [`Runtime::run`]s wrote before is visible to its filaments.
+    ///
     /// A panic anywhere, on any node, is returned as
     /// [`Error::FilamentPanic`] naming the node and processor where it
     /// happened; a filament whose function a node has not registered, as
@@ -555,6 +560,10 @@ impl Runtime {
         let balancer = sh.fj.balancer.get().cloned();
         if nodes > 1 && balancer.is_none() {
             return Err(Error::NoBalancer { nodes });
+        }
+        if nodes > 1 {
+            // What local fork-join runs wrote since the last release.
+            self.fork_join_release()?;
         }
         let total = nodes * sh.procs;
         let run = sh.fj.next_run.fetch_add(1, Ordering::SeqCst) + 1;
@@ -593,6 +602,10 @@ impl Runtime {
         if let Some(b) = &balancer {
             b.end(run);
         }
+        // Every node ran this command (SPMD), whatever its outcome, so the
+        // collective release is reached everywhere; a lost node makes it
+        // fail instead of wait.
+        let released = self.fork_join_release();
         let r = if me == 0 {
             slot.expect("hyfi: fork-join run ended without its root")
         } else {
@@ -612,6 +625,7 @@ impl Runtime {
                 None => Err(sh.fj.failure()),
             }
         };
-        r.map_err(Error::from)
+        let r = r.map_err(Error::from)?;
+        released.map(|()| r)
     }
 }

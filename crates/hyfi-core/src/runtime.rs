@@ -36,6 +36,11 @@ pub(crate) const DONE: usize = usize::MAX;
 /// `Ctx::limit` value meaning "make the next join a real fork".
 pub(crate) const WANTED: usize = usize::MAX;
 
+/// The phase index [`PhaseEnd::end_phase`] is given for the release of a
+/// fork-join run (see [`Runtime::run`] and [`Runtime::run_distributed`]):
+/// no phase of a program has it.
+pub const FORK_JOIN_PHASE: usize = usize::MAX;
+
 static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(1);
 
 /// What every server thread shares with the others.
@@ -417,6 +422,10 @@ impl Runtime {
         self.check_not_nested()?;
         let _g = self.start_lock.lock().unwrap_or_else(|e| e.into_inner());
         let phases = program.bodies(self.shared.procs)?;
+        if self.num_nodes() > 1 {
+            // What local fork-join runs wrote since the last release.
+            self.fork_join_release()?;
+        }
         let n = phases.len();
         let run = ProgramRun {
             // SAFETY: lifetime erasure. The bodies borrow from `program`,
@@ -451,6 +460,14 @@ impl Runtime {
     /// computation over every node, call
     /// [`Runtime::run_distributed`] on every node.
     ///
+    /// **Shared arrays** (hyfi-dsm): on one node, `run` ends with a
+    /// release, like a phase. On several nodes it is local (other nodes
+    /// need not call it), and a release is collective, so it cannot end
+    /// with one: what its filaments wrote becomes visible to the other
+    /// nodes at the next collective step — [`Runtime::start`] and
+    /// [`Runtime::run_distributed`] begin with a release on several nodes.
+    /// Within the node it is visible when `run` returns.
+    ///
     /// A panic anywhere in the computation is returned as
     /// [`Error::FilamentPanic`] once every filament has stopped.
     pub fn run<R, F>(&self, root: F) -> Result<R, Error>
@@ -466,8 +483,13 @@ impl Runtime {
             catch_unwind(AssertUnwindSafe(|| root(ctx)))
                 .map_err(|p| (ctx.proc(), panic_message(&*p)))
         }));
+        let released = if self.num_nodes() == 1 {
+            self.fork_join_release()
+        } else {
+            Ok(())
+        };
         match slot {
-            Some(Ok(r)) => Ok(r),
+            Some(Ok(r)) => released.map(|()| r),
             Some(Err((proc, message))) => Err(Error::FilamentPanic {
                 node: self.node(),
                 proc,
@@ -476,6 +498,22 @@ impl Runtime {
             }),
             None => unreachable!("hyfi: fork-join run ended without its root"),
         }
+    }
+
+    /// The release that ends a fork-join run, or begins a collective step
+    /// after local runs: the phase-end hook's (hyfi-dsm makes what the
+    /// filaments wrote to shared arrays visible on every node), with
+    /// [`FORK_JOIN_PHASE`] for a phase index, then a new access epoch, as
+    /// after a phase. Collective when the runtime spans nodes: every node
+    /// must call it at the same point. Call it only between commands.
+    pub(crate) fn fork_join_release(&self) -> Result<(), Error> {
+        let sh = &*self.shared;
+        let released = match sh.phase_end.get() {
+            Some(h) => h.end_phase(FORK_JOIN_PHASE, &*sh.link).map_err(Error::Link),
+            None => Ok(()),
+        };
+        sh.next_access_epoch();
+        released
     }
 
     /// Runs one fork-join command on this node's server threads: `root`,

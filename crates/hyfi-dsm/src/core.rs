@@ -659,7 +659,7 @@ impl Core {
     }
 
     // ---------------------------------------------------------------
-    // The release, at the end of every phase.
+    // The release, at the end of every phase and fork-join run.
 
     pub(crate) fn release(&self, phase: usize) -> Result<(), String> {
         let t0 = Instant::now();
@@ -672,12 +672,16 @@ impl Core {
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let total = self.totals();
         let mut t = self.phases.lock().unwrap_or_else(|e| e.into_inner());
-        if t.per_phase.len() <= phase {
-            t.per_phase.resize(phase + 1, DsmCounters::default());
+        // A fork-join run's release has no phase: its traffic counts in the
+        // totals and in the next phase's figures.
+        if phase != hyfi_core::FORK_JOIN_PHASE {
+            if t.per_phase.len() <= phase {
+                t.per_phase.resize(phase + 1, DsmCounters::default());
+            }
+            let d = total.since(&t.last);
+            t.per_phase[phase].accumulate(&d);
+            t.last = total;
         }
-        let d = total.since(&t.last);
-        t.per_phase[phase].accumulate(&d);
-        t.last = total;
         t.releases += 1;
         Ok(())
     }
