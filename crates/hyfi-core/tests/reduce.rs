@@ -240,5 +240,8 @@ fn an_update_closure_that_waits_is_refused_in_a_phase() {
     drop(tx);
     net.join().expect("shuffler");
     let s = e.to_string();
-    assert!(s.contains("Reduction::update") && s.contains("phase 0"), "{s}");
+    assert!(
+        s.contains("Reduction::update") && s.contains("phase 0"),
+        "{s}"
+    );
 }
