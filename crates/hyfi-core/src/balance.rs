@@ -521,6 +521,11 @@ impl Runtime {
     /// On one node it is [`Runtime::run`] plus start-up distribution over
     /// the processors, and nothing is serialized.
     ///
+    /// **Shared arrays** (hyfi-dsm): it begins (on several nodes) and ends
+    /// with a collective release, like a phase: what any node's filaments
+    /// wrote is visible on every node when it returns, and what local
+    /// [`Runtime::run`]s wrote before is visible to its filaments.
+    ///
     /// A panic anywhere, on any node, is returned as
     /// [`Error::FilamentPanic`] naming the node and processor where it
     /// happened; a filament whose function a node has not registered, as
@@ -558,10 +563,15 @@ impl Runtime {
         }
         let total = nodes * sh.procs;
         let run = sh.fj.next_run.fetch_add(1, Ordering::SeqCst) + 1;
-        // Every node must call it: a node that does not is named at once.
+        // Every node must call it: a node that does not is named at once
+        // (entered before the release below, which waits for every node).
         sh.link
             .enter_step(crate::Step::Distributed { seq: run })
             .map_err(Error::Link)?;
+        if nodes > 1 {
+            // What local fork-join runs wrote since the last release.
+            self.fork_join_release()?;
+        }
         sh.fj_done.store(false, Ordering::SeqCst);
         *sh.fj.outcome.lock().unwrap_or_else(|e| e.into_inner()) = None;
         sh.fj.run.store(run, Ordering::SeqCst);
@@ -597,6 +607,10 @@ impl Runtime {
         if let Some(b) = &balancer {
             b.end(run);
         }
+        // Every node ran this command (SPMD), whatever its outcome, so the
+        // collective release is reached everywhere; a lost node makes it
+        // fail instead of wait.
+        let released = self.fork_join_release();
         let r = if me == 0 {
             slot.expect("hyfi: fork-join run ended without its root")
         } else {
@@ -618,6 +632,7 @@ impl Runtime {
         };
         // A failure of a distributed run reaches every node through the
         // run's own protocol (each returns it), so it is not an abort.
-        r.map_err(Error::from)
+        let r = r.map_err(Error::from)?;
+        released.map(|()| r)
     }
 }

@@ -164,6 +164,9 @@ pub fn suspend(register: impl FnOnce(Waker) -> bool) {
                     id: ctx.current.get(),
                 },
             };
+            if ctx.in_update.get() {
+                update_suspends();
+            }
             if register(waker) {
                 ctx.stats.suspensions.set(ctx.stats.suspensions.get() + 1);
                 suspend_current(ctx);
@@ -190,6 +193,7 @@ fn suspend_current(ctx: &Ctx) {
     let y = ctx.yielder.get();
     let id = ctx.current.get();
     let bounds = ctx.bounds.get();
+    let pool = ctx.pool.get();
     // SAFETY: `y` was set by this filthread's own body from the Yielder that
     // corosensei handed it; the filthread is running, so it is alive, and
     // it is only used on this OS thread (filthreads never migrate).
@@ -199,8 +203,22 @@ fn suspend_current(ctx: &Ctx) {
     // segment, so restore exactly what was current at the suspension.
     ctx.yielder.set(y);
     ctx.current.set(id);
+    ctx.pool.set(pool);
     ctx.set_bounds(bounds);
     enter_guard(bounds.guard);
+}
+
+/// A filthread tried to suspend inside a `Reduction::update` closure.
+#[cold]
+#[inline(never)]
+fn update_suspends() -> ! {
+    panic!(
+        "hyfi: a Reduction::update closure waited (for a shared page, a stolen child or a \
+         message): another filthread of this processor could update the same copy meanwhile \
+         and one update would be lost. Read what the update needs (shared elements, join \
+         results) before calling update, and keep the closure to arithmetic on the copy; or \
+         fold with Reduction::fold / Reduction::local"
+    )
 }
 
 /// Whether the caller runs on a filthread (and so may suspend without

@@ -112,7 +112,7 @@ pub use phase::{Control, PostPhase, Program};
 pub use pool::{block, Index, Pool, PoolArray, Span};
 pub use reduce::{Arith, Local, Op, Reduction};
 pub use remote::{is_registered, Failure, RemoteFn};
-pub use runtime::{Runtime, StatsHandle};
+pub use runtime::{Runtime, StatsHandle, FORK_JOIN_PHASE};
 pub use shared::{Element, Row, SharedMatrix, SharedVec};
 pub use startup::Slot;
 pub use stats::{ProcStats, RemoteStats, Stats};

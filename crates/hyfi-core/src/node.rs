@@ -77,6 +77,12 @@ pub enum Step {
         /// Size in bytes.
         bytes: u64,
     },
+    /// The start of the `program`-th program (from 1): on several nodes it
+    /// begins with a release of what local fork-join runs wrote.
+    Start {
+        /// Which program.
+        program: u64,
+    },
     /// The `seq`-th distributed fork-join run (from 1).
     Distributed {
         /// Run number.
@@ -101,6 +107,7 @@ impl Step {
             Step::Alloc { seq, elems, bytes } => [2, seq, elems, bytes],
             Step::Distributed { seq } => [3, seq, 0, 0],
             Step::Setup { layer } => [4, layer, 0, 0],
+            Step::Start { program } => [5, program, 0, 0],
         }
     }
     /// The step [`Step::to_words`] gave, or `None` for words that are none.
@@ -114,6 +121,7 @@ impl Step {
             [2, seq, elems, bytes] => Step::Alloc { seq, elems, bytes },
             [3, seq, 0, 0] => Step::Distributed { seq },
             [4, layer, 0, 0] => Step::Setup { layer },
+            [5, program, 0, 0] => Step::Start { program },
             _ => return None,
         })
     }
@@ -136,6 +144,7 @@ impl std::fmt::Display for Step {
                 "made shared allocation #{seq} ({elems} elements, {bytes} bytes)"
             ),
             Step::Distributed { seq } => write!(f, "called run_distributed (#{seq})"),
+            Step::Start { program } => write!(f, "started program #{program}"),
             Step::Setup { layer: 1 } => write!(f, "set up the shared memory (Dsm::new)"),
             Step::Setup { layer } => write!(f, "set up layer {layer}"),
         }

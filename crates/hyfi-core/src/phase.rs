@@ -286,8 +286,9 @@ impl<'s> PostPhase<'s> {
     }
 
     /// `filReduce`: combines every private copy of `r` on every node with
-    /// `op` (on the node in processor order, then across nodes in node
-    /// order), stores the result in every copy and returns it.
+    /// `op` (on each processor in pool order, then the node's processors in
+    /// order, then across nodes in a fixed tree order), stores the result
+    /// in every copy and returns it.
     pub fn reduce<T: Arith>(&mut self, r: &Reduction<T>, op: Op) -> T {
         self.reduce_with(r, move |a, b| op.apply(a, b))
     }
@@ -302,10 +303,21 @@ impl<'s> PostPhase<'s> {
         // SAFETY (reads/writes below): post-phase code runs while every other
         // server thread of the node waits at the barrier, whose SeqCst
         // counter orders their last writes before these accesses.
-        let mut acc = unsafe { r.read(0) };
-        for p in 1..self.shared.procs {
-            acc = combine(acc, unsafe { r.read(p) });
+        // Processor by processor, each in pool order: a fixed order, so the
+        // result does not depend on how the pools interleaved.
+        let mut acc: Option<T> = None;
+        for p in 0..self.shared.procs {
+            unsafe {
+                r.for_each_copy(p, |v| {
+                    acc = Some(match acc {
+                        None => v,
+                        Some(a) => combine(a, v),
+                    })
+                })
+            };
         }
+        // A runtime has at least one processor, whose pool-0 copy always exists.
+        let mut acc = acc.unwrap_or_else(|| unsafe { r.read(0) });
         let res = self.shared.link.allreduce(
             bytemuck::bytes_of_mut(&mut acc),
             &mut |a: &mut [u8], b: &[u8]| {
@@ -323,7 +335,7 @@ impl<'s> PostPhase<'s> {
         acc
     }
 
-    /// Processor 0's copy of `r` (every copy's, after a reduce).
+    /// Processor 0's first copy of `r` (every copy's, after a reduce).
     pub fn get<T: bytemuck::Pod + Send + Sync>(&self, r: &Reduction<T>) -> T {
         self.check(r);
         // SAFETY: as in reduce_with.

@@ -1,12 +1,29 @@
-//! Reduction variables (paper §3.4): one private copy per processor, combined
-//! by post-phase code with [`PostPhase::reduce`](crate::PostPhase::reduce).
+//! Reduction variables (paper §3.4): private copies combined by post-phase
+//! code with [`PostPhase::reduce`](crate::PostPhase::reduce).
 //!
-//! Filaments read and write their processor's copy through the [`Ctx`] they
-//! are given, with no synchronization: a copy belongs to one server thread,
-//! and copies sit on separate cache lines. A reduce combines the copies in
-//! processor order on the node, then across nodes in node order, and writes
-//! the result back into every copy, so a given configuration reproduces its
-//! result bit for bit.
+//! The paper keeps one private copy per processor. Here each *pool* of a
+//! processor has its own copy (pool 0's is the processor's, and fork-join
+//! filaments use it): the pools of a processor interleave whenever one
+//! waits for a shared page, in an order that depends on when pages arrive,
+//! so with one copy per processor a floating-point sum would come out
+//! differently from run to run. Filaments read and write their pool's
+//! copy through the [`Ctx`] they are given, with no synchronization: a
+//! copy belongs to one filthread at a time, and copies sit on separate
+//! cache lines.
+//!
+//! A reduce combines the copies in a fixed order — on each processor in
+//! pool order, then the processors of the node in order, then the nodes
+//! in the node layer's fixed tree order — and writes the result back into
+//! every copy. A given configuration (nodes, processors, pools and what
+//! each pool holds) therefore reproduces its result bit for bit, whatever
+//! the order in which pages arrive. A pool's copy starts from the
+//! variable's `init` (or from the value a reduce or
+//! [`PostPhase::set`](crate::PostPhase::set) last wrote to every copy), so
+//! start a sum from 0 or reset it after each reduce, as below.
+//!
+//! In fork-join runs the filthreads of a processor share its copy and the
+//! order of their updates depends on stealing: reduce exact types there
+//! (integers), or return values through joins.
 //!
 //! A reduction of a type of your own (here: the largest value and where it
 //! is, lowest index on ties, as a sequential scan would find it):
@@ -48,13 +65,27 @@ use crate::worker::Ctx;
 /// A reduction variable of plain-data type `T`.
 pub struct Reduction<T> {
     rt: u64,
-    copies: Box<[CachePadded<UnsafeCell<T>>]>,
+    copies: Box<[CachePadded<ProcCopies<T>>]>,
+    /// The value a pool's copy starts from when that pool first touches
+    /// the variable: `init`, or what was last written to every copy.
+    base: UnsafeCell<T>,
 }
 
-// SAFETY: copy `p` is accessed only by server thread `p` (through a Ctx,
-// whose processor index and runtime are checked), or by post-phase code and
-// the Runtime while every server thread is quiescent at a barrier or idle
-// between programs. T: Send lets the value move between those threads.
+/// One processor's private copies: pool 0's (also fork-join's) inline,
+/// the other pools' made on first use. Each of those is boxed, so its
+/// address stays put while the list grows: a [`Local`] of one pool keeps
+/// a pointer to its copy while another pool of the processor runs.
+struct ProcCopies<T> {
+    first: UnsafeCell<T>,
+    more: UnsafeCell<Vec<Box<CachePadded<UnsafeCell<T>>>>>,
+}
+
+// SAFETY: processor `p`'s copies are accessed only by server thread `p`
+// (through a Ctx, whose processor index and runtime are checked), or by
+// post-phase code and the Runtime while every server thread is quiescent
+// at a barrier or idle between programs; `base` is written only then, and
+// read by server threads only while no one writes it. T: Send lets the
+// value move between those threads.
 unsafe impl<T: Send> Sync for Reduction<T> {}
 unsafe impl<T: Send> Send for Reduction<T> {}
 
@@ -63,8 +94,14 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         Reduction {
             rt,
             copies: (0..procs)
-                .map(|_| CachePadded::new(UnsafeCell::new(init)))
+                .map(|_| {
+                    CachePadded::new(ProcCopies {
+                        first: UnsafeCell::new(init),
+                        more: UnsafeCell::new(Vec::new()),
+                    })
+                })
                 .collect(),
+            base: UnsafeCell::new(init),
         }
     }
 
@@ -76,6 +113,7 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         }
     }
 
+    /// The running pool's copy on this processor.
     #[inline(always)]
     fn slot(&self, ctx: &Ctx) -> *mut T {
         if ctx.rt_id != self.rt {
@@ -84,33 +122,86 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         // SAFETY: the runtime that made this reduction has exactly
         // `copies.len()` processors, and ctx belongs to it (checked above),
         // so ctx.proc() < copies.len().
-        unsafe { self.copies.get_unchecked(ctx.proc()).get() }
+        let pc = unsafe { self.copies.get_unchecked(ctx.proc()) };
+        match ctx.pool.get() {
+            0 => pc.first.get(),
+            k => self.pool_slot(pc, k),
+        }
     }
 
-    /// This processor's copy (`filGetVal`).
+    /// Pool `k`'s copy (`k` ≥ 1), made on its first use from `base`.
+    /// Out of line and cold, so the fast paths that inline `slot` stay small.
+    #[cold]
+    #[inline(never)]
+    fn pool_slot(&self, pc: &ProcCopies<T>, k: usize) -> *mut T {
+        // SAFETY: `pc` is the calling server thread's own list (see the
+        // Sync impl), and no reference into it outlives this call; `base`
+        // is not written while filaments run.
+        let more = unsafe { &mut *pc.more.get() };
+        while more.len() < k {
+            more.push(Box::new(CachePadded::new(UnsafeCell::new(unsafe {
+                *self.base.get()
+            }))));
+        }
+        more[k - 1].get()
+    }
+
+    /// This pool's copy (`filGetVal`; in fork-join, this processor's).
     #[inline(always)]
     pub fn get(&self, ctx: &Ctx) -> T {
         // SAFETY: see the Sync impl: only this server thread touches its copy now.
         unsafe { *self.slot(ctx) }
     }
 
-    /// Sets this processor's copy.
+    /// Sets this pool's copy (in fork-join, this processor's).
     #[inline(always)]
     pub fn set(&self, ctx: &Ctx, v: T) {
         // SAFETY: as in `get`.
         unsafe { *self.slot(ctx) = v }
     }
 
-    /// Replaces this processor's copy `v` by `f(v)`.
+    /// Replaces this pool's copy `v` by `f(v)` (in fork-join, this
+    /// processor's).
+    ///
+    /// `f` must not wait: it may not touch a shared array whose page is
+    /// not here, join, or otherwise suspend its filthread, since another
+    /// filthread of the processor could update the same copy meanwhile and
+    /// one of the two updates would be lost. Trying panics, saying so.
+    /// Read what the update needs first, then call `update` with plain
+    /// arithmetic:
+    ///
+    /// ```
+    /// use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime, SharedVec};
+    ///
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+    /// let data = SharedVec::from_fn(100, |i| i as u64);
+    /// let total = rt.reduction(0u64);
+    /// let mut sum = 0;
+    /// let mut prog = Program::new();
+    /// prog.phase(
+    ///     PoolArray::block(&rt, 0..100, 4),
+    ///     |ctx, i| {
+    ///         let x = data.get(i); // may wait for a page: outside the update
+    ///         total.update(ctx, |s| s + x);
+    ///     },
+    ///     |post| { sum = post.reduce(&total, Op::Sum); Control::Done },
+    /// );
+    /// rt.start(&mut prog).unwrap();
+    /// drop(prog);
+    /// assert_eq!(sum, 4950);
+    /// ```
     #[inline(always)]
     pub fn update(&self, ctx: &Ctx, f: impl FnOnce(T) -> T) {
         let s = self.slot(ctx);
+        let _no_wait = NoSuspend::enter(ctx);
         // SAFETY: as in `get`; the value is read out before `f` runs, so no
-        // reference into the copy is alive while user code runs.
+        // reference into the copy is alive while user code runs, and `f`
+        // cannot suspend (NoSuspend), so no other filthread of this
+        // processor runs between the read and the write.
         unsafe { *s = f(*s) }
     }
 
-    /// Folds `v` into this processor's copy with `op`: for [`Op::Max`] and
+    /// Folds `v` into this pool's copy with `op`: for [`Op::Max`] and
     /// [`Op::Min`] one compare (`if v > copy { copy = v }`), not the
     /// NaN-handling `f64::max` (a NaN `v` is ignored either way).
     #[inline(always)]
@@ -123,41 +214,91 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         unsafe { *s = op.fold(*s, v) }
     }
 
-    /// A segment-local accumulator for this processor's copy: folds stay
-    /// in a register, and the accumulated value is folded into the copy
-    /// (with `op`) when the accumulator is dropped. Made by the `bind`
-    /// closure of [`Program::phase_with`](crate::Program::phase_with), it
-    /// lives for one pool segment.
+    /// A segment-local accumulator for this pool's copy: folds stay in a
+    /// register, and the accumulated value is folded into the copy (with
+    /// `op`) when the accumulator is dropped. Made by the `bind` closure
+    /// of [`Program::phase_with`](crate::Program::phase_with), it lives for
+    /// one pool segment.
     ///
-    /// It starts from `op`'s identity and combines at its end, so another
-    /// filthread of the processor (another pool, run while this one waits
-    /// for a page) may fold into the copy meanwhile without either losing
-    /// an update.
+    /// It starts from `op`'s identity and combines at its end, so in
+    /// fork-join (where the filthreads of a processor share its copy)
+    /// another filthread may fold into the copy meanwhile without either
+    /// losing an update.
     #[inline]
     pub fn local<'r>(&'r self, ctx: &Ctx, op: Op) -> Local<'r, T>
     where
         T: Arith,
     {
+        if ctx.rt_id != self.rt {
+            foreign();
+        }
         Local {
-            slot: self.slot(ctx),
+            r: self,
+            proc: ctx.proc(),
+            pool: ctx.pool.get(),
             acc: T::identity(op),
             op,
-            _r: std::marker::PhantomData,
+            _not_send: std::marker::PhantomData,
         }
     }
 
+    /// Calls `f` with every copy of processor `p`, in pool order.
+    ///
+    /// # Safety
+    /// No server thread may be accessing the copies.
+    pub(crate) unsafe fn for_each_copy(&self, p: usize, mut f: impl FnMut(T)) {
+        let pc = &self.copies[p];
+        f(*pc.first.get());
+        for c in (*pc.more.get()).iter() {
+            f(*c.get());
+        }
+    }
+
+    /// Processor `p`'s first copy (pool 0's, fork-join's).
+    ///
     /// # Safety
     /// No server thread may be accessing the copies.
     pub(crate) unsafe fn read(&self, p: usize) -> T {
-        *self.copies[p].get()
+        *self.copies[p].first.get()
     }
 
+    /// Writes `v` into every copy, and into the copies pools make later.
+    ///
     /// # Safety
     /// As for `read`.
     pub(crate) unsafe fn write_all(&self, v: T) {
-        for c in self.copies.iter() {
-            *c.get() = v;
+        *self.base.get() = v;
+        for pc in self.copies.iter() {
+            *pc.first.get() = v;
+            for c in (*pc.more.get()).iter() {
+                *c.get() = v;
+            }
         }
+    }
+}
+
+/// Marks the running filthread as inside a `Reduction::update` closure
+/// (where [`crate::filthread::suspend`] panics) until dropped, unwinding
+/// included, so a panicking closure does not leave the mark behind.
+struct NoSuspend<'c> {
+    ctx: &'c Ctx,
+    prev: bool,
+}
+
+impl<'c> NoSuspend<'c> {
+    #[inline(always)]
+    fn enter(ctx: &'c Ctx) -> Self {
+        NoSuspend {
+            ctx,
+            prev: ctx.in_update.replace(true),
+        }
+    }
+}
+
+impl Drop for NoSuspend<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.ctx.in_update.set(self.prev);
     }
 }
 
@@ -165,10 +306,16 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
 /// [`Reduction::local`]). It is neither `Send` nor `Sync`: it belongs to the
 /// processor whose copy it folds into.
 pub struct Local<'r, T: Arith> {
-    slot: *mut T,
+    // The copy is found at the drop, not here: `local` stays two loads, so
+    // a `bind` closure that makes one is still inlined into the pool loop,
+    // where `op` is a constant and `acc` a register (measured: finding the
+    // copy here made Jacobi's per-point filaments 2× slower on one core).
+    r: &'r Reduction<T>,
+    proc: usize,
+    pool: usize,
     acc: T,
     op: Op,
-    _r: std::marker::PhantomData<(&'r Reduction<T>, *const ())>,
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl<T: Arith> Local<'_, T> {
@@ -186,10 +333,16 @@ impl<T: Arith> Local<'_, T> {
 
 impl<T: Arith> Drop for Local<'_, T> {
     fn drop(&mut self) {
-        // SAFETY: `slot` is this processor's copy (taken through its Ctx),
-        // and the accumulator, being !Send, is dropped on this server
-        // thread; no user code runs between the read and the write.
-        unsafe { *self.slot = self.op.apply(*self.slot, self.acc) }
+        let pc = &self.r.copies[self.proc];
+        let slot = match self.pool {
+            0 => pc.first.get(),
+            k => self.r.pool_slot(pc, k),
+        };
+        // SAFETY: `slot` is the copy of the pool and processor that made
+        // the accumulator (through its Ctx), and the accumulator, being
+        // !Send, is dropped on that server thread; no user code runs
+        // between the read and the write.
+        unsafe { *slot = self.op.apply(*slot, self.acc) }
     }
 }
 

@@ -36,6 +36,11 @@ pub(crate) const DONE: usize = usize::MAX;
 /// `Ctx::limit` value meaning "make the next join a real fork".
 pub(crate) const WANTED: usize = usize::MAX;
 
+/// The phase index [`PhaseEnd::end_phase`] is given for the release of a
+/// fork-join run (see [`Runtime::run`] and [`Runtime::run_distributed`]):
+/// no phase of a program has it.
+pub const FORK_JOIN_PHASE: usize = usize::MAX;
+
 static NEXT_RUNTIME_ID: AtomicU64 = AtomicU64::new(1);
 
 /// What every server thread shares with the others.
@@ -381,8 +386,8 @@ impl Runtime {
         &self.shared.cfg
     }
 
-    /// A reduction variable: one private copy per processor, each starting at
-    /// `init` (`filCreateReduction`).
+    /// A reduction variable (`filCreateReduction`): a private copy per pool
+    /// of each processor, each starting at `init` (see [`Reduction`]).
     pub fn reduction<T: bytemuck::Pod + Send + Sync>(&self, init: T) -> Reduction<T> {
         Reduction::new(self.shared.id, self.shared.procs, init)
     }
@@ -423,6 +428,20 @@ impl Runtime {
         self.check_not_nested()?;
         let _g = self.start_lock.lock().unwrap_or_else(|e| e.into_inner());
         let phases = program.bodies(self.shared.procs)?;
+        let program_no = self.programs.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.num_nodes() > 1 {
+            // Every node must start it (entered before the release below,
+            // which waits for every node, so that a node that does
+            // something else is named instead of awaited).
+            self.shared
+                .link
+                .enter_step(crate::Step::Start {
+                    program: program_no,
+                })
+                .map_err(Error::Link)?;
+            // What local fork-join runs wrote since the last release.
+            self.fork_join_release()?;
+        }
         let n = phases.len();
         let run = ProgramRun {
             // SAFETY: lifetime erasure. The bodies borrow from `program`,
@@ -441,7 +460,7 @@ impl Runtime {
             abort: AtomicBool::new(false),
             error: Mutex::new(None),
             node: self.node(),
-            program: self.programs.fetch_add(1, Ordering::Relaxed) + 1,
+            program: program_no,
         };
         self.shared
             .dispatch(Command::Program(ProgramPtr(&run as *const ProgramRun)));
@@ -468,6 +487,14 @@ impl Runtime {
     /// computation over every node, call
     /// [`Runtime::run_distributed`] on every node.
     ///
+    /// **Shared arrays** (hyfi-dsm): on one node, `run` ends with a
+    /// release, like a phase. On several nodes it is local (other nodes
+    /// need not call it), and a release is collective, so it cannot end
+    /// with one: what its filaments wrote becomes visible to the other
+    /// nodes at the next collective step — [`Runtime::start`] and
+    /// [`Runtime::run_distributed`] begin with a release on several nodes.
+    /// Within the node it is visible when `run` returns.
+    ///
     /// A panic anywhere in the computation is returned as
     /// [`Error::FilamentPanic`] once every filament has stopped.
     pub fn run<R, F>(&self, root: F) -> Result<R, Error>
@@ -493,11 +520,32 @@ impl Runtime {
                 },
             })
         }));
+        let released = if self.num_nodes() == 1 {
+            self.fork_join_release()
+        } else {
+            Ok(())
+        };
         match slot {
-            Some(Ok(r)) => Ok(r),
+            Some(Ok(r)) => released.map(|()| r),
             Some(Err(e)) => Err(self.failed(e)),
             None => unreachable!("hyfi: fork-join run ended without its root"),
         }
+    }
+
+    /// The release that ends a fork-join run, or begins a collective step
+    /// after local runs: the phase-end hook's (hyfi-dsm makes what the
+    /// filaments wrote to shared arrays visible on every node), with
+    /// [`FORK_JOIN_PHASE`] for a phase index, then a new access epoch, as
+    /// after a phase. Collective when the runtime spans nodes: every node
+    /// must call it at the same point. Call it only between commands.
+    pub(crate) fn fork_join_release(&self) -> Result<(), Error> {
+        let sh = &*self.shared;
+        let released = match sh.phase_end.get() {
+            Some(h) => h.end_phase(FORK_JOIN_PHASE, &*sh.link).map_err(Error::Link),
+            None => Ok(()),
+        };
+        sh.next_access_epoch();
+        released
     }
 
     /// Runs one fork-join command on this node's server threads: `root`,

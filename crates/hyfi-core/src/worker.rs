@@ -86,6 +86,15 @@ pub struct Ctx {
     pub(crate) deque: Worker<JobRef>,
     pub(crate) yielder: Cell<*const Yld>,
     pub(crate) current: Cell<u64>,
+    /// The pool (its index on this processor) whose filthread runs now; 0
+    /// in fork-join mode. Reductions keep one private copy per pool, so
+    /// the order in which pools interleave (when one waits for a page)
+    /// cannot change a result; see `reduce`.
+    pub(crate) pool: Cell<usize>,
+    /// Set while a [`Reduction::update`](crate::Reduction::update) closure
+    /// runs: suspending then could let another filthread update the same
+    /// copy, and one of the two updates would be lost.
+    pub(crate) in_update: Cell<bool>,
     pub(crate) iteration: Cell<u64>,
     /// The stack running now: its red zone (below which a join moves to a
     /// new segment; 0 off a filthread) and guard page.
@@ -400,6 +409,7 @@ impl Sched {
                 let k = next;
                 next += 1;
                 self.spawn(ctx, move |ctx| {
+                    ctx.pool.set(k);
                     if let Err(p) = catch_unwind(AssertUnwindSafe(|| body.run_pool(ctx, k))) {
                         run.fail_panic(ctx.proc, format!("phase {phase} filament"), p);
                     }
@@ -407,6 +417,7 @@ impl Sched {
                 continue;
             }
             if self.suspended.is_empty() {
+                ctx.pool.set(0);
                 return;
             }
             self.idle_wait(ctx, || false);
@@ -508,6 +519,8 @@ pub(crate) fn main(start: Start) {
         deque,
         yielder: Cell::new(std::ptr::null()),
         current: Cell::new(0),
+        pool: Cell::new(0),
+        in_update: Cell::new(false),
         iteration: Cell::new(0),
         bounds: Cell::new(StackBounds::default()),
         stacks: RefCell::new(StackPool::new(shared.cfg.get_stack_size())),

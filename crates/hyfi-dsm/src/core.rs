@@ -165,6 +165,11 @@ impl Segment {
 struct Proto {
     /// `REL` messages of the current epoch received.
     got: usize,
+    /// From which nodes.
+    got_from: Vec<bool>,
+    /// Nodes that ended their program (said `Bye`): a release of theirs
+    /// that has not come will not.
+    gone: Vec<bool>,
     /// Their write notices (page ranges).
     notices: Vec<(u64, u32)>,
     /// `REL` messages not applied yet, of this epoch or later: (from,
@@ -265,6 +270,8 @@ impl Core {
             completed: AtomicU64::new(0),
             proto: Mutex::new(Proto {
                 got: 0,
+                got_from: vec![false; nodes],
+                gone: vec![false; nodes],
                 notices: Vec::new(),
                 early: Vec::new(),
                 releasing: false,
@@ -663,11 +670,12 @@ impl Core {
                 .fetch_add(1, Ordering::Relaxed);
         }
         pr.got += 1;
+        pr.got_from[from] = true;
         Ok(())
     }
 
     // ---------------------------------------------------------------
-    // The release, at the end of every phase.
+    // The release, at the end of every phase and fork-join run.
 
     pub(crate) fn release(&self, phase: usize) -> Result<(), String> {
         let t0 = Instant::now();
@@ -680,12 +688,16 @@ impl Core {
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let total = self.totals();
         let mut t = self.phases.lock().unwrap_or_else(|e| e.into_inner());
-        if t.per_phase.len() <= phase {
-            t.per_phase.resize(phase + 1, DsmCounters::default());
+        // A fork-join run's release has no phase: its traffic counts in the
+        // totals and in the next phase's figures.
+        if phase != hyfi_core::FORK_JOIN_PHASE {
+            if t.per_phase.len() <= phase {
+                t.per_phase.resize(phase + 1, DsmCounters::default());
+            }
+            let d = total.since(&t.last);
+            t.per_phase[phase].accumulate(&d);
+            t.last = total;
         }
-        let d = total.since(&t.last);
-        t.per_phase[phase].accumulate(&d);
-        t.last = total;
         t.releases += 1;
         Ok(())
     }
@@ -793,7 +805,7 @@ impl Core {
             let _w = hyfi_core::waits::waiting(
                 |a| {
                     format!(
-                        "the other nodes' releases at the end of a phase (release #{}; {} of {} had come)",
+                        "the other nodes' releases (release #{}; {} of {} had come)",
                         a[0], a[1], a[2]
                     )
                 },
@@ -802,6 +814,14 @@ impl Core {
             while pr.got < self.nodes - 1 {
                 if let Some(f) = self.failure() {
                     return Err(f.clone());
+                }
+                if let Some(p) = (0..self.nodes).find(|&p| pr.gone[p] && !pr.got_from[p]) {
+                    return Err(format!(
+                        "node {} waits for the release of node {p} at the end of a phase, \
+                         but node {p} ended its program: every node must run the same \
+                         phases and fork-join runs (SPMD)",
+                        self.me
+                    ));
                 }
                 pr = self
                     .proto_cv
@@ -854,6 +874,7 @@ impl Core {
             let next = epoch + 1;
             self.completed.store(next, Ordering::Release);
             pr.got = 0;
+            pr.got_from.iter_mut().for_each(|g| *g = false);
             // The next phase's filaments may run now: releases of the next
             // epoch that came early stay in `early` until its release.
             pr.releasing = false;
@@ -913,6 +934,11 @@ impl Service for Core {
     }
     fn failed(&self, why: &str) {
         self.fail(why);
+    }
+    fn peer_left(&self, peer: usize) {
+        let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+        pr.gone[peer] = true;
+        self.proto_cv.notify_all();
     }
 }
 

@@ -30,6 +30,53 @@
 //! phase, a filament must not read what another node writes in the same
 //! phase (as in any data-race-free program).
 //!
+//! **Fork-join filaments** write shared arrays too, with the same
+//! consistency: a fork-join run is released like a phase.
+//! `Runtime::run_distributed` (collective: every node calls it) ends with a
+//! release, so what any node's filaments wrote is visible on every node
+//! when it returns. `Runtime::run` on one node ends with a release as
+//! well. On several nodes `run` is local — other nodes need not call it —
+//! and a release is collective, so its writes reach the other nodes at the
+//! next collective step: `Runtime::start` and `run_distributed` begin with
+//! a release on several nodes. Read them there, not from another node's
+//! main thread right after the local run.
+//!
+//! ```
+//! use hyfi_core::{Config, Control, Ctx, Op, PoolArray, Program, Runtime};
+//! use hyfi_dsm::{Dsm, DsmVec, Placement};
+//!
+//! fn fill(ctx: &Ctx, v: &DsmVec<u64>, lo: usize, hi: usize) {
+//!     if hi - lo <= 64 {
+//!         for i in lo..hi { v.set(i, 3 * i as u64); }
+//!     } else {
+//!         let mid = (lo + hi) / 2;
+//!         ctx.join(|c| fill(c, v, lo, mid), |c| fill(c, v, mid, hi));
+//!     }
+//! }
+//! let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+//! let dsm = Dsm::new(&rt)?;
+//! let n = 5000;
+//! let v = dsm.vec::<u64>(n).placement(Placement::Cyclic).zeroed()?;
+//! rt.run(|ctx| fill(ctx, &v, 0, n))?; // ends with a release
+//! // A following phase (on any node) reads what the fork-join filaments wrote.
+//! let total = rt.reduction(0u64);
+//! let mut sum = 0;
+//! let mut prog = Program::new();
+//! prog.phase(
+//!     PoolArray::block(&rt, 0..n, 1),
+//!     |ctx, i| total.fold(ctx, Op::Sum, v.get(i)),
+//!     |post| { sum = post.reduce(&total, Op::Sum); Control::Done },
+//! );
+//! rt.start(&mut prog)?;
+//! drop(prog);
+//! assert_eq!(sum, (0..n as u64).map(|i| 3 * i).sum::<u64>());
+//! assert_eq!(v.get(n - 1), 3 * (n as u64 - 1));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The multi-node check of this is `examples/dsm_forkjoin.rs` (run by
+//! `tests/dsm.rs` on 2×1 and 2×2).
+//!
 //! Every node makes the same allocations in the same order (SPMD, like the
 //! rest of a hyfi program); a mismatch is detected and reported.
 //!

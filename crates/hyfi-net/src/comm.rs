@@ -132,6 +132,9 @@ pub trait Service: Send + Sync + 'static {
     fn frame(&self, from: usize, tag: u64, payload: Vec<u8>) -> Result<(), String>;
     /// The node failed (a lost peer, an abort): wake every waiter with `why`.
     fn failed(&self, why: &str);
+    /// Peer `peer` said `Bye`: it will send nothing more but answers to
+    /// requests, so a wait for anything else from it must end.
+    fn peer_left(&self, _peer: usize) {}
 }
 
 enum ServiceSlot {
@@ -203,21 +206,23 @@ impl Inbox {
             }
         });
         if first {
-            let services: Vec<Arc<dyn Service>> = self
-                .services
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .values()
-                .filter_map(|slot| match slot {
-                    ServiceSlot::Ready(s) => Some(s.clone()),
-                    ServiceSlot::Pending(_) => None,
-                })
-                .collect();
-            for s in services {
+            for s in self.ready_services() {
                 s.failed(&text);
             }
         }
         first
+    }
+    /// The services installed so far.
+    fn ready_services(&self) -> Vec<Arc<dyn Service>> {
+        self.services
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter_map(|slot| match slot {
+                ServiceSlot::Ready(s) => Some(s.clone()),
+                ServiceSlot::Pending(_) => None,
+            })
+            .collect()
     }
     /// Hands a service frame to the service, or keeps it until one is
     /// installed. The slot's lock is held while the handler runs, so frames
@@ -244,6 +249,13 @@ impl Inbox {
                 r = st.on_bye(from, steps, last);
             }
         });
+        // A wrong goodbye fails the node (which wakes the services with
+        // why); a right one only ends the services' waits for that peer.
+        if r.is_ok() {
+            for s in self.ready_services() {
+                s.peer_left(from);
+            }
+        }
         r
     }
     /// Waits until `take` finds its message (or the node fails). On a
@@ -546,6 +558,15 @@ impl Sender {
     }
 
     pub(crate) fn failed_error(&self, fallback: String) -> NetError {
+        if self.inbox.exiting.load(Ordering::SeqCst) {
+            // This node is ending on a signal, with that signal's status,
+            // in a moment (the signal thread): the links its peers drop as
+            // they abort must not make the program exit first with an
+            // error status of its own. Its caller waits for the end.
+            loop {
+                std::thread::park();
+            }
+        }
         self.aborted(self.inbox.failure().unwrap_or(fallback))
     }
 
