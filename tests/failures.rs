@@ -155,11 +155,14 @@ fn one_allocation_more_on_one_node_is_named_on_both() {
             ],
         );
     }
+    // `?` in `main` shows the error's message, not its Debug structure.
+    says(&job, 1, &["Error: shared memory: a collective step failed"]);
     job.no_panics();
 }
 
 #[test]
 fn run_distributed_on_one_node_only_is_named() {
+    // Node 1 alone calls it: node 0 ends and is named.
     let job = fault_on_node_1("distributed-alone");
     says(
         &job,
@@ -167,6 +170,24 @@ fn run_distributed_on_one_node_only_is_named() {
         &[
             "node 0 ended its program after",
             "node 1 went on: it called run_distributed (#1)",
+        ],
+    );
+    job.no_panics();
+    // Node 0 alone (the root of the run) calls it: node 1 ends.
+    let mut job = start(
+        "distributed-alone on 0",
+        2,
+        1,
+        &["--fault", "distributed-alone", "--on", "0"],
+        |_| vec![],
+    );
+    job.wait_all(Duration::from_secs(60));
+    says(
+        &job,
+        0,
+        &[
+            "node 1 ended its program after",
+            "node 0 went on: it called run_distributed (#1)",
         ],
     );
     job.no_panics();

@@ -527,14 +527,12 @@ fn coordinator(
     };
     while arrived < n {
         let Some(mut a) = acceptor.next(deadline) else {
-            let missing: Vec<String> = (1..n)
-                .filter(|&r| peers[r].is_none())
-                .map(|r| r.to_string())
-                .collect();
+            // As ranges: the list goes to every node that did arrive.
+            let missing: Vec<usize> = (1..n).filter(|&r| peers[r].is_none()).collect();
             let e = NetError::MissingNodes {
                 arrived,
                 nodes: n,
-                missing: missing.join(", "),
+                missing: crate::launch::output::ranges(&missing),
                 secs: timeout.as_secs(),
             };
             refuse_all(&mut peers, &e.to_string());
@@ -849,13 +847,13 @@ fn member(
     let mut expected = n - 1 - rank;
     while expected > 0 {
         let Some(a) = acceptor.next(deadline) else {
-            let missing: Vec<String> = (rank + 1..n)
-                .filter(|&r| peers[r].is_none())
-                .map(|r| r.to_string())
-                .collect();
+            let missing: Vec<usize> = (rank + 1..n).filter(|&r| peers[r].is_none()).collect();
             return Err(NetError::Unreachable {
                 rank,
-                what: format!("links from node(s) {}", missing.join(", ")),
+                what: format!(
+                    "links from node(s) {}",
+                    crate::launch::output::ranges(&missing)
+                ),
                 addr: format!("port {mesh_port}"),
                 secs: timeout.as_secs(),
                 source: std::io::Error::new(std::io::ErrorKind::TimedOut, "they never connected"),
