@@ -166,6 +166,19 @@ pub fn command(exe: &Path) -> Command {
         }
     }
     cmd.env("HYFI_PIN", "0").stdin(Stdio::null());
+    // A test run from a non-interactive shell's background job inherits
+    // SIGINT and SIGQUIT ignored (POSIX), and launchers rightly keep an
+    // inherited ignore: start every program with the default dispositions
+    // a user's terminal gives it, whatever ran the tests.
+    // SAFETY: signal() with SIG_DFL is async-signal-safe, as pre_exec needs.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
     cmd
 }
 
