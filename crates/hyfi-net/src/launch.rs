@@ -436,6 +436,11 @@ impl Node {
         // its pid, and the group it leads, are still ours; ESRCH cannot
         // happen and other errors leave nothing to do.
         let _ = nix::sys::signal::kill(self.group(), sig);
+        if sig == Signal::SIGTERM {
+            // A stopped node (SIGSTOP, a debugger let go) would keep the
+            // SIGTERM pending until the SIGKILL: let it run to take it.
+            let _ = nix::sys::signal::kill(self.group(), Signal::SIGCONT);
+        }
         self.signalled = Some(sig);
     }
 }
@@ -624,6 +629,9 @@ fn cleanup_groups(nodes: &[Node]) {
     for sig in [Signal::SIGTERM, Signal::SIGKILL] {
         for n in &left {
             let _ = nix::sys::signal::kill(n.group(), sig);
+            if sig == Signal::SIGTERM {
+                let _ = nix::sys::signal::kill(n.group(), Signal::SIGCONT);
+            }
         }
         let until = Instant::now() + GRACE;
         // Orphans are reaped by init (or a subreaper), not by us; a zombie
