@@ -8,6 +8,7 @@
 //! cargo run --release --example fj_probe -- --nodes 2 --mode panic     # panics on node 1
 //! cargo run --release --example fj_probe -- --nodes 2 --mode unknown   # node 1 did not register it
 //! cargo run --release --example fj_probe -- --nodes 2 --mode ok        # returns 7 * 7
+//! cargo run --release --example fj_probe -- --nodes 2 --mode many      # join_remote_n over 0..64
 //! ```
 //!
 //! Every node prints `result: ...` or `error: ...` (the error the run
@@ -28,6 +29,9 @@ enum Mode {
     Panic,
     /// Only node 0 registers the filament's function.
     Unknown,
+    /// `join_remote_n` of a filament reading shared state, over 0..64:
+    /// returns the sum of `x * x + offset` and prints the nodes that ran one.
+    Many,
 }
 
 #[derive(Parser, Debug)]
@@ -53,6 +57,16 @@ fn square_or_panic(ctx: &Ctx, x: u64) -> u64 {
     x * x
 }
 
+/// What `Mode::Many`'s filaments read, shared on every node.
+struct Offset(u64);
+
+/// `x * x` plus the shared offset, and the node that computed it.
+fn square_where(ctx: &Ctx, x: u64) -> (u64, usize) {
+    (x * x + ctx.shared::<Offset>().0, ctx.node())
+}
+
+static SQUARE_WHERE: RemoteFn<u64, (u64, usize)> =
+    RemoteFn::new("fj_probe::square_where", square_where);
 static SQUARE: RemoteFn<u64, u64> = RemoteFn::new("fj_probe::square", square);
 static BOOM: RemoteFn<u64, u64> = RemoteFn::new("fj_probe::boom", square_or_panic);
 
@@ -64,6 +78,27 @@ fn main() -> ExitCode {
         common::or_exit("fj_probe", SQUARE.register());
     }
     common::or_exit("fj_probe", BOOM.register());
+    if args.mode == Mode::Many {
+        common::or_exit("fj_probe", SQUARE_WHERE.register());
+        rt.share(Offset(1000));
+        for run in 0..args.runs {
+            match rt.run_distributed(|ctx| ctx.join_remote_n(&SQUARE_WHERE, (0..64).collect())) {
+                Ok(v) => {
+                    let sum: u64 = v.iter().map(|r| r.0).sum();
+                    let mut nodes: Vec<usize> = v.iter().map(|r| r.1).collect();
+                    nodes.sort_unstable();
+                    nodes.dedup();
+                    println!("result: run {run}: {sum}");
+                    println!("many: run {run}: ran on nodes {nodes:?}");
+                }
+                Err(e) => {
+                    println!("error: node {node}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
     let f = if args.mode == Mode::Panic {
         &BOOM
     } else {

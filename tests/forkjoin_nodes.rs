@@ -270,6 +270,37 @@ fn repeated_runs_return_on_every_node() {
 }
 
 #[test]
+fn join_remote_n_spreads_over_nodes_and_reads_shared_state() {
+    let _g = serial();
+    // Sum over 0..64 of x * x + 1000 (the offset every node shares).
+    let want: u64 = (0..64u64).map(|x| x * x + 1000).sum();
+    for nodes in [2, 4] {
+        let (st, out, err) = probe("many", nodes, &["--runs", "3"]);
+        assert!(st.success(), "{nodes} nodes: {st}\n{out:#?}\n{err}");
+        for n in 0..nodes {
+            for run in 0..3 {
+                let line = format!("result: run {run}: {want}");
+                assert!(
+                    out[&n].contains(&line),
+                    "node {n} of {nodes}: no {line:?} in {out:#?}"
+                );
+            }
+        }
+        // Start-up distribution sends the first forked half to node 1.
+        let ran = out[&0]
+            .iter()
+            .filter(|l| l.starts_with("many: "))
+            .collect::<Vec<_>>();
+        assert_eq!(ran.len(), 3, "{out:#?}");
+        assert!(
+            ran.iter()
+                .all(|l| l.split("nodes ").nth(1).is_some_and(|s| s.contains('1'))),
+            "{ran:#?}"
+        );
+    }
+}
+
+#[test]
 fn a_panic_on_a_remote_node_surfaces_at_the_root() {
     let _g = serial();
     for nodes in [2, 4] {

@@ -94,6 +94,7 @@ mod shared;
 mod sleep;
 mod stack;
 mod startup;
+pub mod state;
 mod stats;
 mod worker;
 

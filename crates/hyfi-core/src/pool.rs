@@ -1,11 +1,13 @@
 //! Pools: groups of iterative filaments with spatial locality, one or more
 //! per processor (paper §2).
 //!
-//! A pool stores *segments* of a 1-D or 2-D index space, never one
-//! descriptor per filament: `push` in a loop, as the paper's
-//! `filCreateFilament`, coalesces consecutive indices into ranges, and
-//! `push_range` / `push_grid` add a whole range at once. Filling a pool with
-//! a million points costs a few segments.
+//! A pool stores *segments* of a 1-D, 2-D or 3-D index space (the
+//! filament gets `i`, `(i, j)` or `(i, j, k)`), never one descriptor per
+//! filament: `push` in a loop, as the paper's `filCreateFilament`,
+//! coalesces indices that continue each other into ranges (also evenly
+//! spaced columns of a row, as in a red-black ordering), and `push_range` /
+//! `push_grid` / `push_red_black` / `push_box` add a whole range at once.
+//! Filling a pool with a million points costs a few segments.
 //!
 //! ```
 //! use hyfi_core::{Config, PoolArray, Runtime};
@@ -24,66 +26,9 @@ use std::ops::Range;
 
 use crate::runtime::Runtime;
 
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for usize {}
-    impl Sealed for (usize, usize) {}
-}
+mod seg;
 
-/// The argument of an iterative filament: a 1-D index `usize` or a 2-D index
-/// `(usize, usize)`. Filaments needing other data compute it from the index.
-pub trait Index: Copy + Send + Sync + 'static + sealed::Sealed {
-    #[doc(hidden)]
-    fn at(i: usize, j: usize) -> Self;
-    #[doc(hidden)]
-    fn unit(self) -> Seg;
-}
-
-impl Index for usize {
-    #[inline(always)]
-    fn at(i: usize, _j: usize) -> Self {
-        i
-    }
-    fn unit(self) -> Seg {
-        Seg {
-            rows: self..self + 1,
-            step: 1,
-            cols: 0..1,
-        }
-    }
-}
-
-impl Index for (usize, usize) {
-    #[inline(always)]
-    fn at(i: usize, j: usize) -> Self {
-        (i, j)
-    }
-    fn unit(self) -> Seg {
-        Seg {
-            rows: self.0..self.0 + 1,
-            step: 1,
-            cols: self.1..self.1 + 1,
-        }
-    }
-}
-
-/// A rectangle of filaments: rows `rows` (every `step`-th) × columns `cols`.
-#[doc(hidden)]
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Seg {
-    rows: Range<usize>,
-    step: usize,
-    cols: Range<usize>,
-}
-
-impl Seg {
-    fn len(&self) -> usize {
-        self.rows.clone().step_by(self.step).len() * self.cols.len()
-    }
-    fn single_row(&self) -> bool {
-        self.rows.len() == 1
-    }
-}
+pub use seg::{Index, Seg, Span};
 
 /// One pool: the filaments one filthread runs, in the order they were added.
 #[derive(Clone, Debug)]
@@ -104,44 +49,32 @@ impl<I: Index> Default for Pool<I> {
 }
 
 impl<I: Index> Pool<I> {
-    /// Adds one filament (`filCreateFilament`). Consecutive indices coalesce.
+    /// Adds one filament (`filCreateFilament`). Indices that continue the
+    /// last ones in order coalesce: consecutive ones, and evenly spaced
+    /// columns of one row (a red-black row is one segment).
     pub fn push(&mut self, index: I) {
         self.add(index.unit());
     }
 
     fn add(&mut self, s: Seg) {
-        if s.rows.is_empty() || s.cols.is_empty() {
+        if s.is_empty() {
             return;
         }
         self.len += s.len();
         if let Some(l) = self.segs.last_mut() {
-            // Same single row, adjacent columns: widen.
-            if l.single_row() && s.single_row() && l.rows == s.rows && l.cols.end == s.cols.start {
-                l.cols.end = s.cols.end;
-                self.merge_last_two();
-                return;
-            }
-            // Same columns, next rows: lengthen.
-            if l.step == 1 && s.step == 1 && l.cols == s.cols && l.rows.end == s.rows.start {
-                l.rows.end = s.rows.end;
+            if l.absorb(&s) {
+                // The widened segment may now continue the one before it
+                // (a finished row extends the rectangle above it).
+                while let [.., a, b] = &mut self.segs[..] {
+                    if !a.absorb(b) {
+                        break;
+                    }
+                    self.segs.pop();
+                }
                 return;
             }
         }
-        self.merge_last_two();
         self.segs.push(s);
-    }
-
-    /// A finished row segment may extend the rectangle before it.
-    fn merge_last_two(&mut self) {
-        let n = self.segs.len();
-        if n >= 2 {
-            let (a, b) = (&self.segs[n - 2], &self.segs[n - 1]);
-            if a.step == 1 && b.step == 1 && a.cols == b.cols && a.rows.end == b.rows.start {
-                let end = b.rows.end;
-                self.segs.pop();
-                self.segs[n - 2].rows.end = end;
-            }
-        }
     }
 
     /// Number of filaments in the pool.
@@ -167,61 +100,10 @@ impl<I: Index> Pool<I> {
     #[inline]
     pub(crate) fn for_each(&self, mut f: impl FnMut(I)) {
         for s in &self.segs {
-            for i in s.rows.clone().step_by(s.step) {
-                for j in s.cols.clone() {
-                    f(I::at(i, j));
-                }
-            }
+            s.run(&mut f);
         }
     }
-}
 
-/// The filaments of one pool segment, as a phase declared with
-/// [`Program::phase_with`](crate::Program::phase_with) sees them before it
-/// runs them: rows `rows()` (every `step()`-th) × columns `cols()`. For a
-/// 1-D pool the rows are the indices and `cols()` is `0..1`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Span {
-    rows: Range<usize>,
-    step: usize,
-    cols: Range<usize>,
-}
-
-impl Span {
-    /// The rows (1-D: the indices) the segment's filaments cover, from the
-    /// first to one past the last (with a step above 1, the rows between
-    /// belong to other segments).
-    #[inline]
-    pub fn rows(&self) -> Range<usize> {
-        self.rows.clone()
-    }
-    /// Distance between consecutive rows (1 but for strided pools).
-    #[inline]
-    pub fn step(&self) -> usize {
-        self.step
-    }
-    /// The columns (2-D pools).
-    #[inline]
-    pub fn cols(&self) -> Range<usize> {
-        self.cols.clone()
-    }
-    /// The rows widened by `halo` on each side, clipped to `0..limit`: the
-    /// rows a stencil of that reach reads.
-    #[inline]
-    pub fn rows_with_halo(&self, halo: usize, limit: usize) -> Range<usize> {
-        self.rows.start.saturating_sub(halo).min(limit)..(self.rows.end + halo).min(limit)
-    }
-    /// Number of filaments in the segment.
-    pub fn len(&self) -> usize {
-        self.rows.clone().step_by(self.step).len() * self.cols.len()
-    }
-    /// Whether the segment has no filament.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl<I: Index> Pool<I> {
     /// Runs, for each segment: `bind(span)`, then `f(index, &mut bound)` on
     /// each of its filaments, in order; the bound value is dropped at the
     /// segment's end. Monomorphised over both closures, so the filament is
@@ -233,25 +115,8 @@ impl<I: Index> Pool<I> {
         mut f: impl FnMut(I, &mut V),
     ) {
         for s in &self.segs {
-            // Tight: from the first row to one past the last one a filament
-            // has (a strided segment's range may end past its last row).
-            let n = s.rows.clone().step_by(s.step).len();
-            let end = if n == 0 {
-                s.rows.start
-            } else {
-                s.rows.start + (n - 1) * s.step + 1
-            };
-            let span = Span {
-                rows: s.rows.start..end,
-                step: s.step,
-                cols: s.cols.clone(),
-            };
-            let mut v = bind(&span);
-            for i in s.rows.clone().step_by(s.step) {
-                for j in s.cols.clone() {
-                    f(I::at(i, j), &mut v);
-                }
-            }
+            let mut v = bind(&s.span());
+            s.run(&mut |i| f(i, &mut v));
         }
     }
 }
@@ -259,31 +124,49 @@ impl<I: Index> Pool<I> {
 impl Pool<usize> {
     /// Adds filaments `range` (1-D).
     pub fn push_range(&mut self, range: Range<usize>) {
-        self.add(Seg {
-            rows: range,
-            step: 1,
-            cols: 0..1,
-        });
+        self.add(Seg::new(range, 1, 0..1, 1, 0..1));
     }
     /// Adds filaments `range.start, range.start + step, ...` (a cyclic share).
     pub fn push_strided(&mut self, range: Range<usize>, step: usize) {
         assert!(step > 0, "hyfi: push_strided needs a step of at least 1");
-        self.add(Seg {
-            rows: range,
-            step,
-            cols: 0..1,
-        });
+        self.add(Seg::new(range, step, 0..1, 1, 0..1));
     }
 }
 
 impl Pool<(usize, usize)> {
     /// Adds filaments `(i, j)` for `i` in `rows`, `j` in `cols` (row-major).
     pub fn push_grid(&mut self, rows: Range<usize>, cols: Range<usize>) {
-        self.add(Seg {
-            rows,
-            step: 1,
-            cols,
-        });
+        self.add(Seg::new(rows, 1, cols, 1, 0..1));
+    }
+
+    /// Adds the filaments `(i, j)` of `rows` × `cols` with
+    /// `(i + j) % 2 == colour % 2`, row by row: one segment per row, its
+    /// columns two apart, so a red-black sweep's filaments cost what the
+    /// dense pool's do.
+    ///
+    /// ```
+    /// use hyfi_core::Pool;
+    /// let mut red = Pool::<(usize, usize)>::default();
+    /// red.push_red_black(1..4, 1..6, 0);
+    /// assert_eq!(red.segments(), 3);
+    /// assert_eq!(red.len(), 3 + 2 + 3); // (1,1) (1,3) (1,5), (2,2) (2,4), ...
+    /// ```
+    pub fn push_red_black(&mut self, rows: Range<usize>, cols: Range<usize>, colour: usize) {
+        for i in rows {
+            // The first column of the colour in this row.
+            let first = cols.start + (colour + i + cols.start) % 2;
+            if first < cols.end {
+                self.add(Seg::new(i..i + 1, 1, first..cols.end, 2, 0..1));
+            }
+        }
+    }
+}
+
+impl Pool<(usize, usize, usize)> {
+    /// Adds filaments `(i, j, k)` for `i` in `is`, `j` in `js`, `k` in `ks`
+    /// (`k` fastest).
+    pub fn push_box(&mut self, is: Range<usize>, js: Range<usize>, ks: Range<usize>) {
+        self.add(Seg::new(is, 1, js, 1, ks));
     }
 }
 
@@ -419,6 +302,57 @@ impl PoolArray<(usize, usize)> {
         a.distribute_block(rows, |p, b| p.push_grid(b, cols.clone()));
         a
     }
+
+    /// Pools holding the filaments `(i, j)` of colour `colour` (0 red, 1
+    /// black: `(i + j) % 2 == colour`) of `rows` × `cols`, rows placed as
+    /// [`PoolArray::block_rows`] places them. Each row is one segment
+    /// ([`Pool::push_red_black`]), so the two phases of a red-black sweep
+    /// cost per point what one dense phase does.
+    ///
+    /// ```
+    /// use hyfi_core::{Config, PoolArray, Runtime};
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+    /// let red = PoolArray::block_rows_red_black(&rt, 1..9, 1..9, 0, 1);
+    /// let black = PoolArray::block_rows_red_black(&rt, 1..9, 1..9, 1, 1);
+    /// assert_eq!(red.len() + black.len(), 64);
+    /// ```
+    pub fn block_rows_red_black(
+        rt: &Runtime,
+        rows: Range<usize>,
+        cols: Range<usize>,
+        colour: usize,
+        pools_per_proc: usize,
+    ) -> Self {
+        let mut a = Self::new(rt, pools_per_proc);
+        a.distribute_block(rows, |p, b| p.push_red_black(b, cols.clone(), colour));
+        a
+    }
+}
+
+impl PoolArray<(usize, usize, usize)> {
+    /// Pools holding filaments `(i, j, k)` for this node's block of `is`
+    /// (the outer index: planes), every `j` in `js` and `k` in `ks`; the
+    /// planes split in blocks over processors and their pools, as
+    /// [`PoolArray::block_rows`] splits rows.
+    ///
+    /// ```
+    /// use hyfi_core::{Config, PoolArray, Runtime};
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+    /// let mut pools = PoolArray::block_planes(&rt, 1..5, 1..5, 1..5, 2);
+    /// assert_eq!(pools.len(), 64);
+    /// assert_eq!(pools.pool_k(1, 1).segments(), 1); // plane 4: (4, 1..5, 1..5)
+    /// ```
+    pub fn block_planes(
+        rt: &Runtime,
+        is: Range<usize>,
+        js: Range<usize>,
+        ks: Range<usize>,
+        pools_per_proc: usize,
+    ) -> Self {
+        let mut a = Self::new(rt, pools_per_proc);
+        a.distribute_block(is, |p, b| p.push_box(b, js.clone(), ks.clone()));
+        a
+    }
 }
 
 #[cfg(test)]
@@ -480,5 +414,93 @@ mod tests {
                 assert_eq!(all, (3..3 + n).collect::<Vec<_>>());
             }
         }
+    }
+
+    #[test]
+    fn red_black_rows_are_one_segment_each_and_pushes_coalesce_the_same() {
+        for colour in 0..2 {
+            for (rows, cols) in [(1..9, 1..9), (0..5, 0..1), (2..7, 3..4), (0..6, 0..7)] {
+                let want: Vec<(usize, usize)> = rows
+                    .clone()
+                    .flat_map(|i| cols.clone().map(move |j| (i, j)))
+                    .filter(|&(i, j)| (i + j) % 2 == colour)
+                    .collect();
+                let mut p = Pool::<(usize, usize)>::default();
+                p.push_red_black(rows.clone(), cols.clone(), colour);
+                assert_eq!(collect(&p), want, "{rows:?} {cols:?} colour {colour}");
+                assert_eq!(p.len(), want.len());
+                let nonempty_rows = rows
+                    .clone()
+                    .filter(|&i| want.iter().any(|&(r, _)| r == i))
+                    .count();
+                // A row with one point may merge with the next one-point row
+                // only when they are the same column: never for red-black.
+                assert_eq!(p.segments(), nonempty_rows);
+                // The same points pushed one by one coalesce alike.
+                let mut q = Pool::<(usize, usize)>::default();
+                for &x in &want {
+                    q.push(x);
+                }
+                assert_eq!(collect(&q), want);
+                assert_eq!(q.segments(), p.segments());
+            }
+        }
+    }
+
+    #[test]
+    fn spans_of_strided_rows_are_tight() {
+        let mut p = Pool::<(usize, usize)>::default();
+        p.push_red_black(3..5, 0..10, 1);
+        let mut spans = Vec::new();
+        let mut seen = Vec::new();
+        p.for_each_segment(
+            |s| {
+                spans.push((s.rows(), s.cols(), s.col_step(), s.len()));
+            },
+            |ij, _| seen.push(ij),
+        );
+        assert_eq!(spans, vec![(3..4, 0..9, 2, 5), (4..5, 1..10, 2, 5)]);
+        assert_eq!(seen, collect(&p));
+    }
+
+    #[test]
+    fn three_d_pushes_coalesce_and_keep_order() {
+        let mut p = Pool::<(usize, usize, usize)>::default();
+        let mut want = Vec::new();
+        for i in 2..6 {
+            for j in 1..4 {
+                for k in 0..5 {
+                    p.push((i, j, k));
+                    want.push((i, j, k));
+                }
+            }
+        }
+        assert_eq!(p.segments(), 1);
+        assert_eq!(collect(&p), want);
+        let mut b = Pool::<(usize, usize, usize)>::default();
+        b.push_box(2..6, 1..4, 0..5);
+        assert_eq!(collect(&b), want);
+        let mut spans = Vec::new();
+        b.for_each_segment(
+            |s| spans.push((s.rows(), s.cols(), s.depth(), s.len())),
+            |_, _| {},
+        );
+        assert_eq!(spans, vec![(2..6, 1..4, 0..5, 60)]);
+        // Irregular 3-D pushes are all kept, in order.
+        let mut q = Pool::<(usize, usize, usize)>::default();
+        let pts = [
+            (0, 0, 0),
+            (0, 0, 1),
+            (0, 2, 0),
+            (0, 2, 1),
+            (1, 0, 0),
+            (0, 0, 0),
+            (0, 0, 2),
+        ];
+        for &x in &pts {
+            q.push(x);
+        }
+        assert_eq!(collect(&q), pts.to_vec());
+        assert_eq!(q.len(), pts.len());
     }
 }

@@ -18,6 +18,9 @@
 //! run ([`RemoteFn::register`]); a node that receives a filament whose name
 //! it does not know fails the run with [`Error::UnknownFilament`] naming it.
 //!
+//! [`Ctx::join_remote_n`] runs one function on many arguments, split over
+//! the processors and nodes that ask for work.
+//!
 //! ```
 //! use hyfi_core::{Config, Ctx, RemoteFn, Runtime};
 //!
@@ -51,6 +54,8 @@ use crate::fork::{JobRef, Latch, Pruned};
 use crate::runtime::WANTED;
 use crate::startup::{self, Slot};
 use crate::worker::Ctx;
+
+mod many;
 
 /// A fork-join filament function that may run on any node: a stable name
 /// and a plain function of a serializable argument.
@@ -128,6 +133,8 @@ trait Erased: Send + Sync {
     /// Decodes the argument, runs the function, encodes the result.
     fn call_bytes(&self, ctx: &Ctx, args: &[u8]) -> Result<Vec<u8>, String>;
     fn addr(&self) -> *const ();
+    /// The `RemoteFn` itself, for a batch to find its typed function.
+    fn as_any(&self) -> &(dyn Any + Send + Sync);
 }
 
 impl<A, R> Erased for RemoteFn<A, R>
@@ -142,6 +149,9 @@ where
     }
     fn addr(&self) -> *const () {
         self as *const Self as *const ()
+    }
+    fn as_any(&self) -> &(dyn Any + Send + Sync) {
+        self
     }
 }
 
@@ -158,18 +168,28 @@ where
     /// before [`Runtime::run_distributed`](crate::Runtime::run_distributed).
     /// Registering the same function again is a no-op; another function
     /// under the same name is [`Error::DuplicateFilament`].
+    ///
+    /// It also registers the function's batches, `"name#n"`, which
+    /// [`Ctx::join_remote_n`] ships.
     pub fn register(&'static self) -> Result<(), Error> {
-        let mut g = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
-        let map = g.get_or_insert_with(HashMap::new);
-        match map.get(self.name) {
-            Some(other) if other.addr() != Erased::addr(self) => Err(Error::DuplicateFilament {
-                name: self.name.to_string(),
-            }),
-            Some(_) => Ok(()),
-            None => {
-                map.insert(self.name, self);
-                Ok(())
-            }
+        insert(self.name, self)?;
+        many::register_batch(self)
+    }
+}
+
+/// Registers `f` under `name`: a no-op for the same function again, and
+/// [`Error::DuplicateFilament`] for another one.
+fn insert(name: &'static str, f: &'static dyn Erased) -> Result<(), Error> {
+    let mut g = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
+    let map = g.get_or_insert_with(HashMap::new);
+    match map.get(name) {
+        Some(other) if other.addr() != f.addr() => Err(Error::DuplicateFilament {
+            name: name.to_string(),
+        }),
+        Some(_) => Ok(()),
+        None => {
+            map.insert(name, f);
+            Ok(())
         }
     }
 }
