@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 use corosensei::stack::DefaultStack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use hyfi::{filthread, Control, Op, PoolArray, Program, Runtime};
+use hyfi::layers::filthread;
+use hyfi::{Control, Op, PoolArray, Program, Runtime};
 use rayon::prelude::*;
 
 // ------------------------------------------------------- cost of a fork

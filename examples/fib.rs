@@ -157,7 +157,8 @@ fn run(args: &Args) -> Result<(), String> {
     }
     let rt = args
         .runtime
-        .start(|cfg| if args.no_prune { cfg.prune(false) } else { cfg })?;
+        .start(|cfg| if args.no_prune { cfg.prune(false) } else { cfg })
+        .map_err(|e| e.to_string())?;
     FIB.register().map_err(|e| e.to_string())?;
     FIB_CUTOFF.register().map_err(|e| e.to_string())?;
     let prune = if rt.config().get_prune() { "on" } else { "off" };

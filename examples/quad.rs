@@ -357,7 +357,8 @@ fn run(args: &Args) -> Result<(), String> {
 
     let rt = args
         .runtime
-        .start(|cfg| if args.no_prune { cfg.prune(false) } else { cfg })?;
+        .start(|cfg| if args.no_prune { cfg.prune(false) } else { cfg })
+        .map_err(|e| e.to_string())?;
     PIECE_X6.register().map_err(|e| e.to_string())?;
     PIECE_SPIKY.register().map_err(|e| e.to_string())?;
     let prune = if rt.config().get_prune() { "on" } else { "off" };

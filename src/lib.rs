@@ -5,10 +5,12 @@
 //! a machine, or on N machines of P cores, after the HyFi package
 //! (Lowenthal & Subramanian, 2002).
 //!
-//! This crate is the one place a user imports from; it re-exports the
-//! single-node runtime [`hyfi_core`], the start of a multi-node job
-//! ([`init`], from `hyfi_net`) and the shared memory across nodes ([`Dsm`],
-//! from [`dsm`]). See the README for a tour and [`Program`], [`Ctx::join`],
+//! This crate is the one place a user imports from: what a program names,
+//! grouped below (starting, iterative filaments, reductions, fork-join,
+//! shared memory, counters, errors), and nothing else. The seams through
+//! which the layers (`hyfi_core`, `hyfi_net`, `hyfi_dsm`) plug into each
+//! other are in [`layers`], for whoever writes a layer. See the README for a
+//! tour and [`Program`], [`Ctx::join`],
 //! [`Reduction`] and [`Dsm`] for the iterative model; [`Ctx::join_remote`],
 //! [`RemoteFn`] and [`Runtime::run_distributed`] for fork-join filaments
 //! across nodes.
@@ -34,12 +36,152 @@
 //! assert_eq!(rt.run(|ctx| fib(ctx, 25))?, 75_025);
 //! # Ok::<(), hyfi::Error>(())
 //! ```
+//!
+//! **One error type.** Every fallible step — starting the node
+//! ([`init`]), the shared memory ([`Dsm::new`], its allocations), a program
+//! ([`Runtime::start`], [`Runtime::run`], [`Runtime::run_distributed`]) —
+//! converts into [`Error`] with `?`, and its `Debug` is the message, so a
+//! `main` returning `Result<(), hyfi::Error>` prints what happened and what
+//! to change. The layer's own error stays reachable as the
+//! [`source`](std::error::Error::source) of [`Error::Net`] and [`Error::Dsm`].
+//!
+//! ```
+//! use hyfi::{Config, Control, Ctx, Dsm, Op, Placement, PoolArray, Program, RemoteFn};
+//!
+//! fn sum(ctx: &Ctx, (lo, hi): (u64, u64)) -> u64 {
+//!     if hi - lo <= 64 { return (lo..hi).sum(); }
+//!     let mid = lo + (hi - lo) / 2;
+//!     let (a, b) = ctx.join_remote(|c| sum(c, (lo, mid)), &SUM, (mid, hi));
+//!     a + b
+//! }
+//! static SUM: RemoteFn<(u64, u64), u64> = RemoteFn::new("facade-doc-sum", sum);
+//!
+//! fn main() -> Result<(), hyfi::Error> {
+//!     let rt = hyfi::init_with(Config::new().procs(2).pin(false))?; // hyfi_net's error
+//!     let dsm = Dsm::new(&rt)?;                                      // hyfi_dsm's error
+//!     let v = dsm.vec::<f64>(1000).from_fn(|i| i as f64)?;
+//!     let total = rt.reduction(0.0f64);
+//!     let mut got = 0.0;
+//!     let mut prog = Program::new();
+//!     prog.phase(
+//!         PoolArray::block(&rt, 0..1000, 1),
+//!         |ctx, i| total.update(ctx, |t| t + v.get(i)),
+//!         |post| {
+//!             got = post.reduce(&total, Op::Sum);
+//!             Control::Done
+//!         },
+//!     );
+//!     rt.start(&mut prog)?;                                          // hyfi_core's error
+//!     drop(prog);
+//!     assert_eq!(got, 499_500.0);
+//!
+//!     SUM.register()?;
+//!     assert_eq!(rt.run_distributed(|ctx| sum(ctx, (0, 1000)))?, 499_500);
+//!
+//!     // A layer's failure, as the program sees it: the message, and the
+//!     // layer's error as the source.
+//!     let Err(bad) = dsm.vec::<f64>(10).placement(Placement::Node(5)).zeroed() else {
+//!         unreachable!("this job has one node")
+//!     };
+//!     let e = hyfi::Error::from(bad);
+//!     assert!(format!("{e:?}").contains("names node 5, but the job has 1 nodes"));
+//!     let src = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<hyfi::dsm::DsmError>());
+//!     assert!(matches!(src, Some(hyfi::dsm::DsmError::Placement(_))));
+//!     Ok(())
+//! }
+//! ```
 
-pub use hyfi_core::*;
-/// The shared memory layer (page size, placement, statistics, errors).
+// The user's API, by what a program does. When a layer adds a name a program
+// uses (e.g. a new reduction operator type, an index or pool type), add it to
+// its group here; a name only another layer uses goes in `layers` below.
+
+// --- Starting a node ---
+pub use hyfi_core::{Config, Runtime, DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
+pub use hyfi_net::{init, init_nodes, init_with};
+
+// --- Iterative filaments: pools, phases, post-phase code ---
+pub use hyfi_core::{block, Control, Ctx, Index, Pool, PoolArray, PostPhase, Program, Span};
+
+// --- Reduction variables ---
+/// Re-exported so reduction variables of your own `#[repr(C)]` types need
+/// no direct dependency: derive with
+/// `#[derive(Clone, Copy, hyfi::bytemuck::Pod, hyfi::bytemuck::Zeroable)]`
+/// and `#[bytemuck(crate = "hyfi::bytemuck")]`.
+pub use hyfi_core::bytemuck;
+pub use hyfi_core::{Arith, Local, Op, Reduction};
+
+// --- Fork-join filaments, on one node or across nodes ---
+pub use hyfi_core::{Fork, Pruned, RemoteFn};
+
+// --- Shared memory across nodes ---
+/// The shared memory layer: page size, allocation builders, views,
+/// statistics and its error.
 pub use hyfi_dsm as dsm;
 pub use hyfi_dsm::{
-    Dsm, DsmCounters, DsmError, DsmMatrix, DsmStats, DsmVec, MatrixView, Placement, ReadRange,
-    ReadRows, View, ViewMut, WriteRange, WriteRows,
+    Dsm, DsmCounters, DsmMatrix, DsmStats, DsmVec, MatrixView, Placement, ReadRange, ReadRows,
+    View, ViewMut, WriteRange, WriteRows,
 };
-pub use hyfi_net::{init, init_nodes, init_with, Cluster, NetError};
+
+// --- Node-local shared arrays (no DSM) ---
+pub use hyfi_core::{Element, Row, SharedMatrix, SharedVec};
+
+// --- Counters ---
+pub use hyfi_core::{ProcStats, RemoteStats, Stats, StatsHandle};
+
+// --- Errors ---
+pub use hyfi_core::Error;
+
+pub mod layers;
+
+/// Visibility checks: the seams are not at the facade's root, only in
+/// [`layers`]. Each `compile_fail` block must fail for the name alone, so
+/// every block is the same program as a compiling one below but for the path.
+///
+/// ```compile_fail,E0432
+/// use hyfi::NodeLink;
+/// ```
+/// ```compile_fail,E0432
+/// use hyfi::FjNode;
+/// ```
+/// ```compile_fail,E0432
+/// use hyfi::Balancer;
+/// ```
+/// ```compile_fail,E0432
+/// use hyfi::PhaseEnd;
+/// ```
+/// ```compile_fail,E0432
+/// use hyfi::SingleNode;
+/// ```
+/// ```compile_fail,E0432
+/// use hyfi::LinkError;
+/// ```
+/// ```compile_fail,E0432
+/// use hyfi::Step;
+/// ```
+/// ```compile_fail,E0432
+/// use hyfi::PortableJob;
+/// ```
+/// ```compile_fail,E0432
+/// use hyfi::Slot;
+/// ```
+/// ```compile_fail,E0432
+/// use hyfi::Cluster;
+/// ```
+/// ```compile_fail,E0432
+/// use hyfi::filthread;
+/// ```
+/// ```compile_fail,E0432
+/// use hyfi::waits;
+/// ```
+///
+/// The same names through `hyfi::layers` compile:
+///
+/// ```
+/// #[allow(unused_imports)]
+/// use hyfi::layers::{
+///     filthread, waits, Balancer, Cluster, FjNode, LinkError, NodeLink, PhaseEnd, PortableJob,
+///     SingleNode, Slot, Step,
+/// };
+/// ```
+#[cfg(doctest)]
+pub struct FacadeHidesTheSeams;

@@ -43,9 +43,9 @@ impl RuntimeArgs {
     /// becomes the launcher of the local nodes): [`RuntimeArgs::config`],
     /// changed by `adjust`, then `hyfi::init_nodes`.
     #[allow(dead_code)] // the test files that include an example do not start it
-    pub fn start(&self, adjust: impl FnOnce(Config) -> Config) -> Result<Runtime, String> {
-        let cfg = adjust(self.config().map_err(|e| e.to_string())?);
-        hyfi::init_nodes(cfg, self.nodes).map_err(|e| e.to_string())
+    pub fn start(&self, adjust: impl FnOnce(Config) -> Config) -> Result<Runtime, hyfi::Error> {
+        let cfg = adjust(self.config()?);
+        Ok(hyfi::init_nodes(cfg, self.nodes)?)
     }
 }
 

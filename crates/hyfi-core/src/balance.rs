@@ -498,6 +498,9 @@ impl Runtime {
     /// Installs the cluster layer's side of fork-join across nodes (see
     /// [`Balancer`]). One per runtime: a second returns
     /// [`Error::BalancerTaken`].
+    ///
+    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
+    #[doc(hidden)]
     pub fn set_balancer(&self, b: Arc<dyn Balancer>) -> Result<(), Error> {
         self.shared
             .fj
@@ -508,6 +511,9 @@ impl Runtime {
 
     /// The handle through which the cluster layer moves this node's
     /// filaments (see [`FjNode`]).
+    ///
+    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
+    #[doc(hidden)]
     pub fn fj_node(&self) -> FjNode {
         FjNode(Arc::downgrade(&self.shared))
     }

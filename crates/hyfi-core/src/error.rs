@@ -1,5 +1,7 @@
-//! The one error type of hyfi-core. Every message says what happened and what
-//! to change.
+//! The one error type of hyfi-core, and of a hyfi program: the layers above
+//! (hyfi-net, hyfi-dsm) convert their errors into it ([`Error::Net`],
+//! [`Error::Dsm`]), so a `main` returning `Result<(), Error>` can `?` them
+//! all. Every message says what happened and what to change.
 
 use std::io;
 
@@ -192,6 +194,20 @@ pub enum Error {
     /// A second phase-end hook was installed on one runtime.
     #[error("this runtime already has a phase-end hook (a DSM): create one DSM per runtime and share it")]
     PhaseEndTaken,
+
+    /// The cluster layer failed: this node could not start, find or keep
+    /// its peers (`hyfi::init`). Shows the layer's message; its
+    /// [`source`](std::error::Error::source) is the layer's error
+    /// (`hyfi_net::NetError`), for a caller that wants to match on it.
+    #[error("{0}")]
+    Net(#[source] Box<dyn std::error::Error + Send + Sync>),
+
+    /// The shared memory failed: reserving the region, an allocation, a
+    /// placement (`Dsm::new`, `Dsm::vec`, `Dsm::matrix`). Shows the layer's
+    /// message; its [`source`](std::error::Error::source) is the layer's
+    /// error (`hyfi_dsm::DsmError`).
+    #[error("{0}")]
+    Dsm(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Extracts the message of a panic payload.

@@ -252,6 +252,9 @@ impl Runtime {
 
     /// Starts a runtime whose node-level steps (barrier, cross-node
     /// reduction) go through `link`: how the cluster layer plugs in.
+    ///
+    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
+    #[doc(hidden)]
     pub fn with_link(cfg: Config, link: Arc<dyn NodeLink>) -> Result<Self, Error> {
         let (procs, cpus) = cfg.resolve()?;
         if std::env::var_os("HYFI_VERBOSE").is_some_and(|v| v != "0" && !v.is_empty()) {
@@ -338,6 +341,9 @@ impl Runtime {
     }
 
     /// The node-level link this runtime was started with.
+    ///
+    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
+    #[doc(hidden)]
     pub fn link(&self) -> &Arc<dyn NodeLink> {
         &self.shared.link
     }
@@ -345,6 +351,9 @@ impl Runtime {
     /// Installs the work done at the end of every phase in place of the
     /// node-level barrier (see [`PhaseEnd`]). One per runtime: a second
     /// returns [`Error::PhaseEndTaken`].
+    ///
+    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
+    #[doc(hidden)]
     pub fn set_phase_end(&self, hook: Arc<dyn PhaseEnd>) -> Result<(), Error> {
         self.shared
             .phase_end
@@ -353,6 +362,9 @@ impl Runtime {
     }
 
     /// The phase-end hook installed, if any.
+    ///
+    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
+    #[doc(hidden)]
     pub fn phase_end(&self) -> Option<&Arc<dyn PhaseEnd>> {
         self.shared.phase_end.get()
     }
@@ -360,6 +372,8 @@ impl Runtime {
     /// The counter behind [`Ctx::access_epoch`], for layers that check
     /// per-phase access modes outside a filament (hyfi-dsm's element
     /// writes). Read it `Relaxed`: it changes only while no filament runs.
+    ///
+    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
     #[doc(hidden)]
     pub fn access_epoch_counter(&self) -> Arc<AtomicU64> {
         self.shared.access_epoch.clone()

@@ -170,6 +170,9 @@ impl Ctx {
     /// shared arrays record whether they are read-only or written in the
     /// current epoch, which is what makes their read-only views plain
     /// memory.
+    ///
+    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
+    #[doc(hidden)]
     #[inline]
     pub fn access_epoch(&self) -> u64 {
         self.shared.access_epoch.load(Ordering::Relaxed)

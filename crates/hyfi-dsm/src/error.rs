@@ -119,3 +119,39 @@ impl std::fmt::Debug for DsmError {
         std::fmt::Display::fmt(self, f)
     }
 }
+
+/// Into the program's one error type (`hyfi::Error`): a refusal of the
+/// runtime is that error again; any other failure becomes
+/// [`hyfi_core::Error::Dsm`], which shows this message and has this error as
+/// its source.
+impl From<DsmError> for hyfi_core::Error {
+    fn from(e: DsmError) -> Self {
+        match e {
+            DsmError::Core(e) => e,
+            e => hyfi_core::Error::Dsm(Box::new(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DsmError;
+
+    #[test]
+    fn converts_into_the_core_error_with_its_message_and_source() {
+        let dsm = DsmError::Placement("Node(5) names node 5, but the job has 1 nodes".into());
+        let msg = dsm.to_string();
+        let e = hyfi_core::Error::from(dsm);
+        assert!(matches!(e, hyfi_core::Error::Dsm(_)));
+        assert_eq!(e.to_string(), msg);
+        assert_eq!(format!("{e:?}"), msg);
+        let src = std::error::Error::source(&e).expect("the layer's error is the source");
+        assert!(matches!(
+            src.downcast_ref::<DsmError>(),
+            Some(DsmError::Placement(_))
+        ));
+
+        let core = hyfi_core::Error::from(DsmError::Core(hyfi_core::Error::PhaseEndTaken));
+        assert!(matches!(core, hyfi_core::Error::PhaseEndTaken));
+    }
+}

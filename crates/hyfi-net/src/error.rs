@@ -215,6 +215,19 @@ impl NetError {
     }
 }
 
+/// Into the program's one error type (`hyfi::Error`): a refusal of the
+/// single-node runtime is that error again; any other failure becomes
+/// [`hyfi_core::Error::Net`], which shows this message and has this error as
+/// its source.
+impl From<NetError> for hyfi_core::Error {
+    fn from(e: NetError) -> Self {
+        match e {
+            NetError::Core(e) => e,
+            e => hyfi_core::Error::Net(Box::new(e)),
+        }
+    }
+}
+
 /// Debug shows the message (as `anyhow` does), so that `?` in a `main`
 /// returning `Result<(), Box<dyn Error>>` prints what happened and what to
 /// change, not the variant's fields.
@@ -237,5 +250,24 @@ mod tests {
         };
         assert_eq!(format!("{e:?}"), e.to_string());
         assert!(format!("{e:?}").contains("HYFI_NODES=\"two\" is not valid"));
+    }
+
+    #[test]
+    fn converts_into_the_core_error_with_its_message_and_source() {
+        let net = NetError::DuplicateRank { rank: 3 };
+        let msg = net.to_string();
+        let e = hyfi_core::Error::from(net);
+        assert!(matches!(e, hyfi_core::Error::Net(_)));
+        assert_eq!(e.to_string(), msg);
+        assert_eq!(format!("{e:?}"), msg);
+        let src = std::error::Error::source(&e).expect("the layer's error is the source");
+        assert!(matches!(
+            src.downcast_ref::<NetError>(),
+            Some(NetError::DuplicateRank { rank: 3 })
+        ));
+
+        // The runtime's own refusal comes back as itself, not wrapped twice.
+        let core = hyfi_core::Error::from(NetError::Core(hyfi_core::Error::EmptyProgram));
+        assert!(matches!(core, hyfi_core::Error::EmptyProgram));
     }
 }

@@ -1,0 +1,44 @@
+//! The seams between hyfi's layers, for whoever writes or tests a layer; a
+//! program needs none of this.
+//!
+//! hyfi is three layers: `hyfi_core` runs one node (server threads,
+//! filthreads, pools, phases, reductions, fork-join); `hyfi_net` connects
+//! nodes (start-up, the mesh, the communication thread, cross-node
+//! stealing); `hyfi_dsm` shares memory across them. Each plugs into the one
+//! below through the names here:
+//!
+//! * **The node-level step.** A runtime takes its barrier, cross-node
+//!   reductions and SPMD step checks through a [`NodeLink`] ([`SingleNode`]
+//!   on one node; hyfi-net's [`Cluster`] on several), whose errors are
+//!   [`LinkError`]s, comparing [`Step`]s between nodes.
+//! * **The end of a phase.** A [`PhaseEnd`] hook replaces the barrier at the
+//!   end of every phase (the DSM's release); fork-join runs end with
+//!   [`FORK_JOIN_PHASE`] as the phase index.
+//! * **Fork-join across nodes.** A [`Balancer`] is the cluster layer's side
+//!   (asking other nodes for work, sending results); an [`FjNode`] is the
+//!   runtime's side (exporting and installing [`PortableJob`]s, completing
+//!   shipped filaments, failing a run). [`Slot`] places a filament in the
+//!   start-up tree; [`Failure`] is a failure as it travels between nodes;
+//!   [`balance`] and [`remote`] describe the protocol.
+//! * **Waiting.** A layer suspends a filthread until its page or message
+//!   arrives with [`filthread::suspend`], and records what it waits for with
+//!   [`waits::waiting`] (the SIGUSR1 hang report).
+//! * **Errors.** Each layer has its own error type ([`NetError`],
+//!   [`DsmError`]); a program sees them as [`crate::Error::Net`] and
+//!   [`crate::Error::Dsm`], with the layer's error as the source.
+//!
+//! The `Runtime` methods through which a layer installs itself are public
+//! but hidden from the user's documentation: `Runtime::with_link` (start a
+//! runtime over a link), `Runtime::link`, `Runtime::set_phase_end` and
+//! `Runtime::phase_end`, `Runtime::set_balancer` and `Runtime::fj_node`,
+//! `Runtime::access_epoch_counter` and `Ctx::access_epoch` (the per-phase
+//! access epoch the DSM keys its views on). Their documentation is in
+//! `hyfi_core`'s source.
+
+pub use hyfi_core::{balance, filthread, remote, waits};
+pub use hyfi_core::{
+    is_registered, parse_size, Balancer, Failure, FjNode, LinkError, NodeLink, PhaseEnd,
+    PortableJob, SingleNode, Slot, Step, FORK_JOIN_PHASE,
+};
+pub use hyfi_dsm::DsmError;
+pub use hyfi_net::{Cluster, NetError};
