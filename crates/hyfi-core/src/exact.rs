@@ -171,30 +171,20 @@ impl ExactAccumulator {
         }
         // v = ±m · 2^(p − 1074): normal numbers carry the hidden bit and
         // p = exp − 1; subnormals (exp 0) have p = 0, as exp 1 does.
-        let mut m = bits & ((1 << 52) - 1);
-        if exp != 0 {
-            m |= 1 << 52;
-        }
+        // Branch-free: signs and subnormals are data, not control flow
+        // (a random sign mispredicted costs more than the whole add).
+        let m = bits & ((1 << 52) - 1) | ((exp != 0) as u64) << 52;
         let p = exp.saturating_sub(1);
-        // m < 2⁵³ shifted by < 32 lies in 85 bits: three 32-bit digits.
+        // m < 2⁵³ shifted by < 32 lies in 85 bits: three 32-bit digits,
+        // negated (x ^ s) − s when the sign s is all ones.
         let wide = (m as u128) << (p & 31);
-        let (d0, d1, d2) = (
-            (wide as u64 & DIGIT as u64) as i64,
-            ((wide >> 32) as u64 & DIGIT as u64) as i64,
-            (wide >> 64) as i64,
-        );
+        let s = (bits as i64) >> 63;
+        let digit = |d: u64| (d as i64 ^ s) - s;
         let i = p >> 5; // ≤ 2045 / 32 = 63, so i + 2 < LIMBS
-        let neg = (bits >> 63) != 0;
         let l = self.limbs_mut();
-        if neg {
-            l[i] -= d0;
-            l[i + 1] -= d1;
-            l[i + 2] -= d2;
-        } else {
-            l[i] += d0;
-            l[i + 1] += d1;
-            l[i + 2] += d2;
-        }
+        l[i] += digit(wide as u64 & DIGIT as u64);
+        l[i + 1] += digit((wide >> 32) as u64 & DIGIT as u64);
+        l[i + 2] += digit((wide >> 64) as u64);
         self.room -= 1;
         if self.room == 0 {
             self.propagate();
