@@ -33,6 +33,7 @@ pub struct Bins {
     pub fib: PathBuf,
     pub fj_probe: PathBuf,
     pub faults: PathBuf,
+    pub exact_sum: PathBuf,
 }
 
 /// The examples and `hyfi-run`, built once per test process with this test's
@@ -80,6 +81,8 @@ pub fn bins() -> &'static Bins {
             "fj_probe",
             "--example",
             "faults",
+            "--example",
+            "exact_sum",
             "--bin",
             "hyfi-run",
             "-p",
@@ -119,6 +122,7 @@ pub fn bins() -> &'static Bins {
             fib: ex("fib"),
             fj_probe: ex("fj_probe"),
             faults: ex("faults"),
+            exact_sum: ex("exact_sum"),
         };
         for exe in [
             &bins.montecarlo,
@@ -133,6 +137,7 @@ pub fn bins() -> &'static Bins {
             &bins.fib,
             &bins.fj_probe,
             &bins.faults,
+            &bins.exact_sum,
         ] {
             assert!(
                 exe.exists(),

@@ -82,6 +82,7 @@
 pub mod balance;
 mod config;
 mod error;
+pub mod exact;
 pub mod filthread;
 mod fork;
 mod node;
@@ -106,6 +107,7 @@ pub use balance::{Balancer, FjNode, PortableJob};
 pub use bytemuck;
 pub use config::{parse_size, Config, DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
 pub use error::Error;
+pub use exact::{ExactAccumulator, ExactLocal, ExactSum};
 pub use fork::{Fork, Pruned};
 pub mod waits;
 pub use node::{LinkError, NodeLink, PhaseEnd, SingleNode, Step};

@@ -37,6 +37,7 @@
 use std::sync::Mutex;
 
 use crate::error::Error;
+use crate::exact::{ExactAccumulator, ExactSum};
 use crate::pool::{Index, PoolArray, Span};
 use crate::reduce::{Arith, LinkAbort, Op, Reduction};
 use crate::runtime::Shared;
@@ -333,6 +334,24 @@ impl<'s> PostPhase<'s> {
         }
         unsafe { r.write_all(acc) };
         acc
+    }
+
+    /// Reduces an [`ExactSum`]: adds every private copy on every node
+    /// exactly, stores the total in every copy (as [`PostPhase::reduce`]
+    /// does) and returns it correctly rounded. The result is the same bits
+    /// on every configuration and run.
+    pub fn reduce_exact(&mut self, s: &ExactSum) -> f64 {
+        self.reduce_with(s.reduction(), |mut a: ExactAccumulator, b| {
+            a.merge(&b);
+            a
+        })
+        .value()
+    }
+
+    /// Sets every private copy of `s` to exactly `v` (`0.0` to start the
+    /// next phase's sum afresh, as `post.set(&r, 0.0)` for `Op::Sum`).
+    pub fn set_exact(&mut self, s: &ExactSum, v: f64) {
+        self.set(s.reduction(), ExactAccumulator::from(v));
     }
 
     /// Processor 0's first copy of `r` (every copy's, after a reduce).

@@ -146,6 +146,34 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         more[k - 1].get()
     }
 
+    /// This pool's copy, for reductions that update it in place (exact
+    /// sums). Valid while the calling filthread neither suspends nor
+    /// returns to its pool loop.
+    #[inline(always)]
+    pub(crate) fn copy_ptr(&self, ctx: &Ctx) -> *mut T {
+        self.slot(ctx)
+    }
+
+    /// The processor and pool whose copy `ctx` uses, for accumulators
+    /// that find the copy later with [`Reduction::copy_of`].
+    #[inline]
+    pub(crate) fn owner(&self, ctx: &Ctx) -> (usize, usize) {
+        if ctx.rt_id != self.rt {
+            foreign();
+        }
+        (ctx.proc(), ctx.pool.get())
+    }
+
+    /// The copy of processor `proc`'s pool `pool`, made if need be. Only
+    /// that processor's server thread may call it, as [`Local`]'s drop does.
+    pub(crate) fn copy_of(&self, proc: usize, pool: usize) -> *mut T {
+        let pc = &self.copies[proc];
+        match pool {
+            0 => pc.first.get(),
+            k => self.pool_slot(pc, k),
+        }
+    }
+
     /// This pool's copy (`filGetVal`; in fork-join, this processor's).
     #[inline(always)]
     pub fn get(&self, ctx: &Ctx) -> T {
@@ -333,11 +361,7 @@ impl<T: Arith> Local<'_, T> {
 
 impl<T: Arith> Drop for Local<'_, T> {
     fn drop(&mut self) {
-        let pc = &self.r.copies[self.proc];
-        let slot = match self.pool {
-            0 => pc.first.get(),
-            k => self.r.pool_slot(pc, k),
-        };
+        let slot = self.r.copy_of(self.proc, self.pool);
         // SAFETY: `slot` is the copy of the pool and processor that made
         // the accumulator (through its Ctx), and the accumulator, being
         // !Send, is dropped on that server thread; no user code runs

@@ -406,6 +406,13 @@ impl Runtime {
         Reduction::new(self.shared.id, self.shared.procs, init)
     }
 
+    /// An exact sum reduction variable: a private exact accumulator per
+    /// pool of each processor, starting empty, whose reduce gives the same
+    /// bits on every configuration (see [`ExactSum`](crate::ExactSum)).
+    pub fn exact_sum(&self) -> crate::exact::ExactSum {
+        crate::exact::ExactSum::new(self.shared.id, self.shared.procs)
+    }
+
     /// The value of processor 0's copy of `r` (after a reduce, every copy's).
     /// Waits for a running program to end.
     pub fn get<T: bytemuck::Pod + Send + Sync>(&self, r: &Reduction<T>) -> Result<T, Error> {
