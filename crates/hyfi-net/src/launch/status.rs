@@ -8,7 +8,7 @@
 //! [`REDRAW`]:
 //!
 //! ```text
-//! hyfi 12 s | node 0: 1234 sweeps, maxdiff 1.2e-3 | node 1: 1234 sweeps, …
+//! hyfi 12 s | nodes 0-2: 1234 sweeps, maxdiff 1.2e-3 | node 3: 1233 sweeps, …
 //! ```
 //!
 //! Any other output line goes through [`Status::print`], which erases the
@@ -143,21 +143,36 @@ impl Status {
 }
 
 /// The status line for `nodes`' latest reports, at most `width - 1`
-/// columns: as many nodes as fit, then how many more there are.
+/// columns: nodes that report the same text share an entry (in SPMD
+/// post-phase code they usually do), then as many entries as fit, then how
+/// many nodes are left out.
 pub fn render(elapsed: Duration, nodes: &BTreeMap<usize, String>, width: usize) -> String {
+    // Entries in the order of their lowest rank.
+    let mut entries: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (&rank, text) in nodes {
+        match entries.iter_mut().find(|(t, _)| *t == text.as_str()) {
+            Some((_, ranks)) => ranks.push(rank),
+            None => entries.push((text, vec![rank])),
+        }
+    }
     let mut line = format!("hyfi {:.0} s", elapsed.as_secs_f64());
     let width = width.max(20);
-    for (k, (rank, text)) in nodes.iter().enumerate() {
-        let part = format!(" | node {rank}: {text}");
-        let left = nodes.len() - k - 1;
-        // Room kept for " | +N more nodes" if this is not the last.
-        let tail = if left > 0 { 24 } else { 0 };
+    let mut left = nodes.len();
+    for (k, (text, ranks)) in entries.iter().enumerate() {
+        let who = match ranks.as_slice() {
+            [one] => format!("node {one}"),
+            many => format!("nodes {}", super::output::ranges(many)),
+        };
+        let part = format!(" | {who}: {text}");
+        // Room kept for " | +N more node(s)" if this is not the last.
+        let tail = if k + 1 < entries.len() { 24 } else { 0 };
         let cols = line.chars().count() + part.chars().count();
         if k > 0 && cols + tail >= width {
-            let _ = write!(line, " | +{} more node(s)", nodes.len() - k);
+            let _ = write!(line, " | +{left} more node(s)");
             break;
         }
         line.push_str(&part);
+        left -= ranks.len();
     }
     fit(&line, width)
 }
@@ -170,6 +185,18 @@ mod tests {
         (0..n)
             .map(|r| (r, format!("{} sweeps, maxdiff 1.0e-3", 100 + r)))
             .collect()
+    }
+
+    #[test]
+    fn nodes_saying_the_same_share_an_entry() {
+        let mut same: BTreeMap<usize, String> = (0..64)
+            .map(|r| (r, "7 sweeps, maxdiff 0.5".into()))
+            .collect();
+        same.insert(9, "6 sweeps, maxdiff 0.6".into());
+        assert_eq!(
+            render(Duration::from_secs(5), &same, 100),
+            "hyfi 5 s | nodes 0-8, 10-63: 7 sweeps, maxdiff 0.5 | node 9: 6 sweeps, maxdiff 0.6"
+        );
     }
 
     #[test]
