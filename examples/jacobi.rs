@@ -28,6 +28,11 @@
 //! same grid, bit for bit (each point is computed by the same expression in
 //! both, and a maximum does not depend on the order it is taken in). It
 //! exits with status 1 if they differ, 2 if the runtime fails.
+//!
+//! A run longer than a few seconds shows the sweeps done and the last
+//! maxdiff on the terminal (one status line, per node under a local
+//! launcher), erased before the results; nothing when stderr is not a
+//! terminal (see `hyfi::progress`, `HYFI_PROGRESS`).
 
 #[path = "common/mod.rs"]
 mod common;
@@ -35,7 +40,7 @@ use common::at_least;
 use std::time::Instant;
 
 use clap::Parser;
-use hyfi::{Control, Dsm, Op, Placement, PoolArray, Program, Runtime};
+use hyfi::{Control, Dsm, Op, Placement, PoolArray, Program, Progress, Runtime};
 
 /// Jacobi iteration on an n×n grid with hyfi's iterative filaments.
 #[derive(Parser, Debug, Clone)]
@@ -159,6 +164,7 @@ pub fn run_dsm(rt: &Runtime, dsm: &Dsm, args: &Args) -> Result<Output, Box<dyn s
     let grids = [grid()?, grid()?];
     let maxdiff = rt.reduction(0.0f64);
     let (mut iters, mut last, mut converged) = (0usize, 0.0f64, false);
+    let progress = Progress::new(rt, "sweeps");
 
     // Post-phase code (the paper's `check`): the sweep is complete on every
     // processor; combine maxdiff, decide, and reset it for the next sweep.
@@ -167,6 +173,7 @@ pub fn run_dsm(rt: &Runtime, dsm: &Dsm, args: &Args) -> Result<Output, Box<dyn s
         last = post.reduce(&maxdiff, Op::Max);
         post.set(&maxdiff, 0.0);
         converged = last < eps;
+        progress.report(iters as u64, format_args!("maxdiff {last:.3e}"));
         if converged || iters >= max_iters {
             Control::Done
         } else {
@@ -232,6 +239,7 @@ pub fn run_dsm(rt: &Runtime, dsm: &Dsm, args: &Args) -> Result<Output, Box<dyn s
     rt.start(&mut prog)?;
     let secs = t.elapsed().as_secs_f64();
     drop(prog);
+    progress.finish();
     let dsm_stats = dsm.stats();
     Ok(Output {
         iters,

@@ -51,7 +51,7 @@ use std::time::Instant;
 
 use bytemuck::{Pod, Zeroable};
 use clap::Parser;
-use hyfi::{Control, Dsm, Placement, PoolArray, Program, Runtime};
+use hyfi::{Control, Dsm, Placement, PoolArray, Program, Progress, Runtime};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// LU decomposition with partial pivoting with hyfi's iterative filaments.
@@ -191,6 +191,11 @@ pub fn factor_dsm(
     let mut perm: Vec<usize> = Vec::with_capacity(n);
     let mut singular_at = None;
 
+    // Steps done on the terminal in a long run, with the share of the
+    // flops (step k updates (n-k)² entries): see `hyfi::progress`.
+    let progress = Progress::new(rt, "steps");
+    let flops_left = |k: usize| ((n - k) as f64 / n as f64).powi(3);
+
     let mut prog = Program::new();
     // Phase 0, pivot: the rows not chosen yet offer their candidate.
     prog.phase(
@@ -244,6 +249,14 @@ pub fn factor_dsm(
             }
         },
         |post| {
+            let done = post.iteration() as usize + 1;
+            progress.report(
+                done as u64,
+                format_args!(
+                    "{:.0}% of the flops, n = {n}",
+                    100.0 * (1.0 - flops_left(done))
+                ),
+            );
             if post.iteration() as usize + 1 >= n {
                 Control::Done
             } else {
@@ -256,6 +269,7 @@ pub fn factor_dsm(
     rt.start(&mut prog)?;
     let secs = t.elapsed().as_secs_f64();
     drop(prog);
+    progress.finish();
     let dsm_stats = dsm.stats();
     // Rows never chosen (a singular matrix) follow in their order.
     perm.extend((0..n).filter(|&r| step_of[r].load(Relaxed) == FREE));

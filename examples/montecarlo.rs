@@ -23,7 +23,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use hyfi::{Control, Op, PoolArray, Program};
+use hyfi::{Control, Op, PoolArray, Program, Progress};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "π by Monte Carlo and midpoint rule: a reduction-only program for N×P")]
@@ -94,6 +94,8 @@ fn main() {
     let hits = rt.reduction(0u64);
     let area = rt.reduction(0.0f64);
     let (mut total_hits, mut last_area) = (0u64, 0.0f64);
+    // Phases done on the terminal in a long run (see `hyfi::progress`).
+    let progress = Progress::new(&rt, "phases");
     let t = Instant::now();
     let mut prog = Program::new();
     prog.phase(
@@ -113,6 +115,11 @@ fn main() {
             if args.sleep_ms > 0 {
                 std::thread::sleep(Duration::from_millis(args.sleep_ms));
             }
+            let done = post.iteration() + 1;
+            progress.report(
+                done,
+                format_args!("{:.0}% done", 100.0 * done as f64 / args.phases as f64),
+            );
             if post.iteration() + 1 == args.phases {
                 Control::Done
             } else {
@@ -120,7 +127,9 @@ fn main() {
             }
         },
     );
-    if let Err(e) = rt.start(&mut prog) {
+    let ran = rt.start(&mut prog);
+    progress.finish();
+    if let Err(e) = ran {
         eprintln!("montecarlo: node {}: {e}", rt.node());
         std::process::exit(1);
     }

@@ -108,7 +108,9 @@ pub use hyfi_core::{block, Control, Ctx, Index, Pool, PoolArray, PostPhase, Prog
 /// `#[derive(Clone, Copy, hyfi::bytemuck::Pod, hyfi::bytemuck::Zeroable)]`
 /// and `#[bytemuck(crate = "hyfi::bytemuck")]`.
 pub use hyfi_core::bytemuck;
-pub use hyfi_core::{Arith, Local, Op, Reduction};
+/// The exact, order-independent floating-point sum ([`ExactSum`]).
+pub use hyfi_core::exact;
+pub use hyfi_core::{Arith, ExactAccumulator, ExactLocal, ExactSum, Local, Op, Reduction};
 
 // --- Fork-join filaments, on one node or across nodes ---
 pub use hyfi_core::{Fork, Pruned, RemoteFn};
@@ -126,6 +128,8 @@ pub use hyfi_dsm::{
 pub use hyfi_core::{Element, Row, SharedMatrix, SharedVec};
 
 // --- Counters ---
+/// Progress of long runs on a terminal ([`Progress`]).
+pub use hyfi_core::Progress;
 pub use hyfi_core::{ProcStats, RemoteStats, Stats, StatsHandle};
 
 // --- Errors ---

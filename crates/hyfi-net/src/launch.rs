@@ -17,6 +17,12 @@
 //! - **Output.** Each line a node writes is copied whole to the launcher's
 //!   stdout or stderr, prefixed with `[node i] `; stderr lines that many
 //!   nodes repeat are summarised (see [`output`]).
+//! - **Progress.** When the launcher's stderr is a terminal (or
+//!   `HYFI_PROGRESS=force`), nodes get `HYFI_PROGRESS=lines` and the
+//!   progress lines they write on stderr become one status line for the job,
+//!   rewritten in place and erased before any other line and at the end
+//!   (see [`status`] and `hyfi_core::progress`); otherwise they get
+//!   `HYFI_PROGRESS=off` and nothing about progress is written.
 //! - **Process groups.** Each node leads a process group of its own, and
 //!   the launcher signals the whole group (`kill(-pgid, sig)`), so what a
 //!   node started is stopped with it. A node therefore does not get the
@@ -73,9 +79,19 @@ use nix::unistd::Pid;
 
 use crate::bootstrap::{random_token, random_u64, token_hex};
 use crate::NetError;
+use hyfi_core::progress::{self, Setting};
+use status::Status;
 
 pub mod limits;
 pub mod output;
+pub mod status;
+
+/// `eprintln!` with the job's status line erased first.
+macro_rules! say {
+    ($status:expr, $($arg:tt)*) => {
+        $status.print(|| eprintln!($($arg)*))
+    };
+}
 
 /// How long nodes get between SIGTERM and SIGKILL, and how long a node
 /// SIGKILLed may take to go before it is given up on.
@@ -241,15 +257,18 @@ impl LocalLaunch {
         let job = random_u64();
         let token = token_hex(&random_token());
         let stderr = Arc::new(output::Stderr::default());
+        let render = Setting::from_env().launcher_renders();
+        let status = Arc::new(Status::new(render));
         let (done_tx, done_rx) = mpsc::channel::<()>();
-        let mut sup = Supervisor::new(self.nodes, self.timeout);
+        let mut sup = Supervisor::new(self.nodes, self.timeout, Arc::clone(&status));
         let mut forwarders = 0;
         let mut spawn_error = None;
         for rank in 0..self.nodes {
             // A signal or a failed node ends the start-up here: the job
             // cannot run, and starting thousands more only delays the end.
             if let Ok(sig) = signals.try_recv() {
-                eprintln!(
+                say!(
+                    status,
                     "hyfi launcher: got {sig} while starting node {rank} of {}; starting no more",
                     self.nodes
                 );
@@ -259,7 +278,8 @@ impl LocalLaunch {
             if rank % POLL_EVERY_SPAWNS == 0 && rank > 0 {
                 sup.reap();
                 if sup.first_failure.is_some() {
-                    eprintln!(
+                    say!(
+                        status,
                         "hyfi launcher: a node failed while node {rank} of {} was being \
                          started; starting no more",
                         self.nodes
@@ -267,15 +287,17 @@ impl LocalLaunch {
                     break;
                 }
             }
-            let mut cmd = self.command(rank, port, job, &token);
+            let mut cmd = self.command(rank, port, job, &token, render);
             match cmd.spawn() {
                 Ok(mut child) => {
                     if let Some(out) = child.stdout.take() {
-                        forwarders += output::forward(rank, out, None, done_tx.clone());
+                        forwarders +=
+                            output::forward(rank, out, None, Arc::clone(&status), done_tx.clone());
                     }
                     if let Some(err) = child.stderr.take() {
                         let seen = Some(Arc::clone(&stderr));
-                        forwarders += output::forward(rank, err, seen, done_tx.clone());
+                        forwarders +=
+                            output::forward(rank, err, seen, Arc::clone(&status), done_tx.clone());
                     }
                     sup.nodes.push(Node::new(child));
                 }
@@ -306,6 +328,7 @@ impl LocalLaunch {
                 break;
             }
         }
+        status.clear();
         for line in stderr.summary() {
             eprintln!("{line}");
         }
@@ -336,8 +359,9 @@ impl LocalLaunch {
         })
     }
 
-    /// The command that starts node `rank`.
-    fn command(&self, rank: usize, port: u16, job: u64, token: &str) -> Command {
+    /// The command that starts node `rank`; `progress`: whether its
+    /// progress lines are rendered (else it is told to write none).
+    fn command(&self, rank: usize, port: u16, job: u64, token: &str, progress: bool) -> Command {
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.args)
             .stdin(Stdio::null())
@@ -366,7 +390,8 @@ impl LocalLaunch {
             .env("HYFI_LOCAL_SIZE", self.nodes.to_string())
             .env("HYFI_COORD", format!("127.0.0.1:{port}"))
             .env("HYFI_JOB", job.to_string())
-            .env("HYFI_TOKEN", token);
+            .env("HYFI_TOKEN", token)
+            .env(progress::ENV, if progress { "lines" } else { "off" });
         if let Some(p) = self.procs {
             cmd.env("HYFI_PROCS", p.to_string());
         }
@@ -461,10 +486,12 @@ struct Supervisor {
     /// Failures after the first [`REPORTS_SHOWN`]: how they ended → ranks.
     unreported: BTreeMap<String, Vec<usize>>,
     reported: usize,
+    /// The job's status line, erased before each line the launcher says.
+    status: Arc<Status>,
 }
 
 impl Supervisor {
-    fn new(capacity: usize, timeout: Option<Duration>) -> Supervisor {
+    fn new(capacity: usize, timeout: Option<Duration>, status: Arc<Status>) -> Supervisor {
         Supervisor {
             nodes: Vec::with_capacity(capacity),
             timeout,
@@ -477,6 +504,7 @@ impl Supervisor {
             signals: 0,
             unreported: BTreeMap::new(),
             reported: 0,
+            status,
         }
     }
 
@@ -493,7 +521,10 @@ impl Supervisor {
                 Err(e) => {
                     // Cannot happen for a child we own; if it does, the
                     // node is beyond our reach: kill it and move on.
-                    eprintln!("hyfi launcher: cannot wait for node {rank}: {e}; killing it");
+                    say!(
+                        self.status,
+                        "hyfi launcher: cannot wait for node {rank}: {e}; killing it"
+                    );
                     n.signal(Signal::SIGKILL);
                     let _ = n.child.kill();
                     ExitStatus::from_raw(libc::SIGKILL)
@@ -529,7 +560,10 @@ impl Supervisor {
         } else {
             sig
         };
-        eprintln!("hyfi launcher: got a signal; sending {sig} to the nodes");
+        say!(
+            self.status,
+            "hyfi launcher: got a signal; sending {sig} to the nodes"
+        );
         self.stop(sig);
     }
 
@@ -542,12 +576,16 @@ impl Supervisor {
             }
             let now = Instant::now();
             if self.first_failure.is_some() && self.stopping_since.is_none() {
-                eprintln!("hyfi launcher: a node failed; stopping the others");
+                say!(
+                    self.status,
+                    "hyfi launcher: a node failed; stopping the others"
+                );
                 self.stop(Signal::SIGTERM);
             }
             if self.deadline.is_some_and(|d| now >= d) && !self.timed_out {
                 self.timed_out = true;
-                eprintln!(
+                say!(
+                    self.status,
                     "hyfi launcher: timeout of {:?} reached; stopping the nodes still running",
                     self.timeout.unwrap_or_default()
                 );
@@ -569,13 +607,15 @@ impl Supervisor {
                 let stuck: Vec<usize> = (0..self.nodes.len())
                     .filter(|&i| self.nodes[i].status.is_none())
                     .collect();
-                eprintln!(
+                say!(
+                    self.status,
                     "hyfi launcher: node(s) {} still there {GRACE:?} after SIGKILL; giving up \
                      on them",
                     output::ranges(&stuck)
                 );
                 return;
             }
+            self.status.tick();
             // Waiting on the signal channel doubles as the poll sleep, so a
             // signal is forwarded at once.
             match signals.recv_timeout(POLL) {
@@ -596,7 +636,7 @@ impl Supervisor {
         let how = format!("{}{by_us}", describe(status));
         if self.reported < REPORTS_SHOWN {
             self.reported += 1;
-            eprintln!("hyfi launcher: node {rank} {how}");
+            say!(self.status, "hyfi launcher: node {rank} {how}");
         } else {
             self.unreported.entry(how).or_default().push(rank);
         }

@@ -5,6 +5,11 @@
 //! `HYFI_TOKEN` (and `HYFI_PROCS` with `-p`); its output comes back prefixed
 //! with `[node i] `. See `hyfi_net::launch` for how nodes are supervised.
 //!
+//! When hyfi-run's stderr is a terminal (or `HYFI_PROGRESS=force`), the
+//! nodes get `HYFI_PROGRESS=lines` and their progress (`hyfi::Progress`) is
+//! shown as one status line, every node's latest report side by side,
+//! rewritten in place and erased at the end; otherwise nothing is shown.
+//!
 //! NODES is bounded (4096 unless `HYFI_MAX_LOCAL_NODES` says otherwise, and
 //! what the host's process limits leave room for; see
 //! `hyfi_net::launch::limits`): a larger count is refused before any node
@@ -35,6 +40,9 @@ Starts PROGRAM as NODES nodes of one hyfi job on this host.
   -p, --procs PROCS    worker threads per node (sets HYFI_PROCS), >= 1
       --timeout SECS   stop the nodes and fail after SECS seconds
   -h, --help           show this help
+
+With stderr a terminal (or HYFI_PROGRESS=force), the nodes' progress is
+shown as one status line; HYFI_PROGRESS=off turns it off.
 ";
 
 /// What the command line asks for.

@@ -13,12 +13,20 @@
 //!   prints it once at the end with the count and the ranks that wrote it.
 //!
 //! Stdout is the program's result and is copied as it is.
+//!
+//! Progress lines on stderr (`hyfi_core::progress::LINE_PREFIX`) are never
+//! copied: they go to the job's [`Status`] line. Every line copied goes
+//! through [`Status::print`], which erases the status line first.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
+
+use hyfi_core::progress::parse_line;
+
+use super::status::Status;
 
 /// Longest stderr line copied, in bytes; the rest is cut (and counted).
 pub const MAX_LINE: usize = 2000;
@@ -107,12 +115,14 @@ impl Stderr {
 }
 
 /// Starts the thread that copies `pipe` to our stdout (`stderr: None`) or
-/// stderr line by line with the node's prefix; it sends on `done` at end of
-/// file. Returns the number of threads started (0 or 1).
+/// stderr line by line with the node's prefix, and hands progress lines
+/// on stderr to `status`; it sends on `done` at end of file. Returns the
+/// number of threads started (0 or 1).
 pub(crate) fn forward(
     rank: usize,
     pipe: impl Read + Send + 'static,
     stderr: Option<Arc<Stderr>>,
+    status: Arc<Status>,
     done: mpsc::Sender<()>,
 ) -> usize {
     let spawned = thread::Builder::new()
@@ -136,6 +146,10 @@ pub(crate) fn forward(
                 match &stderr {
                     None => out.extend_from_slice(&line),
                     Some(seen) => {
+                        if let Some(report) = std::str::from_utf8(&line).ok().and_then(parse_line) {
+                            status.update(rank, report);
+                            continue;
+                        }
                         let text = shorten(&compress_lists(&String::from_utf8_lossy(&line)));
                         if !seen.admit(rank, &text) {
                             continue;
@@ -147,12 +161,14 @@ pub(crate) fn forward(
                 // One write_all under the lock: lines never interleave. A
                 // closed stdout is no reason to stop draining the node
                 // (it would block on a full pipe), so errors are dropped.
-                if stderr.is_some() {
-                    let _ = std::io::stderr().lock().write_all(&out);
-                } else {
-                    let mut o = std::io::stdout().lock();
-                    let _ = o.write_all(&out).and_then(|()| o.flush());
-                }
+                status.print(|| {
+                    if stderr.is_some() {
+                        let _ = std::io::stderr().lock().write_all(&out);
+                    } else {
+                        let mut o = std::io::stdout().lock();
+                        let _ = o.write_all(&out).and_then(|()| o.flush());
+                    }
+                });
             }
             let _ = done.send(());
         });
