@@ -84,6 +84,7 @@ mod config;
 mod error;
 pub mod filthread;
 mod fork;
+pub mod link;
 mod node;
 mod phase;
 mod pool;
@@ -95,6 +96,7 @@ mod sleep;
 mod stack;
 mod startup;
 mod stats;
+pub mod steal;
 mod worker;
 
 pub use balance::{Balancer, FjNode, PortableJob};
