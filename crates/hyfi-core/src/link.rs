@@ -64,7 +64,7 @@
 //! nodes[1].set_service(ServiceId::Steal, log.clone()).unwrap();
 //! let port = nodes[0].port().unwrap();
 //! port.send_bytes(1, ServiceId::Steal, Class::Control, b"hello").unwrap();
-//! nodes[0].barrier().unwrap(); // (delivery is asynchronous)
+//! // Delivery is asynchronous, on node 1's delivery thread.
 //! while log.0.lock().unwrap().is_empty() {
 //!     std::thread::yield_now();
 //! }

@@ -7,8 +7,10 @@
 //! them to the node's services. Collectives meet in one shared state
 //! (combined in node order, so results are reproducible). A node whose
 //! [`InProcess`] is dropped says goodbye to every peer behind everything it
-//! sent (the services' `peer_left`), then keeps serving its peers until
-//! every node has left, as a TCP node does after its program ends.
+//! sent (the services' `peer_left`); its delivery thread keeps serving its
+//! peers until every node has left, as a TCP node does after its program
+//! ends. The last node to leave stops every delivery thread, so dropping
+//! nodes never waits (they may be dropped on one thread, in any order).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -94,6 +96,8 @@ struct State {
 
 struct Hub {
     nodes: Vec<Mailbox>,
+    /// The delivery threads, joined by the last node to leave.
+    delivery: Mutex<Vec<JoinHandle<()>>>,
     st: Mutex<State>,
     cv: Condvar,
 }
@@ -238,7 +242,6 @@ fn deliver(hub: Arc<Hub>, me: usize) {
 pub struct InProcess {
     me: usize,
     hub: Arc<Hub>,
-    delivery: Mutex<Option<JoinHandle<()>>>,
     reports: Mutex<Vec<Report>>,
 }
 
@@ -292,6 +295,7 @@ impl InProcess {
         assert!(n > 0, "InProcess::connect needs at least one node");
         let hub = Arc::new(Hub {
             nodes: (0..n).map(|_| Mailbox::default()).collect(),
+            delivery: Mutex::new(Vec::new()),
             st: Mutex::new(State {
                 gen: 0,
                 arrived: 0,
@@ -302,17 +306,19 @@ impl InProcess {
             }),
             cv: Condvar::new(),
         });
+        for me in 0..n {
+            let h = hub.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("hyfi-inproc-{me}"))
+                .spawn(move || deliver(h, me))
+                .expect("hyfi: spawning an in-process delivery thread");
+            lock(&hub.delivery).push(t);
+        }
         (0..n)
             .map(|me| {
-                let h = hub.clone();
-                let t = std::thread::Builder::new()
-                    .name(format!("hyfi-inproc-{me}"))
-                    .spawn(move || deliver(h, me))
-                    .expect("hyfi: spawning an in-process delivery thread");
                 Arc::new(InProcess {
                     me,
                     hub: hub.clone(),
-                    delivery: Mutex::new(Some(t)),
                     reports: Mutex::new(Vec::new()),
                 })
             })
@@ -444,25 +450,28 @@ impl Drop for InProcess {
                 },
             );
         }
-        // Serve the peers until every node has left (or the job failed).
-        {
+        // This node's delivery thread serves the peers until every node
+        // has left; the last one to leave stops them all.
+        let last = {
             let mut st = lock(&self.hub.st);
             st.left[me] = true;
             self.hub.cv.notify_all();
-            while st.failed.is_none() && !st.left.iter().all(|l| *l) {
-                st = self.hub.cv.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
+            st.left.iter().all(|l| *l)
+        };
+        if !last {
+            return;
         }
-        let mb = &self.hub.nodes[me];
-        {
-            let mut q = lock(&mb.q);
-            q.stop = true;
+        for mb in &self.hub.nodes {
+            lock(&mb.q).stop = true;
             mb.cv.notify_one();
         }
-        if let Some(t) = lock(&self.delivery).take() {
+        let threads = std::mem::take(&mut *lock(&self.hub.delivery));
+        for t in threads {
             let _ = t.join();
         }
         // Services hold a port, which holds the hub, which holds them.
-        lock(&mb.services).clear();
+        for mb in &self.hub.nodes {
+            lock(&mb.services).clear();
+        }
     }
 }
