@@ -64,7 +64,7 @@ fn two_nodes(job: u64) -> (Runtime, Arc<Cluster>, std::thread::JoinHandle<Arc<Cl
         let cluster = Cluster::connect(&spec, Duration::from_secs(30)).expect("Cluster::connect");
         let rt = Runtime::with_link(Config::new().procs(1).pin(false), cluster.clone())
             .expect("runtime");
-        hyfi_net::steal::install(&rt, &cluster).expect("steal::install");
+        hyfi_core::steal::install(&rt).expect("steal::install");
         (rt, cluster)
     };
     let c1 = connect.clone();

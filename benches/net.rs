@@ -40,8 +40,9 @@ use hyfi_net::wire::Msg;
 use hyfi_net::Cluster;
 
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
-/// Bulk tag that stops an echo loop.
-const STOP: u64 = u64::MAX;
+/// Bulk tag that stops an echo loop (below bit 63: tags with that bit
+/// set are service frames, not for the inbox).
+const STOP: u64 = u64::MAX >> 1;
 /// Collective sequence numbers used by the hand-made control round trip,
 /// far from those of `Cluster`'s own collectives.
 const CTRL_SEQ0: u64 = 1 << 62;

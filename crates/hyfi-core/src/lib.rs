@@ -85,6 +85,7 @@ mod error;
 pub mod exact;
 pub mod filthread;
 mod fork;
+pub mod link;
 mod node;
 mod phase;
 mod pool;
@@ -98,6 +99,7 @@ mod stack;
 mod startup;
 pub mod state;
 mod stats;
+pub mod steal;
 mod worker;
 
 pub use balance::{Balancer, FjNode, PortableJob};

@@ -4,7 +4,12 @@
 //! combine private copies on the node; both then take a *node-level step*
 //! through a [`NodeLink`], which the cluster layer (hyfi-net) implements over
 //! the network. On one node it is [`SingleNode`], where both steps are
-//! no-ops.
+//! no-ops. Layers above the runtime (the shared memory, stealing) talk
+//! to their peers through the same link: see [`crate::link`].
+
+use std::sync::Arc;
+
+use crate::link::{Port, Report, Service, ServiceId, Traffic};
 
 /// Errors a link reports (a lost peer, a timeout, ...).
 pub type LinkError = Box<dyn std::error::Error + Send + Sync>;
@@ -27,17 +32,27 @@ pub trait NodeLink: Send + Sync + 'static {
         value: &mut [u8],
         combine: &mut dyn FnMut(&mut [u8], &[u8]),
     ) -> Result<(), LinkError>;
-    /// The link's own counters (messages, bytes), for printing; `None` if it
+    /// The link's own counters (messages and bytes by class); `None` if it
     /// keeps none.
-    fn traffic(&self) -> Option<String> {
+    fn traffic(&self) -> Option<Traffic> {
         None
     }
-    /// The link as `Any`, so a layer above can reach the cluster type
-    /// behind it (the DSM needs the communication thread); `None` if the
-    /// link does not offer it.
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
+    /// The sending side for this node's services (see [`crate::link`]);
+    /// `None` on a link that carries no services (one node).
+    fn port(&self) -> Option<Arc<dyn Port>> {
         None
     }
+    /// Registers the handler of service `id`'s messages on this node (see
+    /// [`crate::link`]). Messages that came before are handed over first,
+    /// in order. An error if `id` is registered already or the link carries
+    /// no services.
+    fn set_service(&self, id: ServiceId, _service: Arc<dyn Service>) -> Result<(), LinkError> {
+        Err(format!("this node's link carries no services ({id} needs several nodes)").into())
+    }
+    /// Adds a section to the node's report (what SIGUSR1 prints on a
+    /// cluster): the shared memory adds its counters. Ignored by a link
+    /// that prints no report.
+    fn add_report(&self, _section: Report) {}
     /// This node enters the next SPMD step: every node must enter the same
     /// steps in the same order. A link over several nodes compares each
     /// node's steps with its neighbour's and ends the job, naming both,

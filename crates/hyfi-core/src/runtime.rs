@@ -612,7 +612,7 @@ impl Runtime {
 
     /// The cross-node layer's counters (messages and bytes sent and
     /// received, by kind), if this runtime spans nodes.
-    pub fn traffic(&self) -> Option<String> {
+    pub fn traffic(&self) -> Option<crate::link::Traffic> {
         self.shared.link.traffic()
     }
 

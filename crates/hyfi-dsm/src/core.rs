@@ -44,8 +44,7 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 use hyfi_core::filthread::{self, Waker};
-use hyfi_net::comm::{service_tag, split_service_tag, Sender, Service};
-use hyfi_net::wire;
+use hyfi_core::link::{Class, Port, Service, ServiceId};
 
 use crate::elem::{self, Words};
 use crate::region::{Region, PAGE};
@@ -84,11 +83,14 @@ pub(crate) fn settled_readable(st: u8) -> bool {
     st | 1 == WRITE
 }
 
-/// The DSM's service id on the communication thread.
-pub(crate) const SERVICE_ID: u8 = 1;
-const REQ: u64 = 1;
-const PAGES: u64 = 2;
-const REL: u64 = 3;
+// The messages: a kind byte, then the kind's fields (little-endian).
+// `REQ` (a page request: epoch u64, count u32, global pages u64...) goes
+// as control, so it overtakes pages and releases queued to the same home;
+// `PAGES` (count u32, global pages u64..., the pages' bytes) and `REL`
+// (epoch u64, notice ranges, diffs) are bulk.
+const REQ: u8 = 1;
+const PAGES: u8 = 2;
+const REL: u8 = 3;
 /// Pages per reply frame.
 const REPLY_BATCH: usize = 64;
 
@@ -199,7 +201,8 @@ pub(crate) struct Core {
     pub(crate) segs: RwLock<Vec<Arc<Segment>>>,
     /// Allocation cursor (bytes from the region's base) and count.
     pub(crate) alloc: Mutex<(usize, u64)>,
-    sender: Option<Sender>,
+    /// The node seam's sending side (`None` on one node).
+    port: Option<Arc<dyn Port>>,
     /// Completed releases (mirrors the value changed under `proto`).
     completed: AtomicU64,
     proto: Mutex<Proto>,
@@ -256,7 +259,7 @@ impl Core {
         nodes: usize,
         procs: usize,
         region: Region,
-        sender: Option<Sender>,
+        port: Option<Arc<dyn Port>>,
         epoch: Arc<AtomicU64>,
     ) -> Core {
         Core {
@@ -266,7 +269,7 @@ impl Core {
             region,
             segs: RwLock::new(Vec::new()),
             alloc: Mutex::new((0, 0)),
-            sender,
+            port,
             completed: AtomicU64::new(0),
             proto: Mutex::new(Proto {
                 got: 0,
@@ -370,14 +373,32 @@ impl Core {
         self.proto_cv.notify_all();
     }
 
-    fn send(&self, to: usize, frame: Vec<u8>, slot: usize) {
-        let Some(s) = &self.sender else { return };
-        let c = self.ctr(slot);
-        c.messages_sent.fetch_add(1, Ordering::Relaxed);
-        c.bytes_sent
-            .fetch_add(frame.len() as u64, Ordering::Relaxed);
-        if let Err(e) = s.send_frame(to, frame) {
-            self.fail(&e.to_string());
+    /// Sends a message of `kind` whose fields `fill` appends (about
+    /// `len_hint` bytes) to node `to`, counted for `slot`.
+    fn send(
+        &self,
+        to: usize,
+        kind: u8,
+        class: Class,
+        len_hint: usize,
+        slot: usize,
+        fill: impl FnOnce(&mut Vec<u8>),
+    ) {
+        let Some(port) = &self.port else { return };
+        let mut fill = Some(fill);
+        let sent = port.send_with(to, ServiceId::Dsm, class, 1 + len_hint, &mut |b| {
+            b.push(kind);
+            if let Some(f) = fill.take() {
+                f(b);
+            }
+        });
+        match sent {
+            Ok(bytes) => {
+                let c = self.ctr(slot);
+                c.messages_sent.fetch_add(1, Ordering::Relaxed);
+                c.bytes_sent.fetch_add(bytes as u64, Ordering::Relaxed);
+            }
+            Err(e) => self.fail(&e.to_string()),
         }
     }
 
@@ -456,14 +477,13 @@ impl Core {
             let home = reqs[i].0;
             let j = i + reqs[i..].iter().take_while(|r| r.0 == home).count();
             let n = j - i;
-            let frame = wire::bulk_frame_with(service_tag(SERVICE_ID, REQ), 12 + 8 * n, |b| {
+            self.send(home as usize, REQ, Class::Control, 12 + 8 * n, slot, |b| {
                 b.extend_from_slice(&epoch.to_le_bytes());
                 b.extend_from_slice(&(n as u32).to_le_bytes());
                 for r in &reqs[i..j] {
                     b.extend_from_slice(&r.1.to_le_bytes());
                 }
             });
-            self.send(home as usize, frame, slot);
             i = j;
         }
     }
@@ -553,9 +573,12 @@ impl Core {
 
     fn serve(&self, to: usize, pages: &[u64]) {
         for chunk in pages.chunks(REPLY_BATCH) {
-            let frame = wire::bulk_frame_with(
-                service_tag(SERVICE_ID, PAGES),
+            self.send(
+                to,
+                PAGES,
+                Class::Bulk,
                 4 + chunk.len() * (8 + PAGE),
+                self.procs,
                 |b| {
                     b.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
                     for gp in chunk {
@@ -571,7 +594,6 @@ impl Core {
             self.ctr(self.procs)
                 .pages_served
                 .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-            self.send(to, frame, self.procs);
         }
     }
 
@@ -619,7 +641,7 @@ impl Core {
     }
 
     fn on_release(&self, from: usize, payload: Vec<u8>) -> Result<(), String> {
-        let epoch = Rd::new(&payload).u64()?;
+        let epoch = Rd::new(&payload[1..]).u64()?;
         let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
         let now = self.completed.load(Ordering::Acquire);
         if epoch == now && pr.releasing {
@@ -639,7 +661,8 @@ impl Core {
     /// Applies one node's `REL`: its diffs to our home pages, its notices
     /// kept for the invalidation step.
     fn apply_release(&self, from: usize, payload: &[u8], pr: &mut Proto) -> Result<(), String> {
-        let mut r = Rd::new(payload);
+        // (After the kind byte, kept with the message while it waits.)
+        let mut r = Rd::new(&payload[1..]);
         r.u64()?;
         let nr = r.u32()? as usize;
         for _ in 0..nr {
@@ -782,9 +805,12 @@ impl Core {
             if q == self.me {
                 continue;
             }
-            let frame = wire::bulk_frame_with(
-                service_tag(SERVICE_ID, REL),
+            self.send(
+                q,
+                REL,
+                Class::Bulk,
                 16 + ranges.len() * 12 + body.len(),
+                slot,
                 |b| {
                     b.extend_from_slice(&epoch.to_le_bytes());
                     b.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
@@ -796,7 +822,6 @@ impl Core {
                     b.extend_from_slice(&body);
                 },
             );
-            self.send(q, frame, slot);
         }
 
         // 3. Wait for every other node's release of this epoch.
@@ -923,12 +948,13 @@ impl Core {
 }
 
 impl Service for Core {
-    fn frame(&self, from: usize, tag: u64, payload: Vec<u8>) -> Result<(), String> {
-        match split_service_tag(tag).1 {
-            REQ => self.on_request(from, &payload),
-            PAGES => self.on_pages(from, &payload),
-            REL => self.on_release(from, payload),
-            k => Err(format!("unknown DSM message kind {k}")),
+    fn frame(&self, from: usize, payload: Vec<u8>) -> Result<(), String> {
+        match payload.first().copied() {
+            Some(REQ) => self.on_request(from, &payload[1..]),
+            Some(PAGES) => self.on_pages(from, &payload[1..]),
+            Some(REL) => self.on_release(from, payload),
+            Some(k) => Err(format!("unknown DSM message kind {k}")),
+            None => Err("an empty DSM message".into()),
         }
         .map_err(|why| format!("shared memory: {why}"))
     }

@@ -88,12 +88,13 @@ pub enum DsmError {
         expected: &'static str,
     },
 
-    /// The runtime's link is not a hyfi-net cluster.
+    /// The runtime's link carries no services (no [`hyfi_core::NodeLink::port`]).
     #[error(
-        "this runtime spans {nodes} nodes through a link that is not a hyfi-net Cluster: \
-         start it with hyfi::init (or hyfi_net::init_nodes) to share memory across nodes"
+        "this runtime spans {nodes} nodes through a link that carries no services \
+         (NodeLink::port is None): start it with hyfi::init (or hyfi_net::init_nodes), \
+         or give it a link that implements the node seam (hyfi_core::link)"
     )]
-    NotACluster {
+    NoServices {
         /// Node count of the link.
         nodes: usize,
     },
@@ -101,10 +102,6 @@ pub enum DsmError {
     /// The runtime refused the DSM's phase-end hook.
     #[error(transparent)]
     Core(#[from] hyfi_core::Error),
-
-    /// The network failed during a collective step of the DSM.
-    #[error("shared memory: {0}")]
-    Net(#[from] hyfi_net::NetError),
 
     /// A collective step failed through the runtime's link.
     #[error("shared memory: a collective step failed: {0}")]

@@ -115,6 +115,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytemuck::Pod;
+use hyfi_core::link::ServiceId;
 use hyfi_core::{NodeLink, Runtime};
 
 pub use array::{DsmMatrix, DsmVec, MatrixView, View, ViewMut};
@@ -162,6 +163,15 @@ impl std::fmt::Debug for Placement {
     }
 }
 
+/// Where a node reserves its region.
+#[derive(Clone, Copy)]
+enum Base {
+    /// At one address, the same on every node (separate processes).
+    Shared,
+    /// At an address of each node's own (nodes in one process).
+    PerNode(Option<usize>),
+}
+
 /// A node's shared memory. Create one per runtime, on every node, with
 /// [`Dsm::new`]; clone the handle freely.
 #[derive(Clone)]
@@ -181,6 +191,21 @@ impl Dsm {
     /// installs the page server on the communication thread and the
     /// release at every phase end of `rt`.
     pub fn new(rt: &Runtime) -> Result<Dsm, DsmError> {
+        Dsm::create(rt, Base::Shared)
+    }
+
+    /// [`Dsm::new`] for several nodes in one process
+    /// ([`hyfi_core::link::InProcess`]): each node reserves its region at
+    /// its own `base` (page-aligned; `None`: wherever the kernel puts it)
+    /// instead of one address shared by every node, since the nodes share
+    /// one address space. The protocol names pages by number, not by
+    /// address, so nothing else changes; only pointers stored *in* shared
+    /// arrays would not mean the same on every node.
+    pub fn with_base(rt: &Runtime, base: Option<usize>) -> Result<Dsm, DsmError> {
+        Dsm::create(rt, Base::PerNode(base))
+    }
+
+    fn create(rt: &Runtime, base: Base) -> Result<Dsm, DsmError> {
         let link = rt.link().clone();
         if let Some(h) = rt.phase_end() {
             if let Some(Hook(core)) = h.as_any().downcast_ref::<Hook>() {
@@ -192,21 +217,16 @@ impl Dsm {
         }
         let (me, nodes) = (link.my_node(), link.num_nodes());
         let size = region::size_from_env()?;
-        let addr = if nodes > 1 {
-            Some(region::addr_from_env()?.unwrap_or(DEFAULT_ADDR))
-        } else {
-            region::addr_from_env()?
+        let addr = match base {
+            Base::PerNode(addr) => addr,
+            Base::Shared if nodes > 1 => Some(region::addr_from_env()?.unwrap_or(DEFAULT_ADDR)),
+            Base::Shared => region::addr_from_env()?,
         };
-        let cluster = if nodes > 1 {
-            Some(
-                link.as_any()
-                    .and_then(|a| a.downcast_ref::<hyfi_net::Cluster>())
-                    .ok_or(DsmError::NotACluster { nodes })?,
-            )
+        let port = if nodes > 1 {
+            Some(link.port().ok_or(DsmError::NoServices { nodes })?)
         } else {
             None
         };
-        let sender = cluster.map(|c| c.comm().sender());
         let reserved = region::Region::reserve(size, addr);
         if nodes > 1 {
             // Did every node get the region, at the same address?
@@ -228,7 +248,7 @@ impl Dsm {
                     },
                 });
             }
-            if all[0] != all[1] {
+            if all[0] != all[1] && matches!(base, Base::Shared) {
                 return Err(DsmError::RegionMismatch {
                     lo: all[0] as usize,
                     hi: all[1] as usize,
@@ -246,14 +266,15 @@ impl Dsm {
             nodes,
             rt.procs(),
             region,
-            sender,
+            port,
             rt.access_epoch_counter(),
         ));
-        if let Some(cluster) = cluster {
-            cluster.comm().set_service(core::SERVICE_ID, core.clone())?;
+        if nodes > 1 {
+            link.set_service(ServiceId::Dsm, core.clone())
+                .map_err(DsmError::Link)?;
             // SIGUSR1 prints the DSM's counters with the node's traffic.
             let weak = Arc::downgrade(&core);
-            cluster.add_report(Box::new(move || {
+            link.add_report(Box::new(move || {
                 weak.upgrade().map(|c| c.stats().to_string())
             }));
         }

@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use hyfi_core::link::{Port, Service, ServiceId, Traffic};
 use hyfi_core::{LinkError, NodeLink};
 
 use crate::bootstrap::JobSpec;
@@ -29,7 +30,7 @@ pub struct Cluster {
 
 /// A section of [`Cluster::report`] from a layer above: `None` once that
 /// layer is gone.
-pub type Report = Box<dyn Fn() -> Option<String> + Send + Sync>;
+pub use hyfi_core::link::Report;
 
 impl Cluster {
     /// Opens the mesh described by `spec` (waiting at most `timeout` for the
@@ -162,7 +163,10 @@ impl Cluster {
     pub fn stats(&self) -> &NetStats {
         self.comm.stats()
     }
-    /// The communication thread (for layers that send their own messages).
+    /// The communication thread. Layers above talk through the node seam
+    /// ([`NodeLink::port`], [`NodeLink::set_service`]); this is for
+    /// hyfi-net's own benchmarks and tests.
+    #[doc(hidden)]
     pub fn comm(&self) -> &Comm {
         &self.comm
     }
@@ -191,11 +195,19 @@ impl NodeLink for Cluster {
     fn my_node(&self) -> usize {
         self.rank()
     }
-    fn traffic(&self) -> Option<String> {
-        Some(self.stats().to_string())
+    fn traffic(&self) -> Option<Traffic> {
+        Some(self.stats().snapshot())
     }
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
+    fn port(&self) -> Option<Arc<dyn Port>> {
+        Some(Arc::new(self.comm.sender()))
+    }
+    fn set_service(&self, id: ServiceId, service: Arc<dyn Service>) -> Result<(), LinkError> {
+        self.comm
+            .set_service(id, service)
+            .map_err(|e| Box::new(e) as LinkError)
+    }
+    fn add_report(&self, section: hyfi_core::link::Report) {
+        Cluster::add_report(self, section);
     }
     fn enter_step(&self, step: hyfi_core::Step) -> Result<(), LinkError> {
         self.comm

@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc::unbounded_channel;
 
+use hyfi_core::link::{Class, ClassTraffic, Service, ServiceId, Traffic};
+
 use crate::error::NetError;
 use crate::mesh::Links;
 use crate::spmd::Steps;
@@ -73,22 +75,52 @@ pub struct NetStats {
     pub refused: AtomicU64,
 }
 
+impl NetStats {
+    /// The counters now, by class (what [`hyfi_core::NodeLink::traffic`]
+    /// reports).
+    pub fn snapshot(&self) -> Traffic {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Traffic {
+            control: ClassTraffic {
+                sent: g(&self.control_sent),
+                bytes_sent: g(&self.control_bytes_sent),
+                received: g(&self.control_received),
+                bytes_received: g(&self.control_bytes_received),
+            },
+            bulk: ClassTraffic {
+                sent: g(&self.bulk_sent),
+                bytes_sent: g(&self.bulk_bytes_sent),
+                received: g(&self.bulk_received),
+                bytes_received: g(&self.bulk_bytes_received),
+            },
+            refused: g(&self.refused),
+        }
+    }
+
+    /// Counts a frame of `bytes` sent in `class`.
+    fn count_sent(&self, class: Class, bytes: usize) {
+        let (n, b) = match class {
+            Class::Control => (&self.control_sent, &self.control_bytes_sent),
+            Class::Bulk => (&self.bulk_sent, &self.bulk_bytes_sent),
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+        b.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a frame of `bytes` received in `class`.
+    fn count_received(&self, class: Class, bytes: u64) {
+        let (n, b) = match class {
+            Class::Control => (&self.control_received, &self.control_bytes_received),
+            Class::Bulk => (&self.bulk_received, &self.bulk_bytes_received),
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+        b.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
 impl std::fmt::Display for NetStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        write!(
-            f,
-            "control sent {} ({} B) received {} ({} B); bulk sent {} ({} B) received {} ({} B); refused connections {}",
-            g(&self.control_sent),
-            g(&self.control_bytes_sent),
-            g(&self.control_received),
-            g(&self.control_bytes_received),
-            g(&self.bulk_sent),
-            g(&self.bulk_bytes_sent),
-            g(&self.bulk_received),
-            g(&self.bulk_bytes_received),
-            g(&self.refused)
-        )
+        self.snapshot().fmt(f)
     }
 }
 
@@ -105,41 +137,33 @@ pub struct Inbox {
     /// sleeping on the condvar at once (a futex sleep and wake-up costs tens
     /// of microseconds on a VM, more than a round trip on loopback).
     generation: AtomicU64,
-    services: Mutex<HashMap<u8, ServiceSlot>>,
+    services: Mutex<HashMap<ServiceId, ServiceSlot>>,
 }
 
 /// Tag bit of bulk frames that go to one of the node's [`Service`]s
-/// instead of the inbox; bits 56..63 name the service, bits 0..56 are the
-/// service's own.
-pub const SERVICE_TAG: u64 = 1 << 63;
+/// instead of the inbox; bits 56..63 name the service ([`ServiceId`]),
+/// bit 0 says the frame was sent as [`Class::Control`] (so the receiver
+/// counts it as such); the other bits are zero.
+pub(crate) const SERVICE_TAG: u64 = 1 << 63;
 
-/// The tag of a frame for service `id` carrying `low` (below bit 56).
-pub const fn service_tag(id: u8, low: u64) -> u64 {
-    SERVICE_TAG | (((id & 0x7f) as u64) << 56) | (low & ((1 << 56) - 1))
+/// The tag of a frame for service `id` sent in `class`.
+pub(crate) const fn service_tag(id: ServiceId, class: Class) -> u64 {
+    SERVICE_TAG | (((id.number() & 0x7f) as u64) << 56) | matches!(class, Class::Control) as u64
 }
 
-/// The service id and the service's own bits of a service tag.
-pub const fn split_service_tag(tag: u64) -> (u8, u64) {
-    (((tag >> 56) & 0x7f) as u8, tag & ((1 << 56) - 1))
-}
-
-/// A layer that answers its own messages on the communication thread (the
-/// DSM's page server, cross-node stealing). Handlers must not block: they
-/// may send (sends never block) and wake waiters, nothing more.
-pub trait Service: Send + Sync + 'static {
-    /// A service frame from `from`. `Err` is a protocol violation: the node
-    /// fails with that message.
-    fn frame(&self, from: usize, tag: u64, payload: Vec<u8>) -> Result<(), String>;
-    /// The node failed (a lost peer, an abort): wake every waiter with `why`.
-    fn failed(&self, why: &str);
-    /// Peer `peer` said `Bye`: it will send nothing more but answers to
-    /// requests, so a wait for anything else from it must end.
-    fn peer_left(&self, _peer: usize) {}
+/// The service number and the class of a service tag.
+pub(crate) const fn split_service_tag(tag: u64) -> (u8, Class) {
+    let class = if tag & 1 == 1 {
+        Class::Control
+    } else {
+        Class::Bulk
+    };
+    (((tag >> 56) & 0x7f) as u8, class)
 }
 
 enum ServiceSlot {
     /// Frames that came before the service was installed.
-    Pending(Vec<(usize, u64, Vec<u8>)>),
+    Pending(Vec<(usize, Vec<u8>)>),
     Ready(Arc<dyn Service>),
 }
 
@@ -228,14 +252,17 @@ impl Inbox {
     /// installed. The slot's lock is held while the handler runs, so frames
     /// reach the service in the order they came.
     fn to_service(&self, from: usize, tag: u64, payload: Vec<u8>) -> Result<(), String> {
+        let n = split_service_tag(tag).0;
+        let id = ServiceId::from_number(n)
+            .ok_or_else(|| format!("a frame for service {n}, which is none"))?;
         let mut slots = self.services.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = slots.entry(split_service_tag(tag).0).or_default();
+        let slot = slots.entry(id).or_default();
         match slot {
             ServiceSlot::Pending(v) => {
-                v.push((from, tag, payload));
+                v.push((from, payload));
                 Ok(())
             }
-            ServiceSlot::Ready(s) => s.frame(from, tag, payload),
+            ServiceSlot::Ready(s) => s.frame(from, payload),
         }
     }
     /// Peer `from` said `Bye` after `steps` steps: an error if this node
@@ -550,11 +577,48 @@ impl Sender {
     /// [`wire::bulk_frame_with`] (so a page is copied once, straight into
     /// the frame).
     pub fn send_frame(&self, peer: usize, frame: Vec<u8>) -> Result<(), NetError> {
-        self.stats.bulk_sent.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .bulk_bytes_sent
-            .fetch_add(frame.len() as u64, Ordering::Relaxed);
+        self.stats.count_sent(Class::Bulk, frame.len());
         self.push(peer, frame, false)
+    }
+
+    /// Sends a service's message (see [`hyfi_core::link::Port`]): the
+    /// payload `fill` appends goes straight into the frame (a page is
+    /// copied once); a [`Class::Control`] frame overtakes queued bulk
+    /// frames.
+    pub(crate) fn send_service(
+        &self,
+        peer: usize,
+        id: ServiceId,
+        class: Class,
+        len_hint: usize,
+        fill: &mut dyn FnMut(&mut Vec<u8>),
+    ) -> Result<usize, NetError> {
+        let mut frame = Vec::with_capacity(HEADER_LEN + len_hint);
+        frame.extend_from_slice(&[0u8; HEADER_LEN]);
+        fill(&mut frame);
+        let len = frame.len() - HEADER_LEN;
+        if len > wire::MAX_FRAME {
+            return Err(NetError::Protocol {
+                me: self.rank,
+                from: self.rank,
+                why: format!(
+                    "a message of {len} bytes for {id} exceeds the frame limit of {} bytes",
+                    wire::MAX_FRAME
+                ),
+            });
+        }
+        frame[..HEADER_LEN].copy_from_slice(
+            &Header {
+                len: len as u32,
+                kind: Kind::Bulk,
+                tag: service_tag(id, class),
+            }
+            .encode(),
+        );
+        let bytes = frame.len();
+        self.stats.count_sent(class, bytes);
+        self.push(peer, frame, class == Class::Control)?;
+        Ok(bytes)
     }
 
     pub(crate) fn failed_error(&self, fallback: String) -> NetError {
@@ -784,18 +848,18 @@ impl Comm {
     /// with [`service_tag`]`(id, ..)`): a layer above (the DSM, cross-node
     /// stealing) that answers requests on the communication thread. Frames
     /// that came before are handed over first, in order.
-    pub fn set_service(&self, id: u8, service: Arc<dyn Service>) -> Result<(), NetError> {
+    pub fn set_service(&self, id: ServiceId, service: Arc<dyn Service>) -> Result<(), NetError> {
         let mut slots = self
             .inbox
             .services
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let slot = slots.entry(id & 0x7f).or_default();
+        let slot = slots.entry(id).or_default();
         if let ServiceSlot::Ready(_) = slot {
             return Err(NetError::Protocol {
                 me: self.rank,
                 from: self.rank,
-                why: format!("service {id} was installed twice on this node"),
+                why: format!("{id} was installed twice on this node"),
             });
         }
         let ServiceSlot::Pending(early) =
@@ -803,8 +867,8 @@ impl Comm {
         else {
             unreachable!("checked above")
         };
-        for (from, tag, payload) in early {
-            if let Err(why) = service.frame(from, tag, payload) {
+        for (from, payload) in early {
+            if let Err(why) = service.frame(from, payload) {
                 drop(slots);
                 self.inbox.fail(why.clone());
                 return Err(self.aborted(why));
@@ -1158,10 +1222,12 @@ async fn read_frames(
         let bytes = (HEADER_LEN + payload.len()) as u64;
         match h.kind {
             Kind::Bulk => {
-                stats.bulk_received.fetch_add(1, Ordering::Relaxed);
-                stats
-                    .bulk_bytes_received
-                    .fetch_add(bytes, Ordering::Relaxed);
+                let class = if h.tag & SERVICE_TAG != 0 {
+                    split_service_tag(h.tag).1
+                } else {
+                    Class::Bulk
+                };
+                stats.count_received(class, bytes);
                 if h.tag & SERVICE_TAG != 0 {
                     if let Err(why) = inbox.to_service(peer, h.tag, payload) {
                         return protocol(why);
@@ -1260,5 +1326,20 @@ async fn refuse_strays(me: usize, l: tokio::net::TcpListener, stats: Arc<NetStat
                 log.tick();
             }
         });
+    }
+}
+
+/// The TCP transport's side of the node seam: services send through it.
+impl hyfi_core::link::Port for Sender {
+    fn send_with(
+        &self,
+        to: usize,
+        service: ServiceId,
+        class: Class,
+        len_hint: usize,
+        fill: &mut dyn FnMut(&mut Vec<u8>),
+    ) -> Result<usize, hyfi_core::LinkError> {
+        self.send_service(to, service, class, len_hint, fill)
+            .map_err(|e| Box::new(e) as hyfi_core::LinkError)
     }
 }

@@ -6,8 +6,10 @@
 //! handshake ([`mesh`], [`wire`]), a communication thread per node
 //! ([`comm`]), the signal-handling thread ([`signals`]), and the cross-node
 //! barrier and reduction ([`collective`]) that plug into hyfi-core through
-//! [`hyfi_core::NodeLink`] ([`Cluster`]), and fork-join across nodes
-//! ([`steal`]: start-up distribution, cross-node stealing, termination).
+//! [`hyfi_core::NodeLink`] ([`Cluster`]). The cluster also carries the node
+//! seam for the layers above ([`hyfi_core::link`]: services, priority
+//! classes, typed counters), over which fork-join across nodes
+//! ([`hyfi_core::steal`]) and the shared memory (hyfi-dsm) talk.
 //!
 //! A program calls [`init`] first thing in `main`; the same binary then runs
 //! on one node, on N local nodes (`HYFI_NODES=N`, or `hyfi-run -n N`), or
@@ -30,7 +32,6 @@ mod refusal;
 pub mod rendezvous;
 pub mod signals;
 mod spmd;
-pub mod steal;
 pub mod wire;
 
 pub use cluster::{Cluster, Report, FAILURE_GRACE};
@@ -95,7 +96,7 @@ pub fn init_nodes(cfg: Config, nodes: Option<usize>) -> Result<Runtime, NetError
             cluster.handle_signals()?;
             let rt = Runtime::with_link(cfg, cluster.clone())?;
             cluster.set_runtime_stats(rt.stats_handle());
-            steal::install(&rt, &cluster)?;
+            hyfi_core::steal::install(&rt)?;
             Ok(rt)
         }
     }

@@ -61,7 +61,7 @@ fn nodes_run(n: usize, ranges: &[(u64, u64)], late: usize, late_run: usize) -> V
                 let cluster = Cluster::connect(&spec, Duration::from_secs(20)).unwrap();
                 let rt =
                     Runtime::with_link(Config::new().procs(1).pin(false), cluster.clone()).unwrap();
-                hyfi_net::steal::install(&rt, &cluster).unwrap();
+                hyfi_core::steal::install(&rt).unwrap();
                 let mut results = Vec::new();
                 for (k, &(lo, hi)) in ranges.iter().enumerate() {
                     if rank == late && k == late_run {

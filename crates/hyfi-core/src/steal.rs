@@ -1,12 +1,16 @@
-//! Fork-join across nodes, the network side (paper §3.5): the messages of
-//! start-up distribution, cross-node stealing, results and termination.
+//! Fork-join across nodes, the messaging side (paper §3.5): the messages
+//! of start-up distribution, cross-node stealing, results and termination.
 //!
-//! hyfi-core decides *what* moves ([`hyfi_core::FjNode`]: which filaments a
+//! [`crate::balance`] decides *what* moves ([`FjNode`]: which filaments a
 //! donor gives, where received ones run, how a parent gets its result);
-//! this module moves it. It is the node's [`Service`] number
-//! [`SERVICE`], so every message is handled on the communication thread
-//! as it arrives, without waking a server thread: a donor answers a steal
-//! request while its processors keep computing.
+//! this module moves it, through the node seam only ([`crate::link`]): it
+//! is the node's [`ServiceId::Steal`] service, so every message is handled
+//! on the delivery (communication) thread as it arrives, without waking a
+//! server thread: a donor answers a steal request while its processors
+//! keep computing. Steal requests travel as [`Class::Control`] (they
+//! overtake queued filaments and results); everything else as
+//! [`Class::Bulk`]. Any transport that implements the seam carries it:
+//! TCP (hyfi-net) or [`crate::link::InProcess`] (tests).
 //!
 //! | message      | from → to          | meaning                                            |
 //! |--------------|--------------------|----------------------------------------------------|
@@ -28,26 +32,24 @@
 //! a run does not flood the others. A refusing donor asks its processors
 //! for a real fork, so the next request usually finds work.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hyfi_core::{Balancer, Failure, FjNode, LinkError, PortableJob, Runtime};
 use serde::{Deserialize, Serialize};
 
-use crate::comm::{service_tag, Service};
-use crate::error::NetError;
-use crate::wire;
-use crate::Cluster;
-
-/// The service number of fork-join messages (1 is the DSM's).
-pub const SERVICE: u8 = 2;
+use crate::balance::{Balancer, FjNode, PortableJob};
+use crate::link::{Class, Port, Service, ServiceId};
+use crate::node::LinkError;
+use crate::remote::Failure;
+use crate::runtime::Runtime;
+use crate::Error;
 
 /// First wait after a round of refused requests.
 pub const MIN_BACKOFF: Duration = Duration::from_micros(20);
 /// Longest wait between rounds of requests.
 pub const MAX_BACKOFF: Duration = Duration::from_millis(1);
 
-/// The messages (bincode, in bulk frames tagged for [`SERVICE`]).
+/// The messages (bincode payloads of [`ServiceId::Steal`]).
 #[derive(Debug, Serialize, Deserialize)]
 enum FjMsg {
     StealReq {
@@ -105,10 +107,10 @@ struct State {
     failed: bool,
 }
 
-/// A node's fork-join messaging: the [`Balancer`] hyfi-core calls, and the
-/// [`Service`] the communication thread calls.
+/// A node's fork-join messaging: the [`Balancer`] the runtime calls, and the
+/// [`Service`] the delivery thread calls.
 pub struct Stealing {
-    cluster: Weak<Cluster>,
+    port: Arc<dyn Port>,
     node: FjNode,
     me: usize,
     nodes: usize,
@@ -121,25 +123,31 @@ impl std::fmt::Debug for Stealing {
     }
 }
 
-/// Makes `rt`'s fork-join runs span `cluster`'s nodes: installs the
-/// balancer in the runtime and the service on the communication thread.
-/// [`crate::init`] does this for every multi-node runtime.
-pub fn install(rt: &Runtime, cluster: &Arc<Cluster>) -> Result<Arc<Stealing>, NetError> {
+/// Makes `rt`'s fork-join runs span its link's nodes: installs the
+/// balancer in the runtime and the [`ServiceId::Steal`] service on the
+/// link. The cluster layer does this for every multi-node runtime
+/// (`hyfi_net::init`); a one-node link carries no services and gets an
+/// error.
+pub fn install(rt: &Runtime) -> Result<Arc<Stealing>, Error> {
+    let link = rt.link();
+    let port = link.port().ok_or_else(|| {
+        Error::Link("fork-join across nodes needs a link to other nodes; this one has none".into())
+    })?;
     let s = Arc::new(Stealing {
-        // Weak: the runtime holds the cluster (its link), and the cluster's
-        // communication thread holds this service; a strong reference here
-        // would keep the cluster alive past the program's end.
-        cluster: Arc::downgrade(cluster),
+        // The port does not keep the link alive: the runtime holds the
+        // link, and the link's delivery thread holds this service.
+        port,
         node: rt.fj_node(),
-        me: cluster.rank(),
-        nodes: cluster.nodes(),
+        me: link.my_node(),
+        nodes: link.num_nodes(),
         st: Mutex::new(State {
             backoff: MIN_BACKOFF,
             ..State::default()
         }),
     });
     rt.set_balancer(s.clone())?;
-    cluster.comm().set_service(SERVICE, s.clone())?;
+    link.set_service(ServiceId::Steal, s.clone())
+        .map_err(Error::Link)?;
     Ok(s)
 }
 
@@ -148,32 +156,26 @@ impl Stealing {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn send(&self, to: usize, msg: &FjMsg) -> Result<(), NetError> {
-        let Some(c) = self.cluster.upgrade() else {
-            return Err(NetError::Aborted {
-                me: self.me,
-                cause: "the cluster is closed".into(),
-            });
+    fn send(&self, to: usize, msg: &FjMsg) -> Result<(), LinkError> {
+        let body = bincode::serialize(msg)
+            .map_err(|e| format!("node {}: encoding a fork-join message: {e}", self.me))?;
+        // Only requests overtake: a reply, a filament or a result is data.
+        let class = match msg {
+            FjMsg::StealReq { .. } => Class::Control,
+            _ => Class::Bulk,
         };
-        let body = bincode::serialize(msg).map_err(|e| NetError::Protocol {
-            me: self.me,
-            from: self.me,
-            why: format!("encoding a fork-join message: {e}"),
-        })?;
-        if body.len() > wire::MAX_FRAME {
-            return Err(NetError::Protocol {
-                me: self.me,
-                from: self.me,
-                why: format!(
-                    "a fork-join message of {} bytes exceeds the frame limit of {} bytes: \
-                     make filament arguments smaller",
-                    body.len(),
-                    wire::MAX_FRAME
-                ),
-            });
-        }
-        c.comm()
-            .send_frame(to, wire::bulk_frame(service_tag(SERVICE, 0), &body))
+        self.port
+            .send_bytes(to, ServiceId::Steal, class, &body)
+            .map_err(|e| {
+                format!(
+                    "node {}: sending a fork-join message of {} bytes to node {to}: {e} \
+                     (a filament's arguments or result too large?)",
+                    self.me,
+                    body.len()
+                )
+                .into()
+            })
+            .map(|_| ())
     }
 
     /// Handles one message (with the state locked, so messages of a run
@@ -316,7 +318,6 @@ impl Balancer for Stealing {
                 job,
             },
         )
-        .map_err(|e| Box::new(e) as LinkError)
     }
 
     fn send_result(&self, node: usize, run: u64, token: u64, outcome: Result<Vec<u8>, Failure>) {
@@ -346,7 +347,7 @@ impl Balancer for Stealing {
 }
 
 impl Service for Stealing {
-    fn frame(&self, from: usize, _tag: u64, payload: Vec<u8>) -> Result<(), String> {
+    fn frame(&self, from: usize, payload: Vec<u8>) -> Result<(), String> {
         let msg: FjMsg = bincode::deserialize(&payload)
             .map_err(|e| format!("undecodable fork-join message from node {from}: {e}"))?;
         let mut st = self.lock();

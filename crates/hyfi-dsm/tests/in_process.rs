@@ -1,0 +1,249 @@
+//! The DSM protocol (faults, page server, releases with twins and diffs)
+//! on 2–4 nodes in one process, over the in-process node seam
+//! ([`hyfi_core::link::InProcess`]), each node's region at its own base
+//! ([`Dsm::with_base`]). Random multi-writer rounds, every element checked
+//! on every node against a sequential model after every round (as
+//! `examples/dsm_stress.rs` does with real processes, tested in the
+//! workspace's `tests/dsm.rs`).
+
+use std::sync::{Arc, Mutex, RwLock};
+
+use hyfi_core::link::InProcess;
+use hyfi_core::{Config, Control, NodeLink, PoolArray, Program, Runtime};
+use hyfi_dsm::{Dsm, DsmStats, DsmVec, Placement, PAGE};
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The plan's word for element `e` of array `a` in round `k`.
+fn plan(seed: u64, k: u64, a: u64, e: usize) -> u64 {
+    mix(mix(mix(seed ^ (a << 56)) ^ k) ^ e as u64)
+}
+
+/// The global processor writing element `e` of array `a` in round `k`, if
+/// any (a quarter of the elements per round, by random processors of any
+/// node: bytes and words of one page written by several nodes).
+fn writer(seed: u64, k: u64, a: u64, e: usize, global: usize) -> Option<usize> {
+    let r = plan(seed, k, a, e);
+    (r % 4 == 0).then(|| (r >> 8) as usize % global)
+}
+
+trait Val: bytemuck::Pod + PartialEq + std::fmt::Debug + Send + Sync {
+    fn from_r(r: u64) -> Self;
+}
+impl Val for u8 {
+    fn from_r(r: u64) -> Self {
+        (r >> 24) as u8
+    }
+}
+impl Val for u32 {
+    fn from_r(r: u64) -> Self {
+        (r >> 24) as u32
+    }
+}
+impl Val for f64 {
+    fn from_r(r: u64) -> Self {
+        (r >> 24) as f64 * 0.25
+    }
+}
+
+/// A shared vector and its sequential model (the same on every node).
+struct Tracked<T: Val> {
+    id: u64,
+    arr: DsmVec<T>,
+    /// Read by filaments that may suspend on a page (so not a `Mutex`:
+    /// another filament of the same server thread must get in).
+    model: RwLock<Vec<T>>,
+}
+
+impl<T: Val> Tracked<T> {
+    fn new(dsm: &Dsm, id: u64, len: usize, placement: Placement, seed: u64) -> Self {
+        let init = |e: usize| T::from_r(mix(seed ^ (id << 40) ^ e as u64));
+        let arr = dsm
+            .vec::<T>(len)
+            .placement(placement)
+            .from_fn(init)
+            .expect("allocation");
+        Tracked {
+            id,
+            arr,
+            model: RwLock::new((0..len).map(init).collect()),
+        }
+    }
+    /// Round `k`'s writes of global processor `g`.
+    fn write(&self, seed: u64, k: u64, g: usize, global: usize) {
+        for e in 0..self.arr.len() {
+            if writer(seed, k, self.id, e, global) == Some(g) {
+                self.arr.set(e, T::from_r(plan(seed, k, self.id, e)));
+            }
+        }
+    }
+    /// Applies round `k`'s writes to the model.
+    fn advance(&self, seed: u64, k: u64, global: usize) {
+        let mut m = self.model.write().unwrap();
+        for (e, v) in m.iter_mut().enumerate() {
+            if writer(seed, k, self.id, e, global).is_some() {
+                *v = T::from_r(plan(seed, k, self.id, e));
+            }
+        }
+    }
+    /// Checks elements `lo..hi` against the model.
+    fn check(&self, node: usize, k: u64, lo: usize, hi: usize) -> Result<(), String> {
+        let m = self.model.read().unwrap();
+        for e in lo..hi.min(self.arr.len()) {
+            let got = self.arr.get(e);
+            if got != m[e] {
+                return Err(format!(
+                    "node {node}: array {} element {e} after round {k}: {got:?}, expected {:?}",
+                    self.id, m[e]
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Elements checked per filament.
+const CHUNK: usize = 700;
+
+/// `rounds` write-and-check rounds on one node; returns its DSM counters.
+fn node_main(
+    link: Arc<InProcess>,
+    procs: usize,
+    rounds: u64,
+    seed: u64,
+) -> Result<DsmStats, String> {
+    let rt = Runtime::with_link(
+        Config::new().procs(procs).pin(false),
+        link.clone() as Arc<dyn NodeLink>,
+    )
+    .map_err(|e| e.to_string())?;
+    let dsm = Dsm::with_base(&rt, None).map_err(|e| e.to_string())?;
+    let (me, nodes) = (rt.node(), rt.num_nodes());
+    let global = nodes * procs;
+    let p8 = Tracked::<u8>::new(&dsm, 1, 3 * PAGE + 100, Placement::Cyclic, seed);
+    let p32 = Tracked::<u32>::new(&dsm, 2, 5000, Placement::Block, seed);
+    let homes: Vec<usize> = (0..(3000 * 8usize).div_ceil(PAGE))
+        .map(|p| mix(seed ^ 0x77 ^ p as u64) as usize % nodes)
+        .collect();
+    let p64 = Tracked::<f64>::new(&dsm, 3, 3000, Placement::Explicit(homes), seed);
+    let lens = [p8.arr.len(), p32.arr.len(), p64.arr.len()];
+    let failure: Mutex<Option<String>> = Mutex::new(None);
+    let fail = |r: Result<(), String>| {
+        if let Err(e) = r {
+            failure.lock().unwrap().get_or_insert(e);
+        }
+    };
+
+    // Checking: every node checks every element, its processors split it.
+    let mut jobs = Vec::new();
+    for (a, len) in lens.iter().enumerate() {
+        for c in 0..len.div_ceil(CHUNK) {
+            jobs.push((a, c * CHUNK));
+        }
+    }
+    let mut check_pools = PoolArray::new(&rt, 2);
+    for j in 0..jobs.len() {
+        check_pools.pool_k(j % procs, (j / procs) % 2).push(j);
+    }
+    let mut write_pools = PoolArray::new(&rt, 1);
+    for p in 0..procs {
+        write_pools.pool(p).push(me * procs + p);
+    }
+    let mut prog = Program::new();
+    prog.phase(
+        check_pools,
+        |ctx, j| {
+            let (a, lo) = jobs[j];
+            let k = ctx.iteration();
+            fail(match a {
+                0 => p8.check(me, k, lo, lo + CHUNK),
+                1 => p32.check(me, k, lo, lo + CHUNK),
+                _ => p64.check(me, k, lo, lo + CHUNK),
+            });
+        },
+        |post| {
+            if failure.lock().unwrap().is_some() || post.iteration() >= rounds {
+                Control::Done
+            } else {
+                Control::Continue
+            }
+        },
+    );
+    prog.phase(
+        write_pools,
+        |ctx, g| {
+            let k = ctx.iteration();
+            p8.write(seed, k, g, global);
+            p32.write(seed, k, g, global);
+            p64.write(seed, k, g, global);
+        },
+        |post| {
+            let k = post.iteration();
+            p8.advance(seed, k, global);
+            p32.advance(seed, k, global);
+            p64.advance(seed, k, global);
+            Control::Continue
+        },
+    );
+    rt.start(&mut prog).map_err(|e| e.to_string())?;
+    drop(prog);
+    if let Some(e) = failure.lock().unwrap().take() {
+        return Err(e);
+    }
+    // The node's report carries the DSM's section (what SIGUSR1 prints
+    // over TCP).
+    let report = link.report();
+    if !report.contains("dsm node") {
+        return Err(format!(
+            "node {me}: the DSM added no report section: {report:?}"
+        ));
+    }
+    // Page requests travel as control, pages and releases as bulk.
+    let t = link.traffic().ok_or("the in-process link counts traffic")?;
+    if t.bulk.sent == 0 || (dsm.stats().total.read_faults > 0 && t.control.sent == 0) {
+        return Err(format!("node {me}: traffic by class {t}"));
+    }
+    Ok(dsm.stats())
+}
+
+fn run(nodes: usize, procs: usize, rounds: u64, seed: u64) {
+    let links = InProcess::connect(nodes);
+    let handles: Vec<_> = links
+        .into_iter()
+        .map(|l| std::thread::spawn(move || node_main(l, procs, rounds, seed)))
+        .collect();
+    let stats: Vec<DsmStats> = handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .expect("node thread")
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    let fetched: u64 = stats.iter().map(|s| s.total.pages_fetched).sum();
+    let served: u64 = stats.iter().map(|s| s.total.pages_served).sum();
+    let diffs: u64 = stats.iter().map(|s| s.total.diffs_applied).sum();
+    assert!(fetched > 0, "{nodes} x {procs}: no page moved");
+    assert_eq!(fetched, served, "every page served arrived");
+    assert!(diffs > 0, "{nodes} x {procs}: no diff moved to a home");
+}
+
+#[test]
+fn random_multi_writer_rounds_on_two_nodes() {
+    run(2, 2, 12, 1);
+}
+
+#[test]
+fn random_multi_writer_rounds_on_three_nodes() {
+    run(3, 1, 10, 2);
+}
+
+#[test]
+fn random_multi_writer_rounds_on_four_nodes() {
+    run(4, 1, 8, 3);
+}
