@@ -23,6 +23,12 @@
 //! * **Waiting.** A layer suspends a filthread until its page or message
 //!   arrives with [`filthread::suspend`], and records what it waits for with
 //!   [`waits::waiting`] (the SIGUSR1 hang report).
+//! * **The node seam** ([`link`]): sending to a node with a priority class
+//!   ([`link::Class`]: control overtakes queued bulk), services under typed
+//!   ids ([`link::ServiceId`], [`link::Service`]), typed traffic counters;
+//!   hyfi-net implements it over TCP, [`link::InProcess`] with channels
+//!   between several runtimes of one process (for protocol tests). The
+//!   shared memory and cross-node stealing ([`steal`]) use only the seam.
 //! * **Errors.** Each layer has its own error type ([`NetError`],
 //!   [`DsmError`]); a program sees them as [`crate::Error::Net`] and
 //!   [`crate::Error::Dsm`], with the layer's error as the source.
@@ -35,7 +41,7 @@
 //! access epoch the DSM keys its views on). Their documentation is in
 //! `hyfi_core`'s source.
 
-pub use hyfi_core::{balance, filthread, remote, waits};
+pub use hyfi_core::{balance, filthread, link, remote, steal, waits};
 pub use hyfi_core::{
     is_registered, parse_size, Balancer, Failure, FjNode, LinkError, NodeLink, PhaseEnd,
     PortableJob, SingleNode, Slot, Step, FORK_JOIN_PHASE,

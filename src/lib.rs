@@ -177,14 +177,20 @@ pub mod layers;
 /// ```compile_fail,E0432
 /// use hyfi::waits;
 /// ```
+/// ```compile_fail,E0432
+/// use hyfi::link;
+/// ```
+/// ```compile_fail,E0432
+/// use hyfi::steal;
+/// ```
 ///
 /// The same names through `hyfi::layers` compile:
 ///
 /// ```
 /// #[allow(unused_imports)]
 /// use hyfi::layers::{
-///     filthread, waits, Balancer, Cluster, FjNode, LinkError, NodeLink, PhaseEnd, PortableJob,
-///     SingleNode, Slot, Step,
+///     filthread, link, steal, waits, Balancer, Cluster, FjNode, LinkError, NodeLink, PhaseEnd,
+///     PortableJob, SingleNode, Slot, Step,
 /// };
 /// ```
 #[cfg(doctest)]
