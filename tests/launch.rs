@@ -273,14 +273,18 @@ fn what_a_node_leaves_behind_is_stopped_when_it_exits() {
 
 #[test]
 fn stderr_of_many_failing_nodes_is_summarised() {
-    bins(); // built (once) before any job\'s time starts
-            // Every node says the same thing (up to its rank) with a long rank list,
-            // as peers relaying node 0's "missing" list do, and fails.
+    // Built (once) before any job's time starts.
+    bins();
+    // Every node says the same thing (up to its rank) with a long rank list,
+    // as peers relaying node 0's "missing" list do, and fails a little
+    // later: the launcher starts no more nodes once one has failed, so the
+    // failure waits until many have spoken, even on a loaded machine (it
+    // failed once with only 7 started in time).
     let nodes = 300;
     let list: Vec<String> = (1..nodes).map(|r| r.to_string()).collect();
     let script = format!(
-        "sleep 1; echo \"node $HYFI_RANK: refused: only 1 of {nodes} arrived (missing: {})\" >&2; \
-         exit 3",
+        "echo \"node $HYFI_RANK: refused: only 1 of {nodes} arrived (missing: {})\" >&2; \
+         sleep 3; exit 3",
         list.join(", ")
     );
     let mark = unique("flood");
