@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The README's test command run RUNS times in a row while a release build
+# loops beside it in a second clone (the "tests pass on a loaded machine"
+# check). Prints one line per run: exit code, tests passed and failed,
+# seconds, load average.
+#
+#   scripts/suite-under-load.sh          # RUNS=5, clone in $TMPDIR
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-5}
+repo=$(pwd)
+other=$(mktemp -d "${TMPDIR:-/tmp}/hyfi-load.XXXXXX")
+git clone -q "$repo" "$other/clone"
+stop="$other/stop"
+(
+  cd "$other/clone"
+  while [ ! -f "$stop" ]; do
+    CARGO_TARGET_DIR="$other/target" cargo clean -q 2>/dev/null
+    CARGO_TARGET_DIR="$other/target" cargo build -q --release --workspace >/dev/null 2>&1
+  done
+) &
+builder=$!
+trap 'touch "$stop"; kill $builder 2>/dev/null; wait; rm -rf "$other"' EXIT
+for i in $(seq "$RUNS"); do
+  s=$(date +%s)
+  log="$other/run-$i.log"
+  cargo test --workspace --release --no-fail-fast >"$log" 2>&1
+  rc=$?
+  pass=$(grep "test result" "$log" | awk '{s+=$4} END {print s}')
+  fail=$(grep "test result" "$log" | awk '{s+=$6} END {print s}')
+  echo "run $i: rc=$rc passed=$pass failed=$fail secs=$(( $(date +%s) - s )) load=$(cut -d' ' -f1-3 /proc/loadavg)"
+  [ "$rc" -eq 0 ] || grep -E "^test .* FAILED" "$log"
+done
