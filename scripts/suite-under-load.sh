@@ -12,6 +12,9 @@ repo=$(pwd)
 other=$(mktemp -d "${TMPDIR:-/tmp}/hyfi-load.XXXXXX")
 git clone -q "$repo" "$other/clone"
 stop="$other/stop"
+# Job control: the builder gets a process group of its own, so that its
+# cargo and rustc processes stop with it.
+set -m
 (
   cd "$other/clone"
   while [ ! -f "$stop" ]; do
@@ -20,7 +23,18 @@ stop="$other/stop"
   done
 ) &
 builder=$!
-trap 'touch "$stop"; kill $builder 2>/dev/null; wait; rm -rf "$other"' EXIT
+set +m
+cleanup() {
+  touch "$stop"
+  # The builder's whole process group: the loop, cargo and rustc.
+  kill -TERM -- "-$builder" 2>/dev/null
+  wait 2>/dev/null
+  for _ in 1 2 3 4 5; do
+    rm -rf "$other" 2>/dev/null && break
+    sleep 1
+  done
+}
+trap cleanup EXIT
 for i in $(seq "$RUNS"); do
   s=$(date +%s)
   log="$other/run-$i.log"
