@@ -41,7 +41,7 @@ OUT=${OUT:-}
 # Default settings only (pinned server threads, local nodes on disjoint
 # CPUs): 2x2 runs where the host has 4 CPUs for it; on fewer, a pinned 2x2
 # is refused (each node's share is too small), so the overlap experiment
-# runs 2x1 only rather than set HYFI_PIN=0.
+# runs 2x1 only: every figure here is at the defaults a user gets.
 if (($(nproc) >= 4)); then OVERLAP_PROCS="1 2"; else OVERLAP_PROCS="1"; fi
 
 # The directory for raw outputs: $OUT, or a fresh one.

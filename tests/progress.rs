@@ -17,9 +17,7 @@ fn has_progress(err: &str) -> bool {
 }
 
 fn check(job: &Job, ok: bool, what: &str) {
-    if !ok {
-        job.fail(what);
-    }
+    assert!(ok, "{}: {what}{}", job.what, job.dump());
 }
 
 /// Node script: says which `HYFI_PROGRESS` it got on stdout, reports three

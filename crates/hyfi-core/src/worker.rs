@@ -609,12 +609,15 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
             // Master: wait for the others, then the node-level step, then the
             // post-phase code, then release everyone with the decision.
             let parker = ctx.ws().parker();
-            let w = crate::waits::waiting(
-                |a| format!("the node's other processors to end phase {}", a[0]),
-                [cur as u64, 0, 0],
-            );
-            parker.wait_until(|| run.arrived.load(Ordering::SeqCst) == p - 1);
-            drop(w);
+            if run.arrived.load(Ordering::SeqCst) != p - 1 {
+                // Recorded only when it will block: a phase of one processor
+                // (or one whose others are done) pays nothing for the report.
+                let _w = crate::waits::waiting(
+                    |a| format!("the node's other processors to end phase {}", a[0]),
+                    [cur as u64, 0, 0],
+                );
+                parker.wait_until(|| run.arrived.load(Ordering::SeqCst) == p - 1);
+            }
             run.arrived.store(0, Ordering::SeqCst);
             let next = post_phase(ctx, run, cur, body, phases.len());
             // The next phase is a new access epoch (no filament runs now;
@@ -631,16 +634,18 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
                 ctx.shared.workers[0].parker().notify();
             }
             let parker = ctx.ws().parker();
-            let _w = crate::waits::waiting(
-                |a| {
-                    format!(
-                        "processor 0 to end phase {} (the node's barrier, release and post-phase code)",
-                        a[0]
-                    )
-                },
-                [cur as u64, 0, 0],
-            );
-            parker.wait_until(|| run.gen.load(Ordering::SeqCst) != gen);
+            if run.gen.load(Ordering::SeqCst) == gen {
+                let _w = crate::waits::waiting(
+                    |a| {
+                        format!(
+                            "processor 0 to end phase {} (the node's barrier, release and post-phase code)",
+                            a[0]
+                        )
+                    },
+                    [cur as u64, 0, 0],
+                );
+                parker.wait_until(|| run.gen.load(Ordering::SeqCst) != gen);
+            }
             run.next.load(Ordering::SeqCst)
         };
         gen += 1;
