@@ -418,9 +418,16 @@ pub fn run_many_waiters(
     dsm: &Dsm,
     args: &Args,
 ) -> Result<u64, Box<dyn std::error::Error>> {
-    let v = dsm.vec::<u64>(16).placement(Placement::Node(0)).zeroed()?;
-    let bad = AtomicU64::new(0);
+    // A page of its own per round: a page read every round would be pushed
+    // by its home at each release after the first (and never requested
+    // again); a new page each round is a miss every round.
     let rounds = args.rounds.max(1);
+    let stride = (4096 / std::mem::size_of::<u64>()) as u64;
+    let v = dsm
+        .vec::<u64>((rounds * stride) as usize)
+        .placement(Placement::Node(0))
+        .zeroed()?;
+    let bad = AtomicU64::new(0);
     let mut writer = PoolArray::new(rt, 1);
     if rt.node() == 0 {
         writer.pool(0).push(0);
@@ -436,13 +443,13 @@ pub fn run_many_waiters(
     let mut prog = Program::new();
     prog.phase(
         writer,
-        |ctx, _| v.set(0, ctx.iteration() + 1),
+        |ctx, _| v.set((ctx.iteration() * stride) as usize, ctx.iteration() + 1),
         |_| Control::Continue,
     );
     prog.phase(
         readers,
         |ctx, _| {
-            if v.get(0) != ctx.iteration() + 1 {
+            if v.get((ctx.iteration() * stride) as usize) != ctx.iteration() + 1 {
                 bad.fetch_add(1, Relaxed);
             }
         },
@@ -482,7 +489,7 @@ fn main() {
     print!("{st}");
     print!("{}", rt.stats());
     println!(
-        "stats: node={} fetched={} read_faults={} write_faults={} diffs={} diff_bytes={} invalidations={} deferred={} suspensions={}",
+        "stats: node={} fetched={} read_faults={} write_faults={} diffs={} diff_bytes={} invalidations={} pushed={} installed={} declined={} deferred={} suspensions={}",
         rt.node(),
         t.pages_fetched,
         t.read_faults,
@@ -490,6 +497,9 @@ fn main() {
         t.diffs_sent,
         t.diff_bytes_sent,
         t.invalidations,
+        t.pages_pushed,
+        t.pushes_installed,
+        t.pushes_declined,
         t.requests_deferred,
         rt.stats().total().suspensions
     );

@@ -19,13 +19,34 @@
 //! on every node, in place of the phase barrier):
 //! 1. every page first written this phase is on the node's dirty list; a
 //!    non-home page's diff against its twin (byte-exact runs) is computed;
-//! 2. each node sends every other node one `REL` message: its write
-//!    notices (the pages it wrote, as ranges) and the diffs of pages homed
-//!    there. A page written only by its home moves no diff;
+//! 2. each node sends every other node one `REL` message holding
+//!    everything it has for that node: its write notices for pages homed
+//!    elsewhere (as ranges; they go to every node, since only the home
+//!    knows who holds a copy), the diffs of pages homed there, and, as a
+//!    home, the pages it wrote itself that the receiver holds a copy of
+//!    (see *copy sets and producer push*). A page written only by its home
+//!    moves no diff and no notice;
 //! 3. a node waits for the `REL` of every other node (so this is a
 //!    barrier). Homes apply diffs as they arrive; then every copy named in
-//!    another node's notices is invalidated. A page written by this node
-//!    alone keeps its copy (it equals the home's now).
+//!    another node's notices is invalidated, and pushed pages are
+//!    installed. A page written by this node alone keeps its copy (it
+//!    equals the home's now).
+//!
+//! **Copy sets and producer push** (after HLRC's copy sets and the
+//! producer push of Karlsson's Balder work). A home records, per page, the
+//! nodes it served a copy to. When the home writes a page in a phase, it
+//! sends the new page, in its `REL`, to every node of the copy set instead
+//! of a write notice: the reader finds it valid in the next phase and
+//! waits for nothing (a steady-state Jacobi sweep fetches no page). A
+//! pushed page is installed with the `PUSHED` flag, which the first access
+//! clears (one call of `ensure` per page and phase); a page that still
+//! carries it at the reader's next release went unused, and the reader
+//! drops it (`INVALID`) and *declines* it in its `REL` to the home, which
+//! takes the reader out of the page's copy set: a page read once is pushed
+//! at most once more. A push is discarded, and the copy invalidated, when
+//! another node's notice names the page in the same release (a third
+//! writer's diff may be missing from it), when the receiver wrote the page
+//! itself, or when the receiver declines it in that release.
 //!
 //! **Epochs.** A node's epoch counts its completed releases. A `REL` is
 //! applied only while its receiver is in the release of that epoch (one
@@ -63,11 +84,19 @@ pub(crate) const WRITE: u8 = 3;
 /// installer's `Release`: the flag sends its reads to that path until the
 /// release clears it.
 pub(crate) const FRESH: u8 = 4;
+/// Flag on `READ`: the page's home pushed it at the last release (producer
+/// push) and no access has touched it since. Every accessor's hit test
+/// fails on it, so the first access of the phase goes through `ensure`,
+/// which clears the flag: a page that still carries it at the next release
+/// was not used, and this node declines further pushes of it (see the
+/// module docs). Once per pushed page and phase, off the element path.
+pub(crate) const PUSHED: u8 = 8;
 
-/// Whether a page in state `st` is valid here (readable).
+/// Whether a page in state `st` is valid here (readable) and not waiting
+/// for its first use since a push.
 #[inline(always)]
 pub(crate) fn readable(st: u8) -> bool {
-    st >= READ
+    (READ..PUSHED).contains(&st)
 }
 
 /// Whether a page in state `st` is writable here (twin taken if needed).
@@ -94,6 +123,46 @@ const REL: u8 = 3;
 /// Pages per reply frame.
 const REPLY_BATCH: usize = 64;
 
+/// A set of small numbers (processors, nodes); empty until first used.
+#[derive(Default)]
+struct Bits(Vec<u64>);
+
+impl Bits {
+    /// Adds `k`; true if it was not there.
+    fn insert(&mut self, k: usize) -> bool {
+        let (w, b) = (k / 64, 1u64 << (k % 64));
+        if self.0.len() <= w {
+            self.0.resize(w + 1, 0);
+        }
+        let new = self.0[w] & b == 0;
+        self.0[w] |= b;
+        new
+    }
+    fn remove(&mut self, k: usize) {
+        if let Some(w) = self.0.get_mut(k / 64) {
+            *w &= !(1u64 << (k % 64));
+        }
+    }
+    /// The members, in increasing order.
+    fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.iter().enumerate().flat_map(|(w, &word)| {
+            let mut word = word;
+            std::iter::from_fn(move || {
+                (word != 0).then(|| {
+                    let b = word.trailing_zeros() as usize;
+                    word &= word - 1;
+                    w * 64 + b
+                })
+            })
+        })
+    }
+    /// Empties the set, calling `f` with each member.
+    fn drain(&mut self, f: impl FnMut(usize)) {
+        self.iter().for_each(f);
+        self.0.iter_mut().for_each(|w| *w = 0);
+    }
+}
+
 /// One page's protected state.
 #[derive(Default)]
 pub(crate) struct Meta {
@@ -103,8 +172,17 @@ pub(crate) struct Meta {
     requester: usize,
     /// Pending bits, one per slot (processor): who waits for this page.
     /// Each slot with its bit set counts the page in its outstanding
-    /// counter until the page arrives. Empty until a first miss.
-    pending: Vec<u64>,
+    /// counter until the page arrives.
+    pending: Bits,
+    /// At the home: the nodes holding a copy it served or pushed them (the
+    /// copy set), until they decline a push. A member whose copy another
+    /// writer's notice invalidated stays in it: it is pushed the page once
+    /// more and declines it.
+    copies: Bits,
+    /// At the home: every node may hold a copy it was never served (a
+    /// zeroed array starts valid everywhere), so the home's next write of
+    /// the page goes out as a notice to every node rather than as pushes.
+    presumed: bool,
 }
 
 /// One shared array's pages.
@@ -127,29 +205,6 @@ pub(crate) struct Segment {
 unsafe impl Send for Segment {}
 // SAFETY: as above.
 unsafe impl Sync for Segment {}
-
-impl Meta {
-    /// Sets `slot`'s pending bit; true if it was not set.
-    fn set_pending(&mut self, slot: usize) -> bool {
-        let (w, b) = (slot / 64, 1u64 << (slot % 64));
-        if self.pending.len() <= w {
-            self.pending.resize(w + 1, 0);
-        }
-        let new = self.pending[w] & b == 0;
-        self.pending[w] |= b;
-        new
-    }
-    /// Clears the pending bits, calling `f` with each slot that had one.
-    fn take_pending(&mut self, mut f: impl FnMut(usize)) {
-        for (w, word) in self.pending.iter_mut().enumerate() {
-            while *word != 0 {
-                let b = word.trailing_zeros() as usize;
-                *word &= *word - 1;
-                f(w * 64 + b);
-            }
-        }
-    }
-}
 
 impl Segment {
     pub(crate) fn pages(&self) -> usize {
@@ -184,6 +239,22 @@ struct Proto {
     releasing: bool,
     /// Page requests waiting for this node's epoch: (from, epoch, pages).
     deferred: Vec<(usize, u64, Vec<u64>)>,
+    /// Pages pushed to this node in the current release: (global page,
+    /// bytes), installed once every `REL` is in.
+    pushes: Vec<(u64, Vec<u8>)>,
+}
+
+/// What one `REL` carries to one node besides the notices.
+#[derive(Default)]
+struct Body {
+    /// Diffs of pages homed there: (page u64, runs u32, runs)...
+    diffs: Vec<u8>,
+    ndiffs: u32,
+    /// Pages homed here that it holds a copy of: (page u64, bytes)...
+    pushes: Vec<u8>,
+    npushes: u32,
+    /// Pages it pushed here that went unused.
+    declines: Vec<u64>,
 }
 
 struct PhaseTable {
@@ -213,6 +284,9 @@ pub(crate) struct Core {
     /// Pages installed in this phase (segment, page): their FRESH flag is
     /// cleared at the release.
     fresh: Mutex<Vec<(u64, usize)>>,
+    /// Pages installed by push at the last release (global numbers): those
+    /// still `PUSHED` at the next one went unused and are declined.
+    pushed_last: Mutex<Vec<u64>>,
     /// Requests in flight, per slot (processors, then one for other threads).
     outstanding: Box<[CachePadded<AtomicUsize>]>,
     counters: Box<[CachePadded<AtomicCounters>]>,
@@ -279,11 +353,13 @@ impl Core {
                 early: Vec::new(),
                 releasing: false,
                 deferred: Vec::new(),
+                pushes: Vec::new(),
             }),
             proto_cv: Condvar::new(),
             failed: OnceLock::new(),
             dirty: Mutex::new(Vec::new()),
             fresh: Mutex::new(Vec::new()),
+            pushed_last: Mutex::new(Vec::new()),
             outstanding: (0..=procs).map(|_| Default::default()).collect(),
             counters: (0..=procs).map(|_| Default::default()).collect(),
             phases: Mutex::new(PhaseTable {
@@ -324,7 +400,15 @@ impl Core {
                 .iter()
                 .map(|&h| AtomicU8::new(if h == me { home0 } else { state0 }))
                 .collect(),
-            meta: homes.iter().map(|_| Mutex::default()).collect(),
+            meta: homes
+                .iter()
+                .map(|&h| {
+                    Mutex::new(Meta {
+                        presumed: h == me && state0 != INVALID && self.nodes > 1,
+                        ..Meta::default()
+                    })
+                })
+                .collect(),
             homes: homes.into_boxed_slice(),
             access: AtomicU64::new(0),
         }
@@ -420,11 +504,17 @@ impl Core {
                     continue;
                 }
                 let mut m = seg.lock(p);
-                match seg.state[p].load(Ordering::Acquire) {
+                let mut st = seg.state[p].load(Ordering::Acquire);
+                if st & PUSHED != 0 {
+                    // The first use of a pushed page: it stays pushed.
+                    st &= !PUSHED;
+                    seg.state[p].store(st, Ordering::Release);
+                }
+                match st {
                     INVALID => {
                         seg.state[p].store(PENDING, Ordering::Relaxed);
                         m.requester = slot;
-                        m.set_pending(slot);
+                        m.pending.insert(slot);
                         self.outstanding[slot].fetch_add(1, Ordering::Relaxed);
                         reqs.push((seg.homes[p], seg.first + p as u64));
                         wait_on.push(p);
@@ -433,7 +523,7 @@ impl Core {
                     PENDING => {
                         // Already requested on this node: never twice; this
                         // processor waits for the same reply.
-                        if m.set_pending(slot) {
+                        if m.pending.insert(slot) {
                             self.outstanding[slot].fetch_add(1, Ordering::Relaxed);
                         }
                         wait_on.push(p);
@@ -586,6 +676,7 @@ impl Core {
                     }
                     for &gp in chunk {
                         let (seg, p) = self.find(gp).expect("checked when the request came");
+                        seg.lock(p).copies.insert(to);
                         // SAFETY: a page of a live segment of our region.
                         unsafe { elem::copy_out(seg.page_ptr(p), b) };
                     }
@@ -628,7 +719,7 @@ impl Core {
                     .pages_fetched
                     .fetch_add(1, Ordering::Relaxed);
                 let outstanding = &self.outstanding;
-                m.take_pending(|s| {
+                m.pending.drain(|s| {
                     outstanding[s].fetch_sub(1, Ordering::Relaxed);
                 });
                 std::mem::take(&mut m.waiters)
@@ -683,6 +774,9 @@ impl Core {
                     seg.homes[p]
                 ));
             }
+            // The writer keeps its copy (it equals this one once every
+            // diff is in, unless another writer's notice drops it).
+            seg.lock(p).copies.insert(from);
             // SAFETY: a page of a live segment homed here; diff bytes are
             // written with byte atomics.
             let used = unsafe { elem::apply(seg.page_ptr(p), runs, r.rest()) }
@@ -691,6 +785,38 @@ impl Core {
             self.ctr(self.procs)
                 .diffs_applied
                 .fetch_add(1, Ordering::Relaxed);
+        }
+        let np = r.u32()? as usize;
+        for _ in 0..np {
+            let gp = r.u64()?;
+            let bytes = r.bytes(PAGE)?;
+            let (seg, p) = self
+                .find(gp)
+                .ok_or_else(|| format!("a pushed page {gp}, which no shared array holds"))?;
+            if seg.homes[p] as usize != from {
+                return Err(format!(
+                    "page {gp} pushed by node {from}, but its home is node {}",
+                    seg.homes[p]
+                ));
+            }
+            pr.pushes.push((gp, bytes.to_vec()));
+        }
+        let nd = r.u32()? as usize;
+        for _ in 0..nd {
+            let gp = r.u64()?;
+            let (seg, p) = self
+                .find(gp)
+                .ok_or_else(|| format!("a declined page {gp}, which no shared array holds"))?;
+            if seg.homes[p] as usize != self.me {
+                return Err(format!(
+                    "node {from} declined page {gp}, whose home is node {}",
+                    seg.homes[p]
+                ));
+            }
+            seg.lock(p).copies.remove(from);
+        }
+        if !r.rest().is_empty() {
+            return Err(format!("{} stray bytes after a release", r.rest().len()));
         }
         pr.got += 1;
         pr.got_from[from] = true;
@@ -756,9 +882,30 @@ impl Core {
         dirty.sort_unstable();
         dirty.dedup();
 
-        // 1. Diffs per home, pages back to READ.
-        let mut diffs: Vec<(u32, Vec<u8>)> = vec![(0, Vec::new()); self.nodes];
+        // 0. Pushed pages no access touched since the last release: dropped
+        //    here and declined to their homes.
+        let mut bodies: Vec<Body> = (0..self.nodes).map(|_| Body::default()).collect();
         let mut cache: Option<Arc<Segment>> = None;
+        let mut declined: Vec<u64> = Vec::new();
+        for gp in std::mem::take(&mut *self.pushed_last.lock().unwrap_or_else(|e| e.into_inner())) {
+            let (seg, p) = self
+                .find_cached(gp, &mut cache)
+                .expect("pushed pages belong to segments");
+            let _m = seg.lock(p);
+            if seg.state[p].load(Ordering::Acquire) & PUSHED != 0 {
+                seg.state[p].store(INVALID, Ordering::Release);
+                bodies[seg.homes[p] as usize].declines.push(gp);
+                declined.push(gp);
+            }
+        }
+        declined.sort_unstable();
+        self.ctr(slot)
+            .pushes_declined
+            .fetch_add(declined.len() as u64, Ordering::Relaxed);
+
+        // 1. Diffs per home, pages back to READ; as a home, the pages
+        //    written here go to the nodes holding a copy.
+        let mut noticed_home: Vec<u64> = Vec::new();
         for &gp in &dirty {
             let (seg, p) = self
                 .find_cached(gp, &mut cache)
@@ -770,38 +917,66 @@ impl Core {
                     .twin
                     .take()
                     .expect("a non-home page written here has a twin");
-                let (n, buf) = &mut diffs[home];
-                let at = buf.len();
-                buf.extend_from_slice(&gp.to_le_bytes());
-                buf.extend_from_slice(&[0; 4]);
+                let b = &mut bodies[home];
+                let at = b.diffs.len();
+                b.diffs.extend_from_slice(&gp.to_le_bytes());
+                b.diffs.extend_from_slice(&[0; 4]);
                 // SAFETY: a page of a live segment; no filament runs now.
-                let runs = unsafe { elem::diff(seg.page_ptr(p), &twin, buf) };
+                let runs = unsafe { elem::diff(seg.page_ptr(p), &twin, &mut b.diffs) };
                 if runs == 0 {
-                    buf.truncate(at); // written, but back to what it was
+                    b.diffs.truncate(at); // written, but back to what it was
                 } else {
-                    buf[at + 8..at + 12].copy_from_slice(&runs.to_le_bytes());
-                    *n += 1;
+                    b.diffs[at + 8..at + 12].copy_from_slice(&runs.to_le_bytes());
+                    b.ndiffs += 1;
                     let c = self.ctr(slot);
                     c.diffs_sent.fetch_add(1, Ordering::Relaxed);
                     c.diff_bytes_sent
-                        .fetch_add((buf.len() - at - 12) as u64, Ordering::Relaxed);
+                        .fetch_add((b.diffs.len() - at - 12) as u64, Ordering::Relaxed);
+                }
+            } else if m.presumed {
+                // Copies nobody was served: a notice to every node (below).
+                m.presumed = false;
+                noticed_home.push(gp);
+            } else {
+                for q in m.copies.iter() {
+                    let b = &mut bodies[q];
+                    b.pushes.extend_from_slice(&gp.to_le_bytes());
+                    // SAFETY: a page of a live segment homed here; no
+                    // filament runs now (diffs others apply meanwhile are
+                    // byte atomics, and their writers' notices void this
+                    // push at the receiver).
+                    unsafe { elem::copy_out(seg.page_ptr(p), &mut b.pushes) };
+                    b.npushes += 1;
                 }
             }
             seg.state[p].store(READ, Ordering::Release);
         }
 
-        // 2. Notices as ranges of consecutive pages.
+        // 2. Notices, as ranges of consecutive pages: the pages homed
+        //    elsewhere that this node wrote (only their homes know who holds
+        //    a copy), and pages homed here that every node may hold.
+        //    Pages homed here that others were served went as pushes.
         let mut ranges: Vec<(u64, u32)> = Vec::new();
+        let mut noticed = 0u64;
         for &gp in &dirty {
+            let (seg, p) = self.find_cached(gp, &mut cache).expect("as above");
+            if seg.homes[p] as usize == self.me && noticed_home.binary_search(&gp).is_err() {
+                continue;
+            }
+            noticed += 1;
             match ranges.last_mut() {
                 Some((s, l)) if *s + *l as u64 == gp && *l < u32::MAX => *l += 1,
                 _ => ranges.push((gp, 1)),
             }
         }
-        self.ctr(slot)
-            .notices_sent
-            .fetch_add(dirty.len() as u64, Ordering::Relaxed);
-        for (q, (n, body)) in diffs.into_iter().enumerate() {
+        {
+            let c = self.ctr(slot);
+            c.notices_sent
+                .fetch_add(noticed * (self.nodes as u64 - 1), Ordering::Relaxed);
+            let pushed: u64 = bodies.iter().map(|b| u64::from(b.npushes)).sum();
+            c.pages_pushed.fetch_add(pushed, Ordering::Relaxed);
+        }
+        for (q, b) in bodies.into_iter().enumerate() {
             if q == self.me {
                 continue;
             }
@@ -809,23 +984,29 @@ impl Core {
                 q,
                 REL,
                 Class::Bulk,
-                16 + ranges.len() * 12 + body.len(),
+                24 + ranges.len() * 12 + b.diffs.len() + b.pushes.len() + 8 * b.declines.len(),
                 slot,
-                |b| {
-                    b.extend_from_slice(&epoch.to_le_bytes());
-                    b.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
+                |buf| {
+                    buf.extend_from_slice(&epoch.to_le_bytes());
+                    buf.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
                     for (s, l) in &ranges {
-                        b.extend_from_slice(&s.to_le_bytes());
-                        b.extend_from_slice(&l.to_le_bytes());
+                        buf.extend_from_slice(&s.to_le_bytes());
+                        buf.extend_from_slice(&l.to_le_bytes());
                     }
-                    b.extend_from_slice(&n.to_le_bytes());
-                    b.extend_from_slice(&body);
+                    buf.extend_from_slice(&b.ndiffs.to_le_bytes());
+                    buf.extend_from_slice(&b.diffs);
+                    buf.extend_from_slice(&b.npushes.to_le_bytes());
+                    buf.extend_from_slice(&b.pushes);
+                    buf.extend_from_slice(&(b.declines.len() as u32).to_le_bytes());
+                    for gp in &b.declines {
+                        buf.extend_from_slice(&gp.to_le_bytes());
+                    }
                 },
             );
         }
 
         // 3. Wait for every other node's release of this epoch.
-        let notices = {
+        let (mut notices, pushes) = {
             let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
             let _w = hyfi_core::waits::waiting(
                 |a| {
@@ -857,12 +1038,15 @@ impl Core {
             if let Some(f) = self.failure() {
                 return Err(f.clone());
             }
-            std::mem::take(&mut pr.notices)
+            (
+                std::mem::take(&mut pr.notices),
+                std::mem::take(&mut pr.pushes),
+            )
         };
 
         // 4. Invalidate the copies others wrote.
         let mut invalidated = 0u64;
-        for (start, len) in notices {
+        for &(start, len) in &notices {
             for gp in start..start + len as u64 {
                 let Some((seg, p)) = self.find_cached(gp, &mut cache) else {
                     return Err(format!(
@@ -878,9 +1062,42 @@ impl Core {
                 }
             }
         }
-        self.ctr(slot)
-            .invalidations
-            .fetch_add(invalidated, Ordering::Relaxed);
+
+        // 5. Install the pushed pages, unless another writer's notice names
+        //    the page (its diff may be missing from the push), this node
+        //    wrote it too, or this node declined it in this release: then
+        //    the copy is dropped.
+        notices.sort_unstable();
+        let named = |gp: u64| {
+            let k = notices.partition_point(|&(s, _)| s <= gp);
+            k > 0 && gp < notices[k - 1].0 + u64::from(notices[k - 1].1)
+        };
+        let mut installed = Vec::with_capacity(pushes.len());
+        for (gp, bytes) in pushes {
+            let (seg, p) = self
+                .find_cached(gp, &mut cache)
+                .expect("checked on arrival");
+            let _m = seg.lock(p);
+            if named(gp) || dirty.binary_search(&gp).is_ok() || declined.binary_search(&gp).is_ok()
+            {
+                if seg.state[p].load(Ordering::Acquire) != INVALID {
+                    seg.state[p].store(INVALID, Ordering::Release);
+                    invalidated += 1;
+                }
+                continue;
+            }
+            // SAFETY: a page of a live segment homed elsewhere; no filament
+            // runs now, and the next phase's barrier orders these bytes
+            // before its accesses.
+            unsafe { elem::copy_in(seg.page_ptr(p), &bytes) };
+            seg.state[p].store(READ | PUSHED, Ordering::Release);
+            installed.push(gp);
+        }
+        let c = self.ctr(slot);
+        c.invalidations.fetch_add(invalidated, Ordering::Relaxed);
+        c.pushes_installed
+            .fetch_add(installed.len() as u64, Ordering::Relaxed);
+        *self.pushed_last.lock().unwrap_or_else(|e| e.into_inner()) = installed;
 
         // Pages installed in this phase are settled from now on: this
         // read-modify-write acquires the installer's release, and the phase

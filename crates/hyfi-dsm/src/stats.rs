@@ -51,9 +51,15 @@ counters! {
     diff_bytes_sent,
     /// Diffs applied here as a home.
     diffs_applied,
-    /// Pages of this node's write notices.
+    /// Pages named in this node's write notices, counted once per receiving node.
     notices_sent,
-    /// Copies invalidated by other nodes' write notices.
+    /// Pages this node, as their home, pushed to nodes holding a copy.
+    pages_pushed,
+    /// Pages pushed here and installed.
+    pushes_installed,
+    /// Pages pushed here that no access used before the next release: dropped and declined.
+    pushes_declined,
+    /// Copies invalidated by other nodes' write notices (or by a push voided by one).
     invalidations,
     /// Nanoseconds filthreads (and threads) spent waiting for pages.
     wait_ns,
@@ -88,6 +94,7 @@ impl fmt::Display for DsmCounters {
             f,
             "read faults {}, write faults {}, pages fetched {} served {} (deferred {}), \
              diffs sent {} ({} B) applied {}, notices {}, invalidations {}, \
+             pushed {} installed {} declined {}, \
              waiting {:.3} ms, releases {:.3} ms, {} messages ({} B)",
             self.read_faults,
             self.write_faults,
@@ -99,6 +106,9 @@ impl fmt::Display for DsmCounters {
             self.diffs_applied,
             self.notices_sent,
             self.invalidations,
+            self.pages_pushed,
+            self.pushes_installed,
+            self.pushes_declined,
             self.wait_ns as f64 / 1e6,
             self.release_ns as f64 / 1e6,
             self.messages_sent,

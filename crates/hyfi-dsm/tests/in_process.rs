@@ -247,3 +247,107 @@ fn random_multi_writer_rounds_on_three_nodes() {
 fn random_multi_writer_rounds_on_four_nodes() {
     run(4, 1, 8, 3);
 }
+
+/// Producer push on 2 nodes: node 0, the home, writes pages 0..=5 every
+/// round; node 1 reads pages 0..=4 every round and page 5 in round 0 only.
+/// Node 1 fetches each page once (round 0); from then on the home pushes
+/// them at each release after it wrote them, and node 1 declines page 5,
+/// the one it stopped reading, after one unused push. Every read checks the
+/// value of its round.
+fn push_node(link: Arc<InProcess>, rounds: u64) -> Result<DsmStats, String> {
+    const HOT: usize = 5;
+    let rt = Runtime::with_link(
+        Config::new().procs(1).pin(false),
+        link.clone() as Arc<dyn NodeLink>,
+    )
+    .map_err(|e| e.to_string())?;
+    let dsm = Dsm::with_base(&rt, None).map_err(|e| e.to_string())?;
+    let per_page = PAGE / 8;
+    let v: DsmVec<u64> = dsm
+        .vec::<u64>((HOT + 1) * per_page)
+        .placement(Placement::Node(0))
+        .zeroed()
+        .map_err(|e| e.to_string())?;
+    let me = rt.node();
+    let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut writers = PoolArray::new(&rt, 1);
+    let mut readers = PoolArray::new(&rt, 1);
+    for page in 0..=HOT {
+        if me == 0 {
+            writers.pool(0).push(page);
+        } else {
+            readers.pool(0).push(page);
+        }
+    }
+    let mut prog = Program::new();
+    prog.phase(
+        writers,
+        |ctx, page| {
+            for e in 0..per_page {
+                v.set(page * per_page + e, ctx.iteration() + 1);
+            }
+        },
+        |_| Control::Continue,
+    );
+    prog.phase(
+        readers,
+        |ctx, page| {
+            let k = ctx.iteration();
+            if page == HOT && k > 0 {
+                return; // read in round 0 only
+            }
+            for e in [0, per_page / 2, per_page - 1] {
+                let got = v.get(page * per_page + e);
+                if got != k + 1 {
+                    bad.lock()
+                        .unwrap()
+                        .push(format!("round {k}, page {page}, element {e}: {got}"));
+                }
+            }
+        },
+        |post| {
+            if post.iteration() + 1 >= rounds {
+                Control::Done
+            } else {
+                Control::Continue
+            }
+        },
+    );
+    rt.start(&mut prog).map_err(|e| e.to_string())?;
+    drop(prog);
+    let bad = bad.into_inner().unwrap();
+    if !bad.is_empty() {
+        return Err(format!("node {me} read stale values: {bad:?}"));
+    }
+    Ok(dsm.stats())
+}
+
+#[test]
+fn homes_push_what_readers_use_and_stop_when_declined() {
+    let rounds = 6;
+    let handles: Vec<_> = InProcess::connect(2)
+        .into_iter()
+        .map(|l| std::thread::spawn(move || push_node(l, rounds)))
+        .collect();
+    let st: Vec<DsmStats> = handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .expect("node thread")
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    let (home, reader) = (&st[0].total, &st[1].total);
+    // Round 0: every page fetched once (the zeroed copies were voided by
+    // the home's first write). Round 1: all six pushed; page 5 unused, so
+    // declined at the release after round 1's reads. Rounds 2..: five.
+    assert_eq!(reader.pages_fetched, 6, "{reader:?}");
+    assert_eq!(reader.read_faults, 6, "{reader:?}");
+    assert_eq!(home.pages_pushed, 6 + 5 * (rounds - 2), "{home:?}");
+    assert_eq!(reader.pushes_installed, home.pages_pushed, "{reader:?}");
+    assert_eq!(reader.pushes_declined, 1, "{reader:?}");
+    // No write notice for pages only the home writes, once the zeroed
+    // copies are gone (the first write's notice: 6 pages to one node).
+    assert_eq!(home.notices_sent, 6, "{home:?}");
+    assert_eq!(reader.diffs_sent + home.diffs_sent, 0);
+}
