@@ -225,15 +225,8 @@ env_of() {
     esac
 }
 
-# Seconds in a line "...: 0.123 s ..." (or "12.3 ms"), after the line's first
-# colon; empty if none.
-secs_in() {
-    sed 's/^[^:]*://' | awk '{
-        if (match($0, /[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)? *(ms|s)([^A-Za-z]|$)/)) {
-            t = substr($0, RSTART, RLENGTH); u = (t ~ /ms/) ? 1e-3 : 1
-            sub(/ *m?s.*$/, "", t); printf "%.6f\n", t * u
-        } }' | head -1
-}
+# shellcheck source=lib/measure.sh
+source "$ROOT/scripts/lib/measure.sh"
 
 # CPU ticks the whole machine spent busy, and those of this shell's reaped children.
 busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
@@ -365,9 +358,7 @@ elapsed=$((SECONDS - start))
 # med KERNEL VARIANT [COLUMN] -> median over the rounds (empty if no runs)
 med() {
     awk -v k="$1" -v v="$2" -v c="${3:-4}" '$1 == k && $2 == v && $c != "-" { print $c }' "$RESULTS" |
-        sort -g | awk '{ a[NR] = $1 } END {
-            if (NR == 0) exit
-            if (NR % 2) printf "%.6f\n", a[(NR + 1) / 2]; else printf "%.6f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+        median
 }
 
 # Median [min-max] over rounds of VARIANT_A / VARIANT_B of one kernel.

@@ -1,0 +1,370 @@
+#!/usr/bin/env bash
+# The HyFi paper's Tables 2 and 3 on this machine, and its speedup chart.
+# One command:
+#
+#   scripts/paper-tables.sh [--runs N] [--kernels LIST] [--out DIR]
+#                           [--no-build] [--no-table3]
+#
+# Table 2 runs, round-robin (--runs rounds, default 5), every kernel in
+# every configuration this machine holds and prints the median time and
+# the speedup against the best straightforward sequential Rust
+# (examples/baselines.rs: flat Vec<f64>, slices, i-k-j matmul, plain
+# recursion), never against hyfi 1x1:
+#
+#   seq    examples/baselines.rs <kernel> seq
+#   1x1    the hyfi example, --procs 1          (one node, one processor)
+#   1x2    --procs 2                            (one node, two processors)
+#   2x1    --nodes 2 --procs 1                  (two nodes, one processor each)
+#   2x2*   --nodes 2 --procs 2 --no-pin         oversubscribed on < 4 CPUs
+#   4x1*   --nodes 4 --procs 1 --no-pin         oversubscribed on < 4 CPUs
+#   MPI 2  C MPI, 2 ranks over TCP (benches/baselines/jacobi_mpi.c), Jacobi
+#          only: mpirun -n 2 --mca btl tcp,self
+#
+# Everything else runs at default settings (no HYFI_* variable is set; the
+# script warns if the environment sets one). Configurations marked * need
+# --no-pin here: with pinning on, a node may not run more processors than
+# its share of the CPUs (the clear error hyfi gives); they are printed but
+# kept out of the verdicts. Nodes are separate processes on loopback,
+# started by the example itself (the embedded launcher).
+#
+# Kernels (--kernels, comma-separated; default all):
+#   jacobi-point jacobi-row        1024², 200 sweeps, eps 0
+#   jacobi2048-point jacobi2048-row  2048², 50 sweeps, eps 0
+#   matmul matmul-row              n = 1024, one filament per element / row of C
+#   lu                             n = 1024
+#   fib                            fib(40), every call a join_remote
+#   quad                           x⁶ on [1, 70], tol 1.5e-3
+#
+# Each program times only its computation (hyfi on several nodes: the
+# slowest node) and is checked: the baselines print the same `check:` line,
+# and hyfi's fingerprints (Jacobi's grid_bits) must equal theirs; a failed
+# run or a mismatch stops the script.
+#
+# Also printed: DSM traffic per Jacobi sweep on 2x1 (bytes, messages,
+# notices, pushes, fetches per node, from the phase's own counters).
+#
+# Table 3 (unless --no-table3): the overlap of communication and
+# computation, Jacobi 1024² on 2x1 with 1 and 4 pools per processor, per row
+# and per point, on loopback (interleaved, --runs pairs); over a link shaped
+# to 1 Gbit/s when run as root with iproute2 (scripts/shaped-link.sh),
+# otherwise the script says it was not run and why.
+#
+# The speedup chart (SVG, drawn by this script) goes to $OUT/speedup.svg.
+# Builds: cargo build --release --examples, and the MPI baseline with mpicc
+# (from libopenmpi-dev); without mpicc/mpirun the MPI column reads n/a and
+# the script says so. A full run takes about 10-15 minutes on 2 cores.
+
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=lib/measure.sh
+source "$ROOT/scripts/lib/measure.sh"
+RUNS=5
+ALL=jacobi-point,jacobi-row,jacobi2048-point,jacobi2048-row,matmul,matmul-row,lu,fib,quad
+KERNELS=$ALL
+OUT=${OUT:-}
+BUILD=1
+TABLE3=1
+
+die() {
+    echo "paper-tables: ERROR: $*" >&2
+    exit 1
+}
+usage() {
+    sed -n '2,/^$/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    exit "${1:-0}"
+}
+while (($#)); do
+    case $1 in
+    --runs) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || die "--runs needs a positive integer" && RUNS=$2 && shift ;;
+    --kernels) KERNELS=${2:?--kernels needs a list} && shift ;;
+    --out) OUT=${2:?--out needs a directory} && shift ;;
+    --no-build) BUILD=0 ;;
+    --no-table3) TABLE3=0 ;;
+    -h | --help) usage 0 ;;
+    *) echo "paper-tables: unknown option '$1'" >&2 && usage 2 ;;
+    esac
+    shift
+done
+IFS=, read -r -a KLIST <<<"$KERNELS"
+for k in "${KLIST[@]}"; do
+    [[ ,$ALL, == *",$k,"* ]] || die "unknown kernel '$k' (known: $ALL)"
+done
+
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+[[ $TARGET == /* ]] || TARGET=$ROOT/$TARGET
+EX=$TARGET/release/examples
+CDIR=$TARGET/paper-tables-c
+[[ -n $OUT ]] || OUT=$(mktemp -d /tmp/hyfi-paper-tables.XXXXXX)
+mkdir -p "$OUT" "$CDIR"
+RESULTS=$OUT/results
+: >"$RESULTS"
+
+if ((BUILD)); then
+    (cd "$ROOT" && cargo build --release --examples) >"$OUT/cargo-build.log" 2>&1 ||
+        { tail -30 "$OUT/cargo-build.log" >&2; die "cargo build --release --examples failed"; }
+fi
+for b in baselines jacobi matmul lu fib quad; do
+    [[ -x $EX/$b ]] || die "$EX/$b is missing (build with: cargo build --release --examples)"
+done
+MPI_NOTE=""
+if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
+    mpicc -O2 -fopenmp -o "$CDIR/jacobi_mpi" "$ROOT/benches/baselines/jacobi_mpi.c" \
+        >"$OUT/mpicc.log" 2>&1 || MPI_NOTE="mpicc failed on benches/baselines/jacobi_mpi.c ($(head -1 "$OUT/mpicc.log"); install libopenmpi-dev)"
+else
+    MPI_NOTE="no mpicc/mpirun (install openmpi-bin and libopenmpi-dev)"
+fi
+[[ -z $MPI_NOTE ]] || echo "paper-tables: WARNING: $MPI_NOTE; the MPI column is n/a" >&2
+MPIRUN=(mpirun -n 2 --mca btl tcp,self)
+[[ $(id -u) == 0 ]] && MPIRUN+=(--allow-run-as-root)
+
+CONFIGS=(seq h11 h12 h21 h22 h41 mpi2)
+label_cfg() {
+    case $1 in
+    seq) echo "best seq" ;; h11) echo "1×1" ;; h12) echo "1×2" ;; h21) echo "2×1" ;;
+    h22) echo "2×2*" ;; h41) echo "4×1*" ;; mpi2) echo "MPI 2" ;;
+    esac
+}
+nodes_of() { case $1 in h21 | h22) echo 2 ;; h41) echo 4 ;; *) echo 1 ;; esac; }
+cfg_args() {
+    case $1 in
+    h11) echo "--procs 1" ;; h12) echo "--procs 2" ;; h21) echo "--nodes 2 --procs 1" ;;
+    h22) echo "--nodes 2 --procs 2 --no-pin" ;; h41) echo "--nodes 4 --procs 1 --no-pin" ;;
+    esac
+}
+
+# cmd_of KERNEL CONFIG -> the command line, or nothing if it does not exist.
+cmd_of() {
+    local k=$1 c=$2 n=1024 it=200 row=""
+    case $k in jacobi2048-*) n=2048 it=50 ;; esac
+    case $k in *-row) row=--per-row ;; esac
+    case $k:$c in
+    jacobi*:seq) echo "$EX/baselines jacobi seq --n $n --iters $it" ;;
+    jacobi*:mpi2) [[ -z $MPI_NOTE ]] && echo "${MPIRUN[*]} $CDIR/jacobi_mpi $n $it" ;;
+    jacobi*:h*) echo "$EX/jacobi --n $n --iters $it --eps 0 $row $(cfg_args "$c")" ;;
+    matmul*:seq) echo "$EX/baselines matmul seq --n 1024" ;;
+    matmul*:h*) echo "$EX/matmul --n 1024 $row $(cfg_args "$c")" ;;
+    lu:seq) echo "$EX/baselines lu seq --n 1024" ;;
+    lu:h*) echo "$EX/lu --n 1024 $(cfg_args "$c")" ;;
+    fib:seq) echo "$EX/baselines fib seq --n 40" ;;
+    fib:h*) echo "$EX/fib --n 40 --no-seq $(cfg_args "$c")" ;;
+    quad:seq) echo "$EX/baselines quad seq" ;;
+    quad:h*) echo "$EX/quad --no-seq $(cfg_args "$c")" ;;
+    esac
+    return 0
+}
+
+label_of() {
+    case $1 in
+    jacobi-point) echo "Jacobi 1024², 200 sweeps, per point" ;;
+    jacobi-row) echo "Jacobi 1024², 200 sweeps, per row" ;;
+    jacobi2048-point) echo "Jacobi 2048², 50 sweeps, per point" ;;
+    jacobi2048-row) echo "Jacobi 2048², 50 sweeps, per row" ;;
+    matmul) echo "matmul 1024, per element" ;;
+    matmul-row) echo "matmul 1024, per row" ;;
+    lu) echo "LU 1024" ;;
+    fib) echo "fib(40)" ;;
+    quad) echo "quad x⁶" ;;
+    esac
+}
+
+declare -A CHECK
+# run ROUND KERNEL CONFIG [EXTRA_ARGS]: one run, "kernel config round secs" to $RESULTS.
+run() {
+    local r=$1 k=$2 c=$3 extra=${4:-} tag=${5:-$3} cmd log secs status=0
+    cmd=$(cmd_of "$k" "$c")
+    [[ -n $cmd ]] || return 0
+    cmd+=" $extra"
+    log=$OUT/$k.$tag.$r.log
+    # shellcheck disable=SC2086 # a list of words
+    $cmd >"$log" 2>&1 || status=$?
+    ((status == 0)) || { tail -20 "$log" >&2; die "run failed (exit status $status): $cmd (output: $log)"; }
+    case $c in
+    h*)
+        # The slowest node's own timing line.
+        secs=$(grep -E '^(\[node [0-9]+\] )?hyfi' "$log" | sed 's/^\[node [0-9]*\] //' |
+            while read -r l; do echo "$l" | secs_in; done | sort -g | tail -1)
+        local oks
+        oks=$(grep -cE '^(\[node [0-9]+\] )?OK' "$log" || true)
+        ((oks >= $(nodes_of "$c"))) || die "$k $c: not every node printed OK (output: $log)"
+        if [[ $k == jacobi* && -n ${CHECK[$k]:-} ]]; then
+            local key
+            key=$(grep -o 'grid_bits=[0-9a-f]*' "$log" | sort -u)
+            [[ " ${CHECK[$k]} " == *" $key "* ]] || die "$k $c: hyfi printed '$key', the baselines '${CHECK[$k]}' (output: $log)"
+        fi
+        ;;
+    *)
+        secs=$(grep -m1 '^time:' "$log" | awk '{ print $2 }')
+        local check
+        check=$(grep -m1 '^check:' "$log" | sed 's/^check: *//')
+        [[ -n $check ]] || die "no 'check:' line from: $cmd (output: $log)"
+        if [[ -z ${CHECK[$k]:-} ]]; then
+            CHECK[$k]=$check
+        elif [[ ${CHECK[$k]} != "$check" ]]; then
+            die "$k: $c printed 'check: $check', the sequential code '${CHECK[$k]}' (output: $log)"
+        fi
+        ;;
+    esac
+    [[ $secs =~ ^[0-9.eE+-]+$ ]] || { cat "$log" >&2; die "no time in the output of: $cmd (output: $log)"; }
+    echo "$k $tag $r $secs" >>"$RESULTS"
+    printf '  round %d  %-17s %-6s %9.4f s\n' "$r" "$k" "$tag" "$secs" >&2
+}
+med() { awk -v k="$1" -v c="$2" '$1 == k && $2 == c { print $4 }' "$RESULTS" | median; }
+ratio() { [[ -n $1 && -n $2 ]] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+
+echo "# hyfi: the paper's Tables 2 and 3 on this machine"
+echo
+echo "raw outputs: $OUT"
+echo
+model=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo 2>/dev/null || true)
+echo "* nproc $(nproc); ${model:-CPU ?}; $(uname -sr); $(rustc -V 2>/dev/null || echo 'rustc ?'); $(mpirun --version 2>/dev/null | head -1 || echo 'no mpirun')"
+echo "* hyfi commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD -- 2>/dev/null || echo ' (with uncommitted changes)'); load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+hyfi_env=$(env | grep '^HYFI_' || true)
+[[ -z $hyfi_env ]] || echo "* **WARNING: the environment sets $(echo "$hyfi_env" | tr '\n' ' ')— not default settings**"
+[[ -z $MPI_NOTE ]] || echo "* **NOTE: $MPI_NOTE: the MPI column is n/a.**"
+echo
+
+start=$SECONDS
+for r in $(seq "$RUNS"); do
+    for k in "${KLIST[@]}"; do
+        for c in "${CONFIGS[@]}"; do run "$r" "$k" "$c"; done
+    done
+done
+
+echo "## Table 2: time (median of $RUNS rounds, s) and speedup against the best sequential code"
+echo
+hdr="| kernel |"
+sep="|---|"
+for c in "${CONFIGS[@]}"; do hdr+=" $(label_cfg "$c") |"; sep+="---|"; done
+for c in "${CONFIGS[@]:1}"; do hdr+=" speedup $(label_cfg "$c") |"; sep+="---|"; done
+echo "$hdr"
+echo "$sep"
+: >"$OUT/speedups"
+for k in "${KLIST[@]}"; do
+    row="| $(label_of "$k") |"
+    declare -A M=()
+    for c in "${CONFIGS[@]}"; do
+        M[$c]=$(med "$k" "$c")
+        if [[ -n ${M[$c]} ]]; then row+=" $(printf '%.3f' "${M[$c]}") |"; else row+=" — |"; fi
+    done
+    for c in "${CONFIGS[@]:1}"; do
+        s=$(ratio "${M[seq]}" "${M[$c]}" || true)
+        row+=" ${s:-—} |"
+        [[ -z $s ]] || echo "$k $c $s" >>"$OUT/speedups"
+    done
+    echo "$row"
+done
+echo
+echo "\* oversubscribed on this $(nproc)-CPU machine (run with --no-pin). MPI 2: C MPI, 2 ranks, TCP."
+echo
+
+echo "## Against issue 11's targets (2×1, medians of this run)"
+echo
+verdict() { awk -v x="$1" -v t="$2" -v op="$3" 'BEGIN { if (op == ">=") print (x >= t ? "met" : "MISSED"); else print (x <= t ? "met" : "MISSED") }'; }
+echo "| target | figure | verdict |"
+echo "|---|---|---|"
+for k in "${KLIST[@]}"; do
+    t21=$(med "$k" h21) tseq=$(med "$k" seq) tmpi=$(med "$k" mpi2) t12=$(med "$k" h12)
+    case $k in
+    jacobi*)
+        if [[ -n $tmpi ]]; then
+            s=$(ratio "$tmpi" "$t21")
+            echo "| $(label_of "$k"): 2×1 speed ≥ 0.9× MPI 2 | $s× (MPI $(printf '%.3f' "$tmpi") s, 2×1 $(printf '%.3f' "$t21") s) | $(verdict "$s" 0.9 ">=") |"
+        fi
+        ;;
+    matmul* | lu)
+        s=$(ratio "$tseq" "$t21")
+        echo "| $(label_of "$k"): 2×1 ≥ 1.6× best seq | $s× | $(verdict "$s" 1.6 ">=") |"
+        ;;
+    fib | quad)
+        s=$(ratio "$tseq" "$t21")
+        echo "| $(label_of "$k"): 2×1 ≥ 1.85× best seq | $s× | $(verdict "$s" 1.85 ">=") |"
+        w=$(ratio "$t21" "$t12")
+        echo "| $(label_of "$k"): 2×1 within 5% of 1×2 | 2×1 / 1×2 = $w | $(verdict "$w" 1.05 "<=") |"
+        ;;
+    esac
+done
+echo
+
+echo "## DSM traffic per Jacobi sweep on 2×1 (last round; per node, from the phase's counters)"
+echo
+echo "| kernel | node | bytes/sweep | messages/sweep | notices/sweep | pages pushed/sweep | pages fetched/sweep | boundary rows that must move (B) |"
+echo "|---|---|---|---|---|---|---|---|"
+for k in "${KLIST[@]}"; do
+    [[ $k == jacobi* ]] || continue
+    n=1024 it=200
+    [[ $k == jacobi2048-* ]] && n=2048 it=50
+    log=$OUT/$k.h21.$RUNS.log
+    grep -E 'dsm node [0-9]+ phase 0:' "$log" | sed 's/^\[node [0-9]*\] //' | while read -r l; do
+        node=$(echo "$l" | awk '{ print $3 }')
+        bytes=$(echo "$l" | grep -o 'messages ([0-9]* B)' | grep -o '[0-9]*')
+        msgs=$(echo "$l" | grep -o '[0-9]* messages' | awk '{ print $1 }')
+        notices=$(echo "$l" | grep -o 'notices [0-9]*' | awk '{ print $2 }')
+        pushed=$(echo "$l" | grep -o 'pushed [0-9]*' | awk '{ print $2 }')
+        fetched=$(echo "$l" | grep -o 'fetched [0-9]*' | awk '{ print $2 }')
+        awk -v k="$(label_of "$k")" -v node="$node" -v b="$bytes" -v m="$msgs" -v no="$notices" \
+            -v pu="$pushed" -v f="$fetched" -v it="$it" -v row=$((n * 8)) \
+            'BEGIN { printf "| %s | %s | %.0f | %.2f | %.2f | %.2f | %.2f | %d (bytes/sweep ÷ this: %.3f) |\n", k, node, b / it, m / it, no / it, pu / it, f / it, row, b / it / row }'
+    done
+done
+echo
+
+if ((TABLE3)); then
+    echo "## Table 3: overlap, Jacobi 1024² on 2×1, 1 vs 4 pools per processor"
+    echo
+    for r in $(seq "$RUNS"); do
+        for k in jacobi-row jacobi-point; do
+            if ((r % 2)); then order="1 4"; else order="4 1"; fi
+            for p in $order; do run "$r" "$k" h21 "--pools-per-proc $p" "pools$p"; done
+        done
+    done
+    echo "Loopback (medians of $RUNS interleaved pairs; improvement = 1 − t(4 pools) / t(1 pool)):"
+    echo
+    echo "| grain | 1 pool (s) | 4 pools (s) | improvement |"
+    echo "|---|---|---|---|"
+    for k in jacobi-row jacobi-point; do
+        a=$(med "$k" pools1) b=$(med "$k" pools4)
+        echo "| $(label_of "$k") | $(printf '%.4f' "$a") | $(printf '%.4f' "$b") | $(awk -v a="$a" -v b="$b" 'BEGIN { printf "%+.1f %%", (1 - b / a) * 100 }') |"
+    done
+    echo
+    if [[ $(id -u) == 0 ]] && command -v ip >/dev/null && command -v tc >/dev/null; then
+        echo "Link shaped to 1 Gbit/s (scripts/shaped-link.sh jacobi-overlap $RUNS; its own summary):"
+        echo
+        echo '```'
+        JACOBI=$EX/jacobi ITERS=200 "$ROOT/scripts/shaped-link.sh" jacobi-overlap "$RUNS" 2>&1 | tail -12 || echo "(shaped-link.sh failed; see above)"
+        echo '```'
+    else
+        echo "Shaped link: not run (needs root, ip and tc from iproute2, for network namespaces)."
+    fi
+    echo
+fi
+
+# ------------------------------------------------------------ the chart
+svg=$OUT/speedup.svg
+awk -v title="hyfi speedup over the best sequential code ($(nproc) CPUs; * oversubscribed)" '
+    { k[NR] = $1; c[NR] = $2; s[NR] = $3; if (!($1 in seen)) { seen[$1] = 1; ks[++nk] = $1 }
+      if (!($2 in cseen)) { cseen[$2] = 1; cs[++nc] = $2 } if ($3 > max) max = $3 }
+    END {
+        if (max < 2) max = 2; max = int(max + 0.999)
+        bw = 14; gw = nc * bw + 20; W = 80 + nk * gw + 160; H = 380; y0 = 320; sc = 260 / max
+        split("#4e79a7 #f28e2b #e15759 #76b7b2 #59a14f #edc948 #b07aa1", col, " ")
+        lab["h11"] = "1x1"; lab["h12"] = "1x2"; lab["h21"] = "2x1"; lab["h22"] = "2x2*"; lab["h41"] = "4x1*"; lab["mpi2"] = "MPI 2"
+        printf "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"11\">\n", W, H
+        printf "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<text x=\"%d\" y=\"18\" font-size=\"14\">%s</text>\n", 10, title
+        for (v = 0; v <= max; v++) {
+            y = y0 - v * sc
+            printf "<line x1=\"60\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"%s\"/><text x=\"50\" y=\"%.1f\" text-anchor=\"end\">%d</text>\n", 80 + nk * gw, y, y, (v == 1 ? "#888" : "#ddd"), y + 4, v
+        }
+        for (i = 1; i <= NR; i++) {
+            for (a = 1; a <= nk; a++) if (ks[a] == k[i]) g = a
+            for (b = 1; b <= nc; b++) if (cs[b] == c[i]) j = b
+            x = 80 + (g - 1) * gw + (j - 1) * bw; h = s[i] * sc
+            printf "<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" fill=\"%s\"><title>%s %s: %.2f</title></rect>\n", x, y0 - h, bw - 2, h, col[j], k[i], lab[c[i]], s[i]
+        }
+        for (a = 1; a <= nk; a++)
+            printf "<text transform=\"translate(%d,%d) rotate(30)\">%s</text>\n", 80 + (a - 1) * gw, y0 + 14, ks[a]
+        for (b = 1; b <= nc; b++)
+            printf "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/><text x=\"%d\" y=\"%d\">%s</text>\n", W - 140, 30 + b * 18, col[b], W - 122, 40 + b * 18, lab[cs[b]]
+        print "</svg>"
+    }' "$OUT/speedups" >"$svg"
+echo "Speedup chart: $svg ($(($(wc -c <"$svg") / 1024)) KiB, SVG); $((SECONDS - start)) s of runs."
