@@ -748,18 +748,27 @@ fn allowed_of(status: &str) -> Vec<usize> {
     cpu_list(line)
 }
 
-/// The CPUs each server thread (`hyfi-server-*`) of process `pid` may run on.
-fn server_thread_cpus(pid: u32) -> Vec<Vec<usize>> {
+/// Every thread of process `pid`: its name and the CPUs it may run on.
+fn thread_cpus(pid: u32) -> Vec<(String, Vec<usize>)> {
     let mut out = Vec::new();
     for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the node is running") {
         let dir = t.unwrap().path();
         let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        if comm.starts_with("hyfi-server") {
-            let status = std::fs::read_to_string(dir.join("status")).unwrap();
-            out.push(allowed_of(&status));
+        // A thread that ended between the listing and this read is skipped.
+        if let Ok(status) = std::fs::read_to_string(dir.join("status")) {
+            out.push((comm.trim().to_string(), allowed_of(&status)));
         }
     }
     out
+}
+
+/// The CPUs each server thread (`hyfi-server-*`) of process `pid` may run on.
+fn server_thread_cpus(pid: u32) -> Vec<Vec<usize>> {
+    thread_cpus(pid)
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("hyfi-server"))
+        .map(|(_, cpus)| cpus)
+        .collect()
 }
 
 /// Runs `cmd` (a launcher starting 2 montecarlo nodes on this host, pinned,
@@ -780,6 +789,16 @@ fn local_nodes_share_the_cpus(what: &str, mut cmd: Command, lines_whole: bool) {
         let pid: u32 = line.rsplit("pid ").next().unwrap().trim().parse().unwrap();
         job.track(pid);
         per_node.push(server_thread_cpus(pid));
+        // The node's other threads (communication, flusher, main) stay on
+        // the node's CPUs (with the default processor count, its server
+        // threads' CPUs), off the other node's.
+        let share: Vec<usize> = per_node[rank].iter().flatten().copied().collect();
+        for (name, cpus) in thread_cpus(pid) {
+            assert!(
+                cpus.iter().all(|c| share.contains(c)),
+                "{what}: node {rank}: thread {name} may run on {cpus:?}, outside the node's CPUs {share:?}"
+            );
+        }
     }
     let st = job.wait(0, BOUND);
     if !st.success() {

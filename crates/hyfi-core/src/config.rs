@@ -169,10 +169,7 @@ impl Config {
     /// Checks the configuration against this machine and returns the CPUs the
     /// server threads run on (one per processor; meaningful when pinned).
     pub(crate) fn resolve(&self) -> Result<(usize, Vec<usize>), Error> {
-        let cpus = match self.cpu_share {
-            Some((index, count)) => share_of(&allowed_cpus(), online_cpus(), index, count),
-            None => allowed_cpus(),
-        };
+        let cpus = self.node_cpus();
         let procs = self.procs.unwrap_or(cpus.len().max(1));
         if procs == 0 {
             return Err(Error::ZeroProcs {
@@ -194,6 +191,17 @@ impl Config {
         }
         let chosen = (0..procs).map(|p| cpus[p % cpus.len().max(1)]).collect();
         Ok((procs, chosen))
+    }
+}
+
+impl Config {
+    /// The CPUs of this node: its share of the host's when several nodes
+    /// run here, else every CPU allowed to the process.
+    pub(crate) fn node_cpus(&self) -> Vec<usize> {
+        match self.cpu_share {
+            Some((index, count)) => share_of(&allowed_cpus(), online_cpus(), index, count),
+            None => allowed_cpus(),
+        }
     }
 }
 

@@ -270,6 +270,14 @@ impl Runtime {
                 cfg.get_cpu_share().unwrap_or((0, 1)),
             );
         }
+        if cfg.get_pin() && cfg.get_cpu_share().is_some_and(|(_, nodes)| nodes > 1) {
+            // Several nodes on this host: the node's other threads (its
+            // communication and flusher threads, `main`) stay on the node's
+            // CPUs too, as a launcher's binding would keep them, instead of
+            // preempting another node's server threads. Server threads are
+            // then pinned one CPU each within this set.
+            confine_process(&cfg.node_cpus());
+        }
         crate::stack::install_overflow_handler(cfg.get_stack_size());
         let deques: Vec<Worker<JobRef>> = (0..procs).map(|_| Worker::new_lifo()).collect();
         let shared = Arc::new(Shared {
@@ -692,5 +700,27 @@ impl std::fmt::Debug for Runtime {
             .field("procs", &self.procs())
             .field("config", &self.shared.cfg)
             .finish()
+    }
+}
+
+/// Restricts every thread of this process to `cpus`. Threads that end
+/// meanwhile, or a mask the kernel refuses, leave the thread as it was:
+/// this is placement, not correctness.
+fn confine_process(cpus: &[usize]) {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    use nix::unistd::Pid;
+    let mut set = CpuSet::new();
+    for &c in cpus {
+        if set.set(c).is_err() {
+            return;
+        }
+    }
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return;
+    };
+    for t in tasks.flatten() {
+        if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) {
+            let _ = sched_setaffinity(Pid::from_raw(tid), &set);
+        }
     }
 }

@@ -40,7 +40,10 @@ use crate::wire::{self, Header, Kind, Msg, HANDSHAKE_LEN, HEADER_LEN};
 /// so on stderr (it goes on serving them).
 const CLOSE_NOTICE: Duration = Duration::from_secs(10);
 
-/// How long a waiting thread spins before it sleeps.
+/// How long a waiting thread polls before it sleeps. It polls by yielding
+/// its CPU, not by spinning: the communication thread that will deliver the
+/// message may share that CPU (with several nodes on a host, a node's
+/// threads stay on its CPUs), and a spinning waiter would only delay it.
 const SPIN: Duration = Duration::from_micros(50);
 
 /// Direction of a collective message.
@@ -315,7 +318,7 @@ impl Inbox {
                 }
             }
         }
-        // Spin a little first: replies on a fast network come back sooner
+        // Poll a little first: replies on a fast network come back sooner
         // than a sleeping thread can be woken.
         let spin_until = Instant::now() + SPIN;
         loop {
@@ -330,7 +333,7 @@ impl Inbox {
                 }
             }
             while self.generation.load(Ordering::Acquire) == seen && Instant::now() < spin_until {
-                std::hint::spin_loop();
+                std::thread::yield_now();
             }
             if Instant::now() >= spin_until {
                 break;
