@@ -43,7 +43,10 @@
 //! carries it at the reader's next release went unused, and the reader
 //! drops it (`INVALID`) and *declines* it in its `REL` to the home, which
 //! takes the reader out of the page's copy set: a page read once is pushed
-//! at most once more. A push is discarded, and the copy invalidated, when
+//! at most once more. A home page with an empty copy set stays `WRITE`
+//! across releases, so the home writes it without a fault per phase; the
+//! page server turns it back to `READ`, and counts it as written this
+//! phase, when it serves it. A push is discarded, and the copy invalidated, when
 //! another node's notice names the page in the same release (a third
 //! writer's diff may be missing from it), when the receiver wrote the page
 //! itself, or when the receiver declines it in that release.
@@ -138,6 +141,9 @@ impl Bits {
         self.0[w] |= b;
         new
     }
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(|&w| w == 0)
+    }
     fn remove(&mut self, k: usize) {
         if let Some(w) = self.0.get_mut(k / 64) {
             *w &= !(1u64 << (k % 64));
@@ -183,6 +189,9 @@ pub(crate) struct Meta {
     /// zeroed array starts valid everywhere), so the home's next write of
     /// the page goes out as a notice to every node rather than as pushes.
     presumed: bool,
+    /// At the home: it wrote the page this phase through a write fault
+    /// (the page had copies elsewhere). Cleared at the release.
+    faulted: bool,
 }
 
 /// One shared array's pages.
@@ -532,6 +541,8 @@ impl Core {
                         if seg.homes[p] as usize != self.me {
                             // SAFETY: a page of this segment, valid here.
                             m.twin = Some(unsafe { elem::twin(seg.page_ptr(p)) });
+                        } else {
+                            m.faulted = true;
                         }
                         self.dirty
                             .lock()
@@ -676,7 +687,28 @@ impl Core {
                     }
                     for &gp in chunk {
                         let (seg, p) = self.find(gp).expect("checked when the request came");
-                        seg.lock(p).copies.insert(to);
+                        let mut m = seg.lock(p);
+                        m.copies.insert(to);
+                        if seg.state[p].load(Ordering::Acquire) == WRITE {
+                            // From now on the home's writes fault (and are
+                            // pushed to `to` at the release).
+                            seg.state[p].store(READ, Ordering::Release);
+                            if !m.faulted && m.twin.is_none() {
+                                // Writable without a fault until now: nobody
+                                // else held it. A write that passed its state
+                                // test before this serve may still land after
+                                // the copy below, unseen; the release compares
+                                // the page with this snapshot and pushes it if
+                                // it changed.
+                                // SAFETY: a page of a live segment homed here.
+                                m.twin = Some(unsafe { elem::twin(seg.page_ptr(p)) });
+                                self.dirty
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .push(gp);
+                            }
+                        }
+                        drop(m);
                         // SAFETY: a page of a live segment of our region.
                         unsafe { elem::copy_out(seg.page_ptr(p), b) };
                     }
@@ -813,7 +845,12 @@ impl Core {
                     seg.homes[p]
                 ));
             }
-            seg.lock(p).copies.remove(from);
+            let mut m = seg.lock(p);
+            m.copies.remove(from);
+            if m.copies.is_empty() && !m.presumed && seg.state[p].load(Ordering::Acquire) == READ {
+                // Nobody else holds it: the home writes it without faults.
+                seg.state[p].store(WRITE, Ordering::Release);
+            }
         }
         if !r.rest().is_empty() {
             return Err(format!("{} stray bytes after a release", r.rest().len()));
@@ -933,6 +970,15 @@ impl Core {
                     c.diff_bytes_sent
                         .fetch_add((b.diffs.len() - at - 12) as u64, Ordering::Relaxed);
                 }
+            } else if m
+                .twin
+                .take()
+                // SAFETY: a page of a live segment homed here; no filament
+                // runs now.
+                .is_some_and(|t| unsafe { elem::same(seg.page_ptr(p), &t) })
+            {
+                // Served this phase from a page nobody else held, and not
+                // written since: every holder has it as it is.
             } else if m.presumed {
                 // Copies nobody was served: a notice to every node (below).
                 m.presumed = false;
@@ -949,7 +995,11 @@ impl Core {
                     b.npushes += 1;
                 }
             }
-            seg.state[p].store(READ, Ordering::Release);
+            m.faulted = false;
+            // A home page nobody else holds stays writable: its writes need
+            // no fault (no twin, nobody to tell) until a node is served it.
+            let home_alone = home == self.me && m.copies.is_empty() && !m.presumed;
+            seg.state[p].store(if home_alone { WRITE } else { READ }, Ordering::Release);
         }
 
         // 2. Notices, as ranges of consecutive pages: the pages homed

@@ -123,6 +123,17 @@ pub(crate) unsafe fn twin(page: *const u8) -> Box<Words> {
     t
 }
 
+/// Whether the page at `page` still equals `twin`.
+///
+/// # Safety
+/// As for [`copy_out`].
+pub(crate) unsafe fn same(page: *const u8, twin: &Words) -> bool {
+    let w = page as *const AtomicU64;
+    twin.iter()
+        .enumerate()
+        .all(|(k, &x)| (*w.add(k)).load(Relaxed) == x)
+}
+
 /// Writes a whole page's bytes (a fetched copy) into `page`.
 ///
 /// # Safety

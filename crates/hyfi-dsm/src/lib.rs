@@ -395,12 +395,14 @@ impl Dsm {
             *a = (off + pages * PAGE, seq + 1);
         }
         // One node: every page is home, always writable (no protocol).
-        // Several: zeroed pages are valid everywhere; initialized pages
-        // only at their homes (others fetch on first touch).
+        // Several: zeroed pages are valid everywhere (their homes' first
+        // write is noticed to every node); initialized pages only at their
+        // homes (others fetch on first touch), writable there without a
+        // fault until some node is served a copy.
         let (state0, home0) = match (self.core.nodes, init.is_some()) {
             (1, _) => (WRITE, WRITE),
             (_, false) => (READ, READ),
-            (_, true) => (INVALID, READ),
+            (_, true) => (INVALID, WRITE),
         };
         let seg = Arc::new(self.core.segment(seq, off, homes, state0, home0));
         let sh = Arc::new(array::Shared::<T>::new(self.core.clone(), seg.clone()));

@@ -351,3 +351,101 @@ fn homes_push_what_readers_use_and_stop_when_declined() {
     assert_eq!(home.notices_sent, 6, "{home:?}");
     assert_eq!(reader.diffs_sent + home.diffs_sent, 0);
 }
+
+/// A home page served while its home writes other bytes of it in the same
+/// phase (false sharing): node 1 reads the last element of page `k` in
+/// round `k` while node 0, the home, writes its first element many times.
+/// Whether the copy left before or after the home's last write, node 1
+/// must read the final value in the next phase: the home compares the page
+/// with what it served and pushes it if it changed.
+fn false_sharing_node(link: Arc<InProcess>, rounds: u64) -> Result<DsmStats, String> {
+    let rt = Runtime::with_link(
+        Config::new().procs(1).pin(false),
+        link.clone() as Arc<dyn NodeLink>,
+    )
+    .map_err(|e| e.to_string())?;
+    let dsm = Dsm::with_base(&rt, None).map_err(|e| e.to_string())?;
+    let per_page = PAGE / 8;
+    let v: DsmVec<u64> = dsm
+        .vec::<u64>(rounds as usize * per_page)
+        .placement(Placement::Node(0))
+        .from_fn(|e| e as u64)
+        .map_err(|e| e.to_string())?;
+    let me = rt.node();
+    let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut one = PoolArray::new(&rt, 1);
+    one.pool(0).push(me);
+    let mut readers = PoolArray::new(&rt, 1);
+    if me == 1 {
+        readers.pool(0).push(0);
+    }
+    let mut prog = Program::new();
+    prog.phase(
+        one,
+        |ctx, node| {
+            let base = ctx.iteration() as usize * per_page;
+            if node == 0 {
+                for j in 0..20_000u64 {
+                    v.set(base, j);
+                }
+                v.set(base, 1_000_000 + ctx.iteration());
+            } else if v.get(base + per_page - 1) != (base + per_page - 1) as u64 {
+                bad.lock()
+                    .unwrap()
+                    .push(format!("round {}: last element", ctx.iteration()));
+            }
+        },
+        |_| Control::Continue,
+    );
+    prog.phase(
+        readers,
+        |ctx, _| {
+            let got = v.get(ctx.iteration() as usize * per_page);
+            if got != 1_000_000 + ctx.iteration() {
+                bad.lock()
+                    .unwrap()
+                    .push(format!("round {}: first element {got}", ctx.iteration()));
+            }
+        },
+        |post| {
+            if post.iteration() + 1 >= rounds {
+                Control::Done
+            } else {
+                Control::Continue
+            }
+        },
+    );
+    rt.start(&mut prog).map_err(|e| e.to_string())?;
+    drop(prog);
+    let bad = bad.into_inner().unwrap();
+    if !bad.is_empty() {
+        return Err(format!("node {me} read stale values: {bad:?}"));
+    }
+    Ok(dsm.stats())
+}
+
+#[test]
+fn a_page_served_while_its_home_writes_it_reaches_the_reader() {
+    let rounds = 40;
+    let handles: Vec<_> = InProcess::connect(2)
+        .into_iter()
+        .map(|l| std::thread::spawn(move || false_sharing_node(l, rounds)))
+        .collect();
+    let st: Vec<DsmStats> = handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .expect("node thread")
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    // One fetch per round (a new page each round); each page either
+    // pushed at the release or served after the home's last write.
+    assert_eq!(st[1].total.pages_fetched, rounds);
+    assert_eq!(st[0].total.pages_served, rounds);
+    assert_eq!(
+        st[1].total.pushes_installed, st[0].total.pages_pushed,
+        "{:?}",
+        st[1].total
+    );
+}
