@@ -107,7 +107,8 @@ fn launch_fetch() {
 /// [`launch_fetch`]).
 fn fetch_node(full: bool) {
     let (blocks, rounds) = if full { (BLOCKS, ROUNDS) } else { (1, 2) };
-    let rt = hyfi::init_nodes(Config::new().procs(1).pin(false), None).expect("hyfi::init");
+    // Default placement: each of the two local nodes pinned to its own CPU.
+    let rt = hyfi::init_nodes(Config::new().procs(1), None).expect("hyfi::init");
     assert_eq!(rt.num_nodes(), 2, "dsm_fetch runs on 2 nodes");
     let me = rt.node();
     let dsm = Dsm::new(&rt).expect("Dsm::new");

@@ -94,7 +94,7 @@ mod reduce;
 pub mod remote;
 mod runtime;
 mod shared;
-mod sleep;
+pub mod sleep;
 mod stack;
 mod startup;
 pub mod state;

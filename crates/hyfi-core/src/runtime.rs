@@ -276,7 +276,11 @@ impl Runtime {
             // CPUs too, as a launcher's binding would keep them, instead of
             // preempting another node's server threads. Server threads are
             // then pinned one CPU each within this set.
-            confine_process(&cfg.node_cpus());
+            let mine = cfg.node_cpus();
+            confine_process(&mine);
+            if mine.len() <= procs {
+                crate::sleep::set_own_cpu();
+            }
         }
         crate::stack::install_overflow_handler(cfg.get_stack_size());
         let deques: Vec<Worker<JobRef>> = (0..procs).map(|_| Worker::new_lifo()).collect();

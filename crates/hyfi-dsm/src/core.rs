@@ -285,6 +285,9 @@ pub(crate) struct Core {
     port: Option<Arc<dyn Port>>,
     /// Completed releases (mirrors the value changed under `proto`).
     completed: AtomicU64,
+    /// `REL`s of the current epoch applied (mirrors `Proto::got`), for the
+    /// release's poll before it sleeps.
+    got: AtomicUsize,
     proto: Mutex<Proto>,
     proto_cv: Condvar,
     failed: OnceLock<String>,
@@ -354,6 +357,7 @@ impl Core {
             alloc: Mutex::new((0, 0)),
             port,
             completed: AtomicU64::new(0),
+            got: AtomicUsize::new(0),
             proto: Mutex::new(Proto {
                 got: 0,
                 got_from: vec![false; nodes],
@@ -856,6 +860,7 @@ impl Core {
             return Err(format!("{} stray bytes after a release", r.rest().len()));
         }
         pr.got += 1;
+        self.got.store(pr.got, Ordering::Release);
         pr.got_from[from] = true;
         Ok(())
     }
@@ -1067,6 +1072,13 @@ impl Core {
                 },
                 [epoch, pr.got as u64, self.nodes as u64 - 1],
             );
+            if pr.got < self.nodes - 1 {
+                drop(pr);
+                hyfi_core::sleep::poll_own_cpu(|| {
+                    self.got.load(Ordering::Acquire) >= self.nodes - 1
+                });
+                pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            }
             while pr.got < self.nodes - 1 {
                 if let Some(f) = self.failure() {
                     return Err(f.clone());
@@ -1166,6 +1178,7 @@ impl Core {
             let next = epoch + 1;
             self.completed.store(next, Ordering::Release);
             pr.got = 0;
+            self.got.store(0, Ordering::Release);
             pr.got_from.iter_mut().for_each(|g| *g = false);
             // The next phase's filaments may run now: releases of the next
             // epoch that came early stay in `early` until its release.

@@ -320,7 +320,12 @@ impl Inbox {
         }
         // Poll a little first: replies on a fast network come back sooner
         // than a sleeping thread can be woken.
-        let spin_until = Instant::now() + SPIN;
+        let spin_until = Instant::now()
+            + if hyfi_core::sleep::own_cpu() {
+                hyfi_core::sleep::OWN_CPU_POLL
+            } else {
+                SPIN
+            };
         loop {
             let seen = self.generation.load(Ordering::Acquire);
             {
