@@ -1,0 +1,300 @@
+#![doc = include_str!("README.md")]
+
+mod access;
+mod msg;
+mod page_table;
+mod release;
+mod server;
+
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
+
+use crossbeam_utils::CachePadded;
+use hyfi_core::filthread;
+use hyfi_core::link::{Class, Port, Service, ServiceId};
+
+pub(crate) use page_table::{readable, settled_readable, writable, Segment, INVALID, READ, WRITE};
+
+use msg::{PAGES, REL, REQ};
+use page_table::Meta;
+use release::Proto;
+
+use crate::region::{Region, PAGE};
+use crate::stats::{AtomicCounters, DsmCounters, DsmStats};
+
+struct PhaseTable {
+    last: DsmCounters,
+    per_phase: Vec<DsmCounters>,
+    releases: u64,
+}
+
+/// A node's DSM.
+pub(crate) struct Core {
+    pub(crate) me: usize,
+    pub(crate) nodes: usize,
+    pub(crate) procs: usize,
+    pub(crate) region: Region,
+    pub(crate) segs: RwLock<Vec<Arc<Segment>>>,
+    /// Allocation cursor (bytes from the region's base) and count.
+    pub(crate) alloc: Mutex<(usize, u64)>,
+    /// The node seam's sending side (`None` on one node).
+    port: Option<Arc<dyn Port>>,
+    /// Completed releases (mirrors the value changed under `proto`).
+    completed: AtomicU64,
+    /// `REL`s of the current epoch applied (mirrors `Proto::got`), for the
+    /// release's poll before it sleeps.
+    got: AtomicUsize,
+    proto: Mutex<Proto>,
+    proto_cv: Condvar,
+    failed: OnceLock<String>,
+    /// Pages first written in this phase (global numbers).
+    dirty: Mutex<Vec<u64>>,
+    /// Pages installed in this phase (segment, page): their FRESH flag is
+    /// cleared at the release.
+    fresh: Mutex<Vec<(u64, usize)>>,
+    /// Pages installed by push at the last release (global numbers): those
+    /// still `PUSHED` at the next one went unused and are declined.
+    pushed_last: Mutex<Vec<u64>>,
+    /// Requests in flight, per slot (processors, then one for other threads).
+    outstanding: Box<[CachePadded<AtomicUsize>]>,
+    counters: Box<[CachePadded<AtomicCounters>]>,
+    phases: Mutex<PhaseTable>,
+    /// The runtime's access epoch (`Ctx::access_epoch`).
+    pub(crate) epoch: Arc<AtomicU64>,
+    /// Footprint views alive now (footprint.rs): none may outlive its
+    /// access epoch.
+    pub(crate) live_views: AtomicUsize,
+}
+
+impl Core {
+    pub(crate) fn new(
+        me: usize,
+        nodes: usize,
+        procs: usize,
+        region: Region,
+        port: Option<Arc<dyn Port>>,
+        epoch: Arc<AtomicU64>,
+    ) -> Core {
+        Core {
+            me,
+            nodes,
+            procs,
+            region,
+            segs: RwLock::new(Vec::new()),
+            alloc: Mutex::new((0, 0)),
+            port,
+            completed: AtomicU64::new(0),
+            got: AtomicUsize::new(0),
+            proto: Mutex::new(Proto {
+                got: 0,
+                got_from: vec![false; nodes],
+                gone: vec![false; nodes],
+                notices: Vec::new(),
+                early: Vec::new(),
+                releasing: false,
+                deferred: Vec::new(),
+                pushes: Vec::new(),
+            }),
+            proto_cv: Condvar::new(),
+            failed: OnceLock::new(),
+            dirty: Mutex::new(Vec::new()),
+            fresh: Mutex::new(Vec::new()),
+            pushed_last: Mutex::new(Vec::new()),
+            outstanding: (0..=procs).map(|_| Default::default()).collect(),
+            counters: (0..=procs).map(|_| Default::default()).collect(),
+            phases: Mutex::new(PhaseTable {
+                last: DsmCounters::default(),
+                per_phase: Vec::new(),
+                releases: 0,
+            }),
+            epoch,
+            live_views: AtomicUsize::new(0),
+        }
+    }
+
+    /// Registers a new segment (allocation order = address order).
+    pub(crate) fn add_segment(&self, seg: Arc<Segment>) {
+        self.segs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(seg);
+    }
+
+    /// Builds a segment whose pages start in `state0` (home pages: `home0`).
+    pub(crate) fn segment(
+        &self,
+        seq: u64,
+        off: usize,
+        homes: Vec<u16>,
+        state0: u8,
+        home0: u8,
+    ) -> Segment {
+        let me = self.me as u16;
+        Segment {
+            seq,
+            // SAFETY (of the arithmetic): off + pages*PAGE ≤ region size,
+            // checked by the allocator.
+            base: self.region.base.wrapping_add(off),
+            first: (off / PAGE) as u64,
+            state: homes
+                .iter()
+                .map(|&h| AtomicU8::new(if h == me { home0 } else { state0 }))
+                .collect(),
+            meta: homes
+                .iter()
+                .map(|&h| {
+                    Mutex::new(Meta {
+                        presumed: h == me && state0 != INVALID && self.nodes > 1,
+                        ..Meta::default()
+                    })
+                })
+                .collect(),
+            homes: homes.into_boxed_slice(),
+            access: AtomicU64::new(0),
+        }
+    }
+
+    /// The counters slot of the calling thread.
+    #[inline]
+    fn slot(&self) -> usize {
+        filthread::current_processor()
+            .filter(|&p| p < self.procs)
+            .unwrap_or(self.procs)
+    }
+
+    fn ctr(&self, slot: usize) -> &AtomicCounters {
+        &self.counters[slot]
+    }
+
+    /// The segment holding global page `gp`, and the page's index in it.
+    fn find(&self, gp: u64) -> Option<(Arc<Segment>, usize)> {
+        let segs = self.segs.read().unwrap_or_else(|e| e.into_inner());
+        let k = segs.partition_point(|s| s.first <= gp);
+        let seg = segs.get(k.checked_sub(1)?)?;
+        let idx = (gp - seg.first) as usize;
+        (idx < seg.pages()).then(|| (seg.clone(), idx))
+    }
+
+    pub(crate) fn failure(&self) -> Option<&String> {
+        self.failed.get()
+    }
+
+    /// The node failed: every waiter wakes and reports `why`.
+    pub(crate) fn fail(&self, why: &str) {
+        if self.failed.set(why.to_string()).is_err() {
+            return;
+        }
+        let segs = self.segs.read().unwrap_or_else(|e| e.into_inner()).clone();
+        for seg in segs {
+            for p in 0..seg.pages() {
+                let w = std::mem::take(&mut seg.lock(p).waiters);
+                for w in w {
+                    w.wake();
+                }
+            }
+        }
+        let _g = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+        self.proto_cv.notify_all();
+    }
+
+    /// Sends a message of `kind` whose fields `fill` appends (about
+    /// `len_hint` bytes) to node `to`, counted for `slot`.
+    fn send(
+        &self,
+        to: usize,
+        kind: u8,
+        class: Class,
+        len_hint: usize,
+        slot: usize,
+        fill: impl FnOnce(&mut Vec<u8>),
+    ) {
+        let Some(port) = &self.port else { return };
+        let mut fill = Some(fill);
+        let sent = port.send_with(to, ServiceId::Dsm, class, 1 + len_hint, &mut |b| {
+            b.push(kind);
+            if let Some(f) = fill.take() {
+                f(b);
+            }
+        });
+        match sent {
+            Ok(bytes) => {
+                let c = self.ctr(slot);
+                c.messages_sent.fetch_add(1, Ordering::Relaxed);
+                c.bytes_sent.fetch_add(bytes as u64, Ordering::Relaxed);
+            }
+            Err(e) => self.fail(&e.to_string()),
+        }
+    }
+
+    fn find_cached(
+        &self,
+        gp: u64,
+        cache: &mut Option<Arc<Segment>>,
+    ) -> Option<(Arc<Segment>, usize)> {
+        if let Some(s) = cache {
+            if gp >= s.first && gp < s.first + s.pages() as u64 {
+                return Some((s.clone(), (gp - s.first) as usize));
+            }
+        }
+        let (seg, idx) = self.find(gp)?;
+        *cache = Some(seg.clone());
+        Some((seg, idx))
+    }
+
+    // ---------------------------------------------------------------
+
+    pub(crate) fn totals(&self) -> DsmCounters {
+        let snaps: Vec<DsmCounters> = self.counters.iter().map(|c| c.snapshot()).collect();
+        DsmCounters::sum(&snaps)
+    }
+
+    pub(crate) fn stats(&self) -> DsmStats {
+        let t = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        DsmStats {
+            node: self.me,
+            releases: t.releases,
+            total: self.totals(),
+            per_phase: t.per_phase.clone(),
+        }
+    }
+}
+
+impl Service for Core {
+    fn frame(&self, from: usize, payload: Vec<u8>) -> Result<(), String> {
+        match payload.first().copied() {
+            Some(REQ) => self.on_request(from, &payload[1..]),
+            Some(PAGES) => self.on_pages(from, &payload[1..]),
+            Some(REL) => self.on_release(from, payload),
+            Some(k) => Err(format!("unknown DSM message kind {k}")),
+            None => Err("an empty DSM message".into()),
+        }
+        .map_err(|why| format!("shared memory: {why}"))
+    }
+    fn failed(&self, why: &str) {
+        self.fail(why);
+    }
+    fn peer_left(&self, peer: usize) {
+        let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+        pr.gone[peer] = true;
+        self.proto_cv.notify_all();
+    }
+}
+
+/// The release as hyfi-core's phase-end hook.
+pub(crate) struct Hook(pub(crate) Arc<Core>);
+
+impl hyfi_core::PhaseEnd for Hook {
+    fn end_phase(
+        &self,
+        phase: usize,
+        _link: &dyn hyfi_core::NodeLink,
+    ) -> Result<(), hyfi_core::LinkError> {
+        self.0.release(phase).map_err(|e| e.into())
+    }
+    fn access_epoch_ended(&self) {
+        crate::footprint::check_no_live_views(&self.0);
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}

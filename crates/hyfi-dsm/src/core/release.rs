@@ -1,0 +1,546 @@
+//! The release, at every phase end and fork-join run, in place of the
+//! barrier: diffs to homes, notices, producer pushes and declines, one
+//! message per node; then invalidations and installs (see the README).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use hyfi_core::link::Class;
+
+use super::msg::{Body, Rd, REL};
+use super::page_table::{Segment, FRESH, INVALID, PUSHED, READ, WRITE};
+use super::Core;
+use crate::elem;
+use crate::region::PAGE;
+use crate::stats::DsmCounters;
+
+/// One release's working set.
+struct Round {
+    epoch: u64,
+    slot: usize,
+    /// Pages first written here this phase (sorted, unique).
+    dirty: Vec<u64>,
+    /// Pushed pages this node declines in this release (sorted).
+    declined: Vec<u64>,
+    /// What goes to each node.
+    bodies: Vec<Body>,
+    /// The segment of the last page looked up.
+    cache: Option<Arc<Segment>>,
+}
+
+pub(super) struct Proto {
+    /// `REL` messages of the current epoch received.
+    pub(super) got: usize,
+    /// From which nodes.
+    pub(super) got_from: Vec<bool>,
+    /// Nodes that ended their program (said `Bye`): a release of theirs
+    /// that has not come will not.
+    pub(super) gone: Vec<bool>,
+    /// Their write notices (page ranges).
+    pub(super) notices: Vec<(u64, u32)>,
+    /// `REL` messages not applied yet, of this epoch or later: (from,
+    /// epoch, payload).
+    pub(super) early: Vec<(usize, u64, Vec<u8>)>,
+    /// This node is in its release: `REL`s of the current epoch are
+    /// applied as they arrive. Outside it (while the phase's filaments
+    /// run) they wait in `early`: a diff written into a home page during
+    /// the phase could overlap a footprint read view's plain reads.
+    pub(super) releasing: bool,
+    /// Page requests waiting for this node's epoch: (from, epoch, pages).
+    pub(super) deferred: Vec<(usize, u64, Vec<u64>)>,
+    /// Pages pushed to this node in the current release: (global page,
+    /// bytes), installed once every `REL` is in.
+    pub(super) pushes: Vec<(u64, Vec<u8>)>,
+}
+
+impl Core {
+    pub(super) fn on_release(&self, from: usize, payload: Vec<u8>) -> Result<(), String> {
+        let epoch = Rd::new(&payload[1..]).u64()?;
+        let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+        let now = self.completed.load(Ordering::Acquire);
+        if epoch == now && pr.releasing {
+            self.apply_release(from, &payload, &mut pr)?;
+            self.proto_cv.notify_all();
+            Ok(())
+        } else if epoch >= now {
+            pr.early.push((from, epoch, payload));
+            Ok(())
+        } else {
+            Err(format!(
+                "a release of epoch {epoch} came after this node completed {now}"
+            ))
+        }
+    }
+
+    /// Applies one node's `REL`: its diffs to our home pages, its notices
+    /// kept for the invalidation step.
+    fn apply_release(&self, from: usize, payload: &[u8], pr: &mut Proto) -> Result<(), String> {
+        // (After the kind byte, kept with the message while it waits.)
+        let mut r = Rd::new(&payload[1..]);
+        r.u64()?;
+        let nr = r.u32()? as usize;
+        for _ in 0..nr {
+            let start = r.u64()?;
+            let len = r.u32()?;
+            pr.notices.push((start, len));
+        }
+        let nd = r.u32()? as usize;
+        for _ in 0..nd {
+            let gp = r.u64()?;
+            let runs = r.u32()?;
+            let (seg, p) = self
+                .find(gp)
+                .ok_or_else(|| format!("a diff for page {gp}, which no shared array holds"))?;
+            if seg.homes[p] as usize != self.me {
+                return Err(format!(
+                    "a diff for page {gp} from node {from}, but its home is node {}",
+                    seg.homes[p]
+                ));
+            }
+            // The writer keeps its copy (it equals this one once every
+            // diff is in, unless another writer's notice drops it).
+            seg.lock(p).copies.insert(from);
+            // SAFETY: a page of a live segment homed here; diff bytes are
+            // written with byte atomics.
+            let used = unsafe { elem::apply(seg.page_ptr(p), runs, r.rest()) }
+                .ok_or_else(|| format!("a malformed diff for page {gp}"))?;
+            r.bytes(used)?;
+            self.ctr(self.procs)
+                .diffs_applied
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let np = r.u32()? as usize;
+        for _ in 0..np {
+            let gp = r.u64()?;
+            let bytes = r.bytes(PAGE)?;
+            let (seg, p) = self
+                .find(gp)
+                .ok_or_else(|| format!("a pushed page {gp}, which no shared array holds"))?;
+            if seg.homes[p] as usize != from {
+                return Err(format!(
+                    "page {gp} pushed by node {from}, but its home is node {}",
+                    seg.homes[p]
+                ));
+            }
+            pr.pushes.push((gp, bytes.to_vec()));
+        }
+        let nd = r.u32()? as usize;
+        for _ in 0..nd {
+            let gp = r.u64()?;
+            let (seg, p) = self
+                .find(gp)
+                .ok_or_else(|| format!("a declined page {gp}, which no shared array holds"))?;
+            if seg.homes[p] as usize != self.me {
+                return Err(format!(
+                    "node {from} declined page {gp}, whose home is node {}",
+                    seg.homes[p]
+                ));
+            }
+            let mut m = seg.lock(p);
+            m.copies.remove(from);
+            if m.copies.is_empty() && !m.presumed && seg.state[p].load(Ordering::Acquire) == READ {
+                // Nobody else holds it: the home writes it without faults.
+                seg.state[p].store(WRITE, Ordering::Release);
+            }
+        }
+        if !r.rest().is_empty() {
+            return Err(format!("{} stray bytes after a release", r.rest().len()));
+        }
+        pr.got += 1;
+        self.got.store(pr.got, Ordering::Release);
+        pr.got_from[from] = true;
+        Ok(())
+    }
+
+    pub(crate) fn release(&self, phase: usize) -> Result<(), String> {
+        let t0 = Instant::now();
+        let slot = self.slot();
+        if self.nodes > 1 {
+            self.release_multi(slot)?;
+        }
+        self.ctr(slot)
+            .release_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let total = self.totals();
+        let mut t = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        // A fork-join run's release has no phase: its traffic counts in the
+        // totals and in the next phase's figures.
+        if phase != hyfi_core::FORK_JOIN_PHASE {
+            if t.per_phase.len() <= phase {
+                t.per_phase.resize(phase + 1, DsmCounters::default());
+            }
+            let d = total.since(&t.last);
+            t.per_phase[phase].accumulate(&d);
+            t.last = total;
+        }
+        t.releases += 1;
+        Ok(())
+    }
+
+    fn release_multi(&self, slot: usize) -> Result<(), String> {
+        // The node's phase work is done: no request of it is in flight.
+        while self
+            .outstanding
+            .iter()
+            .any(|o| o.load(Ordering::Acquire) != 0)
+        {
+            if let Some(f) = self.failure() {
+                return Err(f.clone());
+            }
+            std::thread::yield_now();
+        }
+        let epoch = self.completed.load(Ordering::Acquire);
+        {
+            // From now on this epoch's releases are applied as they come;
+            // those that came while the phase ran are applied first.
+            let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            pr.releasing = true;
+            let early = std::mem::take(&mut pr.early);
+            for (from, e, payload) in early {
+                if e == epoch {
+                    self.apply_release(from, &payload, &mut pr)?;
+                } else {
+                    pr.early.push((from, e, payload));
+                }
+            }
+        }
+        let mut dirty = std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|e| e.into_inner()));
+        dirty.sort_unstable();
+        dirty.dedup();
+        let mut r = Round {
+            epoch,
+            slot,
+            dirty,
+            declined: Vec::new(),
+            bodies: (0..self.nodes).map(|_| Body::default()).collect(),
+            cache: None,
+        };
+        self.decline_unused(&mut r);
+        let noticed_home = self.diffs_and_pushes(&mut r);
+        self.send_releases(&mut r, &noticed_home);
+        let (notices, pushes) = self.await_releases(epoch)?;
+        let invalidated = self.invalidate_noticed(&notices, &mut r)?;
+        self.install_pushes(notices, pushes, invalidated, &mut r);
+        self.settle_fresh();
+        self.next_epoch(epoch);
+        Ok(())
+    }
+
+    /// 0. Pushed pages no access touched since the last release: dropped
+    ///    here and declined to their homes.
+    fn decline_unused(&self, r: &mut Round) {
+        let Round {
+            bodies,
+            cache,
+            declined,
+            slot,
+            ..
+        } = r;
+        for gp in std::mem::take(&mut *self.pushed_last.lock().unwrap_or_else(|e| e.into_inner())) {
+            let (seg, p) = self
+                .find_cached(gp, cache)
+                .expect("pushed pages belong to segments");
+            let _m = seg.lock(p);
+            if seg.state[p].load(Ordering::Acquire) & PUSHED != 0 {
+                seg.state[p].store(INVALID, Ordering::Release);
+                bodies[seg.homes[p] as usize].declines.push(gp);
+                declined.push(gp);
+            }
+        }
+        declined.sort_unstable();
+        self.ctr(*slot)
+            .pushes_declined
+            .fetch_add(declined.len() as u64, Ordering::Relaxed);
+    }
+
+    /// 1. Diffs per home, pages back to `READ`; as a home, the pages written
+    ///    here go to the nodes holding a copy. Returns the home pages whose
+    ///    first write is noticed to every node (zeroed copies everywhere).
+    fn diffs_and_pushes(&self, r: &mut Round) -> Vec<u64> {
+        let Round {
+            bodies,
+            cache,
+            dirty,
+            slot,
+            ..
+        } = r;
+        let mut noticed_home: Vec<u64> = Vec::new();
+        for &gp in dirty.iter() {
+            let (seg, p) = self
+                .find_cached(gp, cache)
+                .expect("dirty pages belong to segments");
+            let home = seg.homes[p] as usize;
+            let mut m = seg.lock(p);
+            if home != self.me {
+                let twin = m
+                    .twin
+                    .take()
+                    .expect("a non-home page written here has a twin");
+                let b = &mut bodies[home];
+                let at = b.diffs.len();
+                b.diffs.extend_from_slice(&gp.to_le_bytes());
+                b.diffs.extend_from_slice(&[0; 4]);
+                // SAFETY: a page of a live segment; no filament runs now.
+                let runs = unsafe { elem::diff(seg.page_ptr(p), &twin, &mut b.diffs) };
+                if runs == 0 {
+                    b.diffs.truncate(at); // written, but back to what it was
+                } else {
+                    b.diffs[at + 8..at + 12].copy_from_slice(&runs.to_le_bytes());
+                    b.ndiffs += 1;
+                    let c = self.ctr(*slot);
+                    c.diffs_sent.fetch_add(1, Ordering::Relaxed);
+                    c.diff_bytes_sent
+                        .fetch_add((b.diffs.len() - at - 12) as u64, Ordering::Relaxed);
+                }
+            } else if m
+                .twin
+                .take()
+                // SAFETY: a page of a live segment homed here; no filament
+                // runs now.
+                .is_some_and(|t| unsafe { elem::same(seg.page_ptr(p), &t) })
+            {
+                // Served this phase from a page nobody else held, and not
+                // written since: every holder has it as it is.
+            } else if m.presumed {
+                // Copies nobody was served: a notice to every node (below).
+                m.presumed = false;
+                noticed_home.push(gp);
+            } else {
+                for q in m.copies.iter() {
+                    let b = &mut bodies[q];
+                    b.pushes.extend_from_slice(&gp.to_le_bytes());
+                    // SAFETY: a page of a live segment homed here; no
+                    // filament runs now (diffs others apply meanwhile are
+                    // byte atomics, and their writers' notices void this
+                    // push at the receiver).
+                    unsafe { elem::copy_out(seg.page_ptr(p), &mut b.pushes) };
+                    b.npushes += 1;
+                }
+            }
+            m.faulted = false;
+            // A home page nobody else holds stays writable: its writes need
+            // no fault (no twin, nobody to tell) until a node is served it.
+            let home_alone = home == self.me && m.copies.is_empty() && !m.presumed;
+            seg.state[p].store(if home_alone { WRITE } else { READ }, Ordering::Release);
+        }
+        noticed_home
+    }
+
+    /// 2. Notices, and one `REL` to every other node.
+    fn send_releases(&self, r: &mut Round, noticed_home: &[u64]) {
+        let Round {
+            bodies,
+            cache,
+            dirty,
+            slot,
+            epoch,
+            ..
+        } = r;
+        let (slot, epoch) = (*slot, *epoch);
+        let mut ranges: Vec<(u64, u32)> = Vec::new();
+        let mut noticed = 0u64;
+        for &gp in dirty.iter() {
+            let (seg, p) = self.find_cached(gp, cache).expect("as above");
+            if seg.homes[p] as usize == self.me && noticed_home.binary_search(&gp).is_err() {
+                continue;
+            }
+            noticed += 1;
+            match ranges.last_mut() {
+                Some((s, l)) if *s + *l as u64 == gp && *l < u32::MAX => *l += 1,
+                _ => ranges.push((gp, 1)),
+            }
+        }
+        {
+            let c = self.ctr(slot);
+            c.notices_sent
+                .fetch_add(noticed * (self.nodes as u64 - 1), Ordering::Relaxed);
+            let pushed: u64 = bodies.iter().map(|b| u64::from(b.npushes)).sum();
+            c.pages_pushed.fetch_add(pushed, Ordering::Relaxed);
+        }
+        for (q, b) in std::mem::take(bodies).into_iter().enumerate() {
+            if q == self.me {
+                continue;
+            }
+            self.send(
+                q,
+                REL,
+                Class::Bulk,
+                24 + ranges.len() * 12 + b.diffs.len() + b.pushes.len() + 8 * b.declines.len(),
+                slot,
+                |buf| {
+                    buf.extend_from_slice(&epoch.to_le_bytes());
+                    buf.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
+                    for (s, l) in &ranges {
+                        buf.extend_from_slice(&s.to_le_bytes());
+                        buf.extend_from_slice(&l.to_le_bytes());
+                    }
+                    buf.extend_from_slice(&b.ndiffs.to_le_bytes());
+                    buf.extend_from_slice(&b.diffs);
+                    buf.extend_from_slice(&b.npushes.to_le_bytes());
+                    buf.extend_from_slice(&b.pushes);
+                    buf.extend_from_slice(&(b.declines.len() as u32).to_le_bytes());
+                    for gp in &b.declines {
+                        buf.extend_from_slice(&gp.to_le_bytes());
+                    }
+                },
+            );
+        }
+    }
+
+    /// 3. Waits for every other node's `REL` of this epoch; returns their
+    ///    notices and the pages pushed here.
+    #[allow(clippy::type_complexity)]
+    fn await_releases(&self, epoch: u64) -> Result<(Vec<(u64, u32)>, Vec<(u64, Vec<u8>)>), String> {
+        let got = {
+            let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            let _w = hyfi_core::waits::waiting(
+                |a| {
+                    format!(
+                        "the other nodes' releases (release #{}; {} of {} had come)",
+                        a[0], a[1], a[2]
+                    )
+                },
+                [epoch, pr.got as u64, self.nodes as u64 - 1],
+            );
+            if pr.got < self.nodes - 1 {
+                drop(pr);
+                hyfi_core::sleep::poll_own_cpu(|| {
+                    self.got.load(Ordering::Acquire) >= self.nodes - 1
+                });
+                pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            }
+            while pr.got < self.nodes - 1 {
+                if let Some(f) = self.failure() {
+                    return Err(f.clone());
+                }
+                if let Some(p) = (0..self.nodes).find(|&p| pr.gone[p] && !pr.got_from[p]) {
+                    return Err(format!(
+                        "node {} waits for the release of node {p} at the end of a phase, \
+                         but node {p} ended its program: every node must run the same \
+                         phases and fork-join runs (SPMD)",
+                        self.me
+                    ));
+                }
+                pr = self
+                    .proto_cv
+                    .wait_timeout(pr, std::time::Duration::from_millis(100))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            if let Some(f) = self.failure() {
+                return Err(f.clone());
+            }
+            (
+                std::mem::take(&mut pr.notices),
+                std::mem::take(&mut pr.pushes),
+            )
+        };
+        Ok(got)
+    }
+
+    /// 4. Invalidates the copies others wrote; returns how many.
+    fn invalidate_noticed(&self, notices: &[(u64, u32)], r: &mut Round) -> Result<u64, String> {
+        let mut invalidated = 0u64;
+        for &(start, len) in notices {
+            for gp in start..start + len as u64 {
+                let Some((seg, p)) = self.find_cached(gp, &mut r.cache) else {
+                    return Err(format!(
+                        "a write notice for page {gp}, which no shared array holds"
+                    ));
+                };
+                if seg.homes[p] as usize != self.me
+                    && seg.state[p].load(Ordering::Acquire) != INVALID
+                {
+                    let _m = seg.lock(p);
+                    seg.state[p].store(INVALID, Ordering::Release);
+                    invalidated += 1;
+                }
+            }
+        }
+        Ok(invalidated)
+    }
+
+    /// 5. Installs the pushed pages, unless another writer's notice names
+    ///    the page (its diff may be missing from the push), this node wrote
+    ///    it too, or this node declined it in this release: then the copy is
+    ///    dropped.
+    fn install_pushes(
+        &self,
+        mut notices: Vec<(u64, u32)>,
+        pushes: Vec<(u64, Vec<u8>)>,
+        mut invalidated: u64,
+        r: &mut Round,
+    ) {
+        notices.sort_unstable();
+        let named = |gp: u64| {
+            let k = notices.partition_point(|&(s, _)| s <= gp);
+            k > 0 && gp < notices[k - 1].0 + u64::from(notices[k - 1].1)
+        };
+        let mut installed = Vec::with_capacity(pushes.len());
+        for (gp, bytes) in pushes {
+            let (seg, p) = self
+                .find_cached(gp, &mut r.cache)
+                .expect("checked on arrival");
+            let _m = seg.lock(p);
+            if named(gp)
+                || r.dirty.binary_search(&gp).is_ok()
+                || r.declined.binary_search(&gp).is_ok()
+            {
+                if seg.state[p].load(Ordering::Acquire) != INVALID {
+                    seg.state[p].store(INVALID, Ordering::Release);
+                    invalidated += 1;
+                }
+                continue;
+            }
+            // SAFETY: a page of a live segment homed elsewhere; no filament
+            // runs now, and the next phase's barrier orders these bytes
+            // before its accesses.
+            unsafe { elem::copy_in(seg.page_ptr(p), &bytes) };
+            seg.state[p].store(READ | PUSHED, Ordering::Release);
+            installed.push(gp);
+        }
+        let c = self.ctr(r.slot);
+        c.invalidations.fetch_add(invalidated, Ordering::Relaxed);
+        c.pushes_installed
+            .fetch_add(installed.len() as u64, Ordering::Relaxed);
+        *self.pushed_last.lock().unwrap_or_else(|e| e.into_inner()) = installed;
+    }
+
+    /// Pages installed in this phase are settled from now on.
+    fn settle_fresh(&self) {
+        // Pages installed in this phase are settled from now on: this
+        // read-modify-write acquires the installer's release, and the phase
+        // barrier passes it on to every processor of the next phase.
+        let fresh = std::mem::take(&mut *self.fresh.lock().unwrap_or_else(|e| e.into_inner()));
+        if !fresh.is_empty() {
+            let segs = self.segs.read().unwrap_or_else(|e| e.into_inner());
+            for (seq, p) in fresh {
+                segs[seq as usize].state[p].fetch_and(!FRESH, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// The next epoch: serve what waited for it; the next epoch's early
+    /// releases wait for its release.
+    fn next_epoch(&self, epoch: u64) {
+        let ready = {
+            let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            let next = epoch + 1;
+            self.completed.store(next, Ordering::Release);
+            pr.got = 0;
+            self.got.store(0, Ordering::Release);
+            pr.got_from.iter_mut().for_each(|g| *g = false);
+            // The next phase's filaments may run now: releases of the next
+            // epoch that came early stay in `early` until its release.
+            pr.releasing = false;
+            let deferred = std::mem::take(&mut pr.deferred);
+            let (ready, later): (Vec<_>, Vec<_>) = deferred.into_iter().partition(|d| d.1 <= next);
+            pr.deferred = later;
+            ready
+        };
+        for (from, _, pages) in ready {
+            self.serve(from, &pages);
+        }
+    }
+}

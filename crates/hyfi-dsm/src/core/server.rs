@@ -1,0 +1,140 @@
+//! The page server (the communication thread's side of a fetch): requests
+//! served once this node's epoch allows, replies installed and their
+//! waiters woken.
+
+use std::sync::atomic::Ordering;
+
+use hyfi_core::link::Class;
+
+use super::msg::{Rd, PAGES, REPLY_BATCH};
+use super::page_table::{FRESH, PENDING, READ, WRITE};
+use super::Core;
+use crate::elem;
+use crate::region::PAGE;
+
+impl Core {
+    pub(super) fn on_request(&self, from: usize, payload: &[u8]) -> Result<(), String> {
+        let mut r = Rd::new(payload);
+        let epoch = r.u64()?;
+        let n = r.u32()? as usize;
+        let mut pages = Vec::with_capacity(n);
+        for _ in 0..n {
+            let gp = r.u64()?;
+            let (seg, p) = self
+                .find(gp)
+                .ok_or_else(|| format!("request for page {gp}, which no shared array holds"))?;
+            if seg.homes[p] as usize != self.me {
+                return Err(format!(
+                    "request for page {gp}, whose home is node {}, not this one",
+                    seg.homes[p]
+                ));
+            }
+            pages.push(gp);
+        }
+        {
+            let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            if self.completed.load(Ordering::Acquire) < epoch {
+                // The requester is a phase ahead: serve once this node has
+                // applied every diff of the phase before.
+                pr.deferred.push((from, epoch, pages));
+                self.ctr(self.procs)
+                    .requests_deferred
+                    .fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
+        self.serve(from, &pages);
+        Ok(())
+    }
+
+    pub(super) fn serve(&self, to: usize, pages: &[u64]) {
+        for chunk in pages.chunks(REPLY_BATCH) {
+            self.send(
+                to,
+                PAGES,
+                Class::Bulk,
+                4 + chunk.len() * (8 + PAGE),
+                self.procs,
+                |b| {
+                    b.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
+                    for gp in chunk {
+                        b.extend_from_slice(&gp.to_le_bytes());
+                    }
+                    for &gp in chunk {
+                        let (seg, p) = self.find(gp).expect("checked when the request came");
+                        let mut m = seg.lock(p);
+                        m.copies.insert(to);
+                        if seg.state[p].load(Ordering::Acquire) == WRITE {
+                            // From now on the home's writes fault (and are
+                            // pushed to `to` at the release).
+                            seg.state[p].store(READ, Ordering::Release);
+                            if !m.faulted && m.twin.is_none() {
+                                // Writable without a fault until now: nobody
+                                // else held it. A write that passed its state
+                                // test before this serve may still land after
+                                // the copy below, unseen; the release compares
+                                // the page with this snapshot and pushes it if
+                                // it changed.
+                                // SAFETY: a page of a live segment homed here.
+                                m.twin = Some(unsafe { elem::twin(seg.page_ptr(p)) });
+                                self.dirty
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .push(gp);
+                            }
+                        }
+                        drop(m);
+                        // SAFETY: a page of a live segment of our region.
+                        unsafe { elem::copy_out(seg.page_ptr(p), b) };
+                    }
+                },
+            );
+            self.ctr(self.procs)
+                .pages_served
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn on_pages(&self, from: usize, payload: &[u8]) -> Result<(), String> {
+        let mut r = Rd::new(payload);
+        let n = r.u32()? as usize;
+        let gps: Vec<u64> = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+        for gp in gps {
+            let bytes = r.bytes(PAGE)?;
+            let (seg, p) = self
+                .find(gp)
+                .ok_or_else(|| format!("page {gp} arrived, but no shared array holds it"))?;
+            if seg.homes[p] as usize != from {
+                return Err(format!(
+                    "page {gp} arrived from a node that is not its home"
+                ));
+            }
+            let waiters = {
+                let mut m = seg.lock(p);
+                if seg.state[p].load(Ordering::Acquire) != PENDING {
+                    return Err(format!("page {gp} arrived, but it was not requested"));
+                }
+                // SAFETY: a page of a live segment; PENDING, so nobody here
+                // reads or writes it until the state below says READ.
+                unsafe { elem::copy_in(seg.page_ptr(p), bytes) };
+                seg.state[p].store(READ | FRESH, Ordering::Release);
+                self.fresh
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((seg.seq, p));
+                self.ctr(m.requester)
+                    .pages_fetched
+                    .fetch_add(1, Ordering::Relaxed);
+                let outstanding = &self.outstanding;
+                m.pending.drain(|s| {
+                    outstanding[s].fetch_sub(1, Ordering::Relaxed);
+                });
+                std::mem::take(&mut m.waiters)
+            };
+            for w in waiters {
+                w.wake();
+            }
+        }
+        Ok(())
+    }
+}
