@@ -516,11 +516,14 @@ impl<T: Pod> RowWriter<'_, T> {
         // lives while the view it borrows does; atomic.
         unsafe { elem::store(self.ptr.add(j), v) }
     }
-    /// Columns in the row.
+    /// Columns in the row. Asserting `row.len() >= n` before a loop over
+    /// `0..n` lets the compiler drop `set`'s check from the loop.
+    #[inline(always)]
     pub fn len(&self) -> usize {
         self.cols
     }
     /// Whether the row has no columns.
+    #[inline(always)]
     pub fn is_empty(&self) -> bool {
         self.cols == 0
     }
