@@ -1,0 +1,376 @@
+//! The communication thread: one per node, running a single-threaded tokio
+//! runtime that reads every link.
+//!
+//! **Sending** does not go through it: the calling thread writes its frame
+//! to the socket itself, under a per-link lock (frames never interleave; a
+//! control frame waits at most for one frame already being written). This
+//! departs from the design card's "workers hand messages to the
+//! communication thread through lock-free queues": that hand-off cost a
+//! wake-up of the communication thread per message, which measured 5–7×
+//! a raw TCP round trip; writing directly removed it (see BENCHMARKS.md).
+//! **Receiving**: one reader task per link decodes frames and files them in
+//! the [`Inbox`], where waiting threads spin briefly and then sleep, and
+//! waiting filthreads suspend (the hyfi-core seam) so their processor runs
+//! other work.
+//!
+//! **Failure detection.** A link that closes or breaks before its peer said
+//! `Bye`, or an `Abort` from a peer, fails the node: every waiter in the
+//! inbox returns the error at once, the failure hook runs (the cluster layer
+//! reports it and ends the process after a short grace), and the remaining
+//! peers are told to abort. A killed process closes its sockets, so peers
+//! notice within a round trip.
+
+mod inbox;
+mod rx;
+mod stats;
+mod tx;
+
+pub use inbox::{Dir, Inbox};
+pub use stats::NetStats;
+pub use tx::{Sender, SenderInner};
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hyfi_core::link::{Service, ServiceId};
+
+use crate::error::NetError;
+use crate::mesh::Links;
+use crate::spmd::Steps;
+use crate::wire::Msg;
+
+use inbox::*;
+use rx::*;
+use tx::*;
+
+/// How long a node whose program ended serves its peers before it says
+/// so on stderr (it goes on serving them).
+const CLOSE_NOTICE: Duration = Duration::from_secs(10);
+
+/// A node's communication thread and the handles to talk through it.
+pub struct Comm {
+    sender: Sender,
+    flusher_thread: Mutex<Option<JoinHandle<()>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    shutdown: Arc<tokio::sync::Notify>,
+}
+
+impl std::ops::Deref for Comm {
+    type Target = Sender;
+    fn deref(&self) -> &Sender {
+        &self.sender
+    }
+}
+
+/// Called once, on the communication thread, when the node fails.
+pub type FailureHook = Box<dyn Fn(&str) + Send + Sync>;
+
+/// Why a wait for `peer` cannot end: it said `Bye` (its program ended)
+/// and what this node waits for was not sent before it.
+fn gone(me: usize, peer: usize) -> String {
+    format!(
+        "node {me} waits for node {peer} at a barrier or reduction, but node {peer} ended its \
+         program: every node must make the same phases, shared allocations and \
+         run_distributed calls (SPMD)"
+    )
+}
+
+impl Comm {
+    /// Starts the communication thread over an established mesh. A peer
+    /// that sends nothing (not even a heartbeat) for `heartbeat` is lost.
+    pub fn start(
+        links: Links,
+        on_failure: FailureHook,
+        heartbeat: Duration,
+    ) -> Result<Comm, NetError> {
+        let (rank, nodes) = (links.rank, links.nodes);
+        let inbox = Arc::new(Inbox::default());
+        inbox.state.lock().unwrap_or_else(|e| e.into_inner()).steps = Some(Steps::new(rank));
+        let stats = Arc::new(NetStats::default());
+        let on_failure: Arc<FailureHook> = Arc::new(on_failure);
+        let mut txs = Vec::with_capacity(nodes);
+        for p in &links.peers {
+            txs.push(match p {
+                Some(sock) => Some(PeerTx {
+                    st: Mutex::new(TxState {
+                        sock: Some(
+                            sock.try_clone()
+                                .map_err(|e| NetError::io("cloning a link for writing", e))?,
+                        ),
+                        backlog: Default::default(),
+                        head_off: 0,
+                    }),
+                }),
+                None => None,
+            });
+        }
+        let txs = Arc::new(txs);
+        for s in links.peers.iter().flatten() {
+            s.set_nonblocking(true)
+                .map_err(|e| NetError::io("set_nonblocking", e))?;
+        }
+        for l in &links.listeners {
+            l.set_nonblocking(true)
+                .map_err(|e| NetError::io("set_nonblocking", e))?;
+        }
+        let flusher = Arc::new(Flusher {
+            pending: Mutex::new(false),
+            cv: Condvar::new(),
+            stop: Default::default(),
+        });
+        let sender = Sender(Arc::new(SenderInner {
+            rank,
+            nodes,
+            tx: txs.clone(),
+            flusher: flusher.clone(),
+            inbox,
+            stats,
+        }));
+        let node = Node {
+            sender: sender.clone(),
+            hook: on_failure,
+        };
+        let flusher_thread = {
+            let (f, t, node) = (flusher.clone(), txs.clone(), node.clone());
+            std::thread::Builder::new()
+                .name("hyfi-flush".into())
+                .spawn(move || {
+                    flusher_loop(f, t, |peer, e| {
+                        node.fail(
+                            NetError::LostNode {
+                                me: rank,
+                                lost: peer,
+                                why: format!("writing to it failed: {e}"),
+                            }
+                            .to_string(),
+                        )
+                    })
+                })
+                .map_err(|e| NetError::io("spawning the flusher thread", e))?
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| NetError::io("starting the communication thread's runtime", e))?;
+        let shutdown = Arc::new(tokio::sync::Notify::new());
+        let stop = shutdown.clone();
+        let thread = std::thread::Builder::new()
+            .name("hyfi-comm".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    tokio::select! {
+                        _ = run(links, node, heartbeat) => {}
+                        _ = stop.notified() => {}
+                    }
+                })
+            })
+            .map_err(|e| NetError::io("spawning the communication thread", e))?;
+        Ok(Comm {
+            sender,
+            flusher_thread: Mutex::new(Some(flusher_thread)),
+            thread: Mutex::new(Some(thread)),
+            shutdown,
+        })
+    }
+
+    /// The inbox (for waiting on replies).
+    pub fn inbox(&self) -> &Inbox {
+        &self.inbox
+    }
+
+    /// A sending handle that outlives nothing it should not (see [`Sender`]).
+    pub fn sender(&self) -> Sender {
+        self.sender.clone()
+    }
+
+    /// Installs the handler of service `id`'s frames (bulk frames tagged
+    /// with [`service_tag`]`(id, ..)`): a layer above (the DSM, cross-node
+    /// stealing) that answers requests on the communication thread. Frames
+    /// that came before are handed over first, in order.
+    pub fn set_service(&self, id: ServiceId, service: Arc<dyn Service>) -> Result<(), NetError> {
+        let mut slots = self
+            .inbox
+            .services
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let slot = slots.entry(id).or_default();
+        if let ServiceSlot::Ready(_) = slot {
+            return Err(NetError::Protocol {
+                me: self.rank,
+                from: self.rank,
+                why: format!("{id} was installed twice on this node"),
+            });
+        }
+        let ServiceSlot::Pending(early) =
+            std::mem::replace(slot, ServiceSlot::Ready(service.clone()))
+        else {
+            unreachable!("checked above")
+        };
+        for (from, payload) in early {
+            if let Err(why) = service.frame(from, payload) {
+                drop(slots);
+                self.inbox.fail(why.clone());
+                return Err(self.aborted(why));
+            }
+        }
+        drop(slots);
+        if let Some(f) = self.inbox.failure() {
+            service.failed(&f);
+        }
+        Ok(())
+    }
+
+    /// Waits for the collective message `(from, seq, dir)`.
+    pub fn recv_coll(&self, from: usize, seq: u64, dir: Dir) -> Result<Vec<u8>, NetError> {
+        let me = self.rank;
+        let _w = hyfi_core::waits::waiting(
+            |a| {
+                format!(
+                    "collective message #{} ({}) from node {} (a barrier or reduction)",
+                    a[0],
+                    if a[1] == 0 {
+                        "up the tree"
+                    } else {
+                        "down the tree"
+                    },
+                    a[2]
+                )
+            },
+            [seq, (dir == Dir::Down) as u64, from as u64],
+        );
+        self.inbox
+            .wait(|s| match s.coll.remove(&(from, seq, dir)) {
+                Some(d) => Some(Ok(d)),
+                None => s.gone.contains(&from).then(|| Err(gone(me, from))),
+            })
+            .map_err(|cause| self.aborted(cause))
+    }
+
+    /// Waits for the next bulk frame from `from`.
+    pub fn recv_bulk(&self, from: usize) -> Result<(u64, Vec<u8>), NetError> {
+        let me = self.rank;
+        self.inbox
+            .wait(
+                |s| match s.bulk.get_mut(&from).and_then(|q| q.pop_front()) {
+                    Some(d) => Some(Ok(d)),
+                    None => s.gone.contains(&from).then(|| Err(gone(me, from))),
+                },
+            )
+            .map_err(|cause| self.aborted(cause))
+    }
+
+    /// Tells every peer this node aborts, and fails the node.
+    pub fn abort(&self, cause: &str) {
+        if self
+            .inbox
+            .fail(format!("node {} aborted: {cause}", self.rank))
+        {
+            self.send_abort(cause);
+        }
+    }
+
+    /// Tells every peer this node aborts, without failing this node's own
+    /// waits: the caller is about to end the process with its own status,
+    /// and from now on lost links are not reported to this node's program.
+    pub fn abort_peers(&self, cause: &str) {
+        self.inbox.exiting.store(true, Ordering::SeqCst);
+        self.send_abort(cause);
+    }
+
+    /// Orderly end: says `Bye` to every peer (after everything queued),
+    /// keeps answering their requests until each has said `Bye` too (at
+    /// most `grace`), writes out what is backlogged, and stops the threads.
+    /// `Bye` means "I will ask for nothing more": a peer still reading pages
+    /// homed here after its program ended is served until it says so.
+    ///
+    /// With `grace` `None` it waits as long as the peers live: a peer that
+    /// stops answering is lost at the heartbeat limit, and one that took a
+    /// step this node did not is named when it sees the `Bye`.
+    pub fn close(&self, grace: Option<Duration>) {
+        let (steps, last) = {
+            let s = self.inbox.state.lock().unwrap_or_else(|e| e.into_inner());
+            s.steps.as_ref().map(Steps::last).unwrap_or((0, None))
+        };
+        let bye = Msg::Bye {
+            steps,
+            last: last.map(hyfi_core::Step::to_words).unwrap_or([0; 4]),
+        };
+        for p in 0..self.nodes {
+            if p != self.rank {
+                let _ = self.send(p, &bye);
+            }
+        }
+        let start = Instant::now();
+        let mut said = false;
+        {
+            let mut s = self.inbox.state.lock().unwrap_or_else(|e| e.into_inner());
+            while s.byes < self.nodes - 1 && s.failed.is_none() {
+                let waited = start.elapsed();
+                if grace.is_some_and(|g| waited >= g) {
+                    break;
+                }
+                if !said && waited >= CLOSE_NOTICE {
+                    said = true;
+                    let busy: Vec<String> = (0..self.nodes)
+                        .filter(|p| *p != self.rank && !s.gone.contains(p))
+                        .map(|p| p.to_string())
+                        .collect();
+                    eprintln!(
+                        "hyfi: node {}: its program ended; it goes on serving node(s) {} \
+                         (shared pages homed here) until their programs end too",
+                        self.rank,
+                        busy.join(", ")
+                    );
+                }
+                s = self
+                    .inbox
+                    .cv
+                    .wait_timeout(s, Duration::from_millis(500))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+        // Every peer is done asking: write out what is left, then close our
+        // sending halves (the peers' readers see a clean end after our Bye).
+        let flush_until = Instant::now() + Duration::from_secs(5);
+        for tx in self.tx.iter().flatten() {
+            loop {
+                let mut st = tx.st.lock().unwrap_or_else(|e| e.into_inner());
+                let empty = st.flush().unwrap_or(true);
+                if empty || Instant::now() >= flush_until || self.inbox.failure().is_some() {
+                    if let Some(sock) = st.sock.take() {
+                        let _ = sock.shutdown(std::net::Shutdown::Write);
+                    }
+                    break;
+                }
+                drop(st);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        self.flusher.stop.store(true, Ordering::SeqCst);
+        self.flusher.kick();
+        if let Some(h) = self
+            .flusher_thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = h.join();
+        }
+        // Whatever the peers did, the thread ends now: its remaining tasks
+        // (readers of peers that never closed) are dropped with the runtime.
+        self.shutdown.notify_one();
+        if let Some(h) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = h.join();
+        }
+        // Services hold a Sender, which holds the inbox, which holds them:
+        // break the cycle now that nothing is served any more.
+        self.inbox
+            .services
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+}

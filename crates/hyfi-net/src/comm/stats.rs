@@ -1,0 +1,77 @@
+//! The node's traffic counters, by class.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hyfi_core::link::{Class, ClassTraffic, Traffic};
+
+/// Counters of one node's traffic.
+#[derive(Debug, Default)]
+pub struct NetStats {
+    /// Control messages sent.
+    pub control_sent: AtomicU64,
+    /// Control bytes sent (frames included).
+    pub control_bytes_sent: AtomicU64,
+    /// Control messages received.
+    pub control_received: AtomicU64,
+    /// Control bytes received.
+    pub control_bytes_received: AtomicU64,
+    /// Bulk frames sent.
+    pub bulk_sent: AtomicU64,
+    /// Bulk bytes sent.
+    pub bulk_bytes_sent: AtomicU64,
+    /// Bulk frames received.
+    pub bulk_received: AtomicU64,
+    /// Bulk bytes received.
+    pub bulk_bytes_received: AtomicU64,
+    /// Connections refused after setup (garbage, wrong token, stale job).
+    pub refused: AtomicU64,
+}
+
+impl NetStats {
+    /// The counters now, by class (what [`hyfi_core::NodeLink::traffic`]
+    /// reports).
+    pub fn snapshot(&self) -> Traffic {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Traffic {
+            control: ClassTraffic {
+                sent: g(&self.control_sent),
+                bytes_sent: g(&self.control_bytes_sent),
+                received: g(&self.control_received),
+                bytes_received: g(&self.control_bytes_received),
+            },
+            bulk: ClassTraffic {
+                sent: g(&self.bulk_sent),
+                bytes_sent: g(&self.bulk_bytes_sent),
+                received: g(&self.bulk_received),
+                bytes_received: g(&self.bulk_bytes_received),
+            },
+            refused: g(&self.refused),
+        }
+    }
+
+    /// Counts a frame of `bytes` sent in `class`.
+    pub(super) fn count_sent(&self, class: Class, bytes: usize) {
+        let (n, b) = match class {
+            Class::Control => (&self.control_sent, &self.control_bytes_sent),
+            Class::Bulk => (&self.bulk_sent, &self.bulk_bytes_sent),
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+        b.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a frame of `bytes` received in `class`.
+    pub(super) fn count_received(&self, class: Class, bytes: u64) {
+        let (n, b) = match class {
+            Class::Control => (&self.control_received, &self.control_bytes_received),
+            Class::Bulk => (&self.bulk_received, &self.bulk_bytes_received),
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+        b.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+impl std::fmt::Display for NetStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.snapshot().fmt(f)
+    }
+}

@@ -1,0 +1,379 @@
+//! The sending side: frames written by the calling thread under a
+//! per-link lock, the rest flushed by the flusher thread.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use hyfi_core::link::{Class, ServiceId};
+
+use crate::error::NetError;
+use crate::wire::{self, Header, Kind, Msg, HEADER_LEN};
+
+use super::*;
+
+/// The sending side of one link. Every frame is written without blocking:
+/// what the socket does not take at once waits in `backlog`, in order, and
+/// the flusher thread writes it as the socket drains. So the communication
+/// thread may answer requests itself (a page, a steal) without ever
+/// blocking on a full socket — two nodes answering each other's requests
+/// could otherwise deadlock with both receive buffers full.
+pub(super) struct PeerTx {
+    pub(super) st: Mutex<TxState>,
+}
+
+pub(super) struct TxState {
+    /// `None` once closed.
+    pub(super) sock: Option<std::net::TcpStream>,
+    /// Frames not yet fully written; the first one is written from `head_off`.
+    pub(super) backlog: std::collections::VecDeque<Vec<u8>>,
+    pub(super) head_off: usize,
+}
+
+/// Writes as much of `buf` as the non-blocking socket takes now (tokio owns
+/// the reading side, and the blocking flag is shared by both). Returns how
+/// many bytes were written.
+pub(super) fn write_some(s: &mut std::net::TcpStream, buf: &[u8]) -> std::io::Result<usize> {
+    use std::io::Write;
+    let mut done = 0;
+    while done < buf.len() {
+        match s.write(&buf[done..]) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+impl TxState {
+    /// Writes backlogged frames until the socket would block; `Ok(true)` if
+    /// the backlog is empty afterwards.
+    pub(super) fn flush(&mut self) -> std::io::Result<bool> {
+        let Some(sock) = self.sock.as_mut() else {
+            return Ok(self.backlog.is_empty());
+        };
+        while let Some(head) = self.backlog.front() {
+            let n = write_some(sock, &head[self.head_off..])?;
+            self.head_off += n;
+            if self.head_off < head.len() {
+                return Ok(false);
+            }
+            self.backlog.pop_front();
+            self.head_off = 0;
+        }
+        Ok(true)
+    }
+}
+
+/// The thread that writes backlogged frames when their sockets drain.
+pub(super) struct Flusher {
+    pub(super) pending: Mutex<bool>,
+    pub(super) cv: Condvar,
+    pub(super) stop: std::sync::atomic::AtomicBool,
+}
+
+impl Flusher {
+    pub(super) fn kick(&self) {
+        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cv.notify_one();
+    }
+}
+
+pub(super) fn flusher_loop(
+    flusher: Arc<Flusher>,
+    txs: Arc<Vec<Option<PeerTx>>>,
+    on_error: impl Fn(usize, std::io::Error),
+) {
+    use std::os::fd::AsRawFd;
+    loop {
+        {
+            let mut p = flusher.pending.lock().unwrap_or_else(|e| e.into_inner());
+            while !*p && !flusher.stop.load(Ordering::SeqCst) {
+                p = flusher.cv.wait(p).unwrap_or_else(|e| e.into_inner());
+            }
+            *p = false;
+        }
+        if flusher.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        // Until every backlog is empty: wait for room, then write.
+        loop {
+            let mut fds = Vec::new();
+            for (peer, tx) in txs.iter().enumerate() {
+                let Some(tx) = tx else { continue };
+                let mut st = tx.st.lock().unwrap_or_else(|e| e.into_inner());
+                match st.flush() {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        if let Some(s) = st.sock.as_ref() {
+                            fds.push(libc::pollfd {
+                                fd: s.as_raw_fd(),
+                                events: libc::POLLOUT,
+                                revents: 0,
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        st.backlog.clear();
+                        drop(st);
+                        on_error(peer, e);
+                    }
+                }
+            }
+            if fds.is_empty() || flusher.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            // SAFETY: `fds` is a valid array of pollfds for sockets held open
+            // by `txs` (a closed socket's fd may be reused meanwhile; a
+            // spurious POLLOUT only costs one more non-blocking write try).
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::warn!("hyfi-net flusher: poll failed: {e}");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+}
+
+/// What sending needs: the links' writing halves and the flusher. Shared
+/// by [`Comm`] and every [`Sender`] handed out.
+pub struct SenderInner {
+    pub(super) rank: usize,
+    pub(super) nodes: usize,
+    pub(super) tx: Arc<Vec<Option<PeerTx>>>,
+    pub(super) flusher: Arc<Flusher>,
+    pub(super) inbox: Arc<Inbox>,
+    pub(super) stats: Arc<NetStats>,
+}
+
+/// A handle for sending to the peers, independent of the [`Comm`]'s own
+/// lifetime: a [`Service`] keeps one to answer requests while its node
+/// closes (the node serves its peers until each has said `Bye`).
+#[derive(Clone)]
+pub struct Sender(pub(super) Arc<SenderInner>);
+
+impl std::ops::Deref for Sender {
+    type Target = SenderInner;
+    fn deref(&self) -> &SenderInner {
+        &self.0
+    }
+}
+
+impl Sender {
+    /// This node's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// Number of nodes.
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+    /// Traffic counters.
+    pub fn stats(&self) -> &NetStats {
+        &self.stats
+    }
+    /// Writes a frame to `peer` from the calling thread (no hand-off to the
+    /// communication thread, whose wake-up would cost more than the write),
+    /// never blocking: what the socket does not take now is backlogged for
+    /// the flusher thread. A control frame overtakes backlogged frames that
+    /// have not started, so control traffic waits at most for one frame
+    /// being written.
+    pub(crate) fn push(&self, peer: usize, frame: Vec<u8>, control: bool) -> Result<(), NetError> {
+        let Some(Some(tx)) = self.tx.get(peer) else {
+            return Err(self.failed_error(format!("no link to node {peer}")));
+        };
+        let mut guard = tx.st.lock().unwrap_or_else(|e| e.into_inner());
+        let st = &mut *guard;
+        let Some(sock) = st.sock.as_mut() else {
+            return Err(self.failed_error(format!("link to node {peer} is closed")));
+        };
+        if st.backlog.is_empty() {
+            let n = write_some(sock, &frame)
+                .map_err(|e| self.failed_error(format!("writing to node {peer}: {e}")))?;
+            if n == frame.len() {
+                return Ok(());
+            }
+            st.backlog.push_back(frame);
+            st.head_off = n;
+        } else if control {
+            // Behind the frame being written, ahead of those not started.
+            let at = if st.head_off > 0 { 1 } else { 0 };
+            st.backlog.insert(at, frame);
+        } else {
+            st.backlog.push_back(frame);
+        }
+        drop(guard);
+        self.flusher.kick();
+        Ok(())
+    }
+
+    /// Sends a bulk frame built with [`wire::bulk_frame`] or
+    /// [`wire::bulk_frame_with`] (so a page is copied once, straight into
+    /// the frame).
+    pub fn send_frame(&self, peer: usize, frame: Vec<u8>) -> Result<(), NetError> {
+        self.stats.count_sent(Class::Bulk, frame.len());
+        self.push(peer, frame, false)
+    }
+
+    /// Sends a service's message (see [`hyfi_core::link::Port`]): the
+    /// payload `fill` appends goes straight into the frame (a page is
+    /// copied once); a [`Class::Control`] frame overtakes queued bulk
+    /// frames.
+    pub(crate) fn send_service(
+        &self,
+        peer: usize,
+        id: ServiceId,
+        class: Class,
+        len_hint: usize,
+        fill: &mut dyn FnMut(&mut Vec<u8>),
+    ) -> Result<usize, NetError> {
+        let mut frame = Vec::with_capacity(HEADER_LEN + len_hint);
+        frame.extend_from_slice(&[0u8; HEADER_LEN]);
+        fill(&mut frame);
+        let len = frame.len() - HEADER_LEN;
+        if len > wire::MAX_FRAME {
+            return Err(NetError::Protocol {
+                me: self.rank,
+                from: self.rank,
+                why: format!(
+                    "a message of {len} bytes for {id} exceeds the frame limit of {} bytes",
+                    wire::MAX_FRAME
+                ),
+            });
+        }
+        frame[..HEADER_LEN].copy_from_slice(
+            &Header {
+                len: len as u32,
+                kind: Kind::Bulk,
+                tag: service_tag(id, class),
+            }
+            .encode(),
+        );
+        let bytes = frame.len();
+        self.stats.count_sent(class, bytes);
+        self.push(peer, frame, class == Class::Control)?;
+        Ok(bytes)
+    }
+
+    pub(crate) fn failed_error(&self, fallback: String) -> NetError {
+        if self.inbox.exiting.load(Ordering::SeqCst) {
+            // This node is ending on a signal, with that signal's status,
+            // in a moment (the signal thread): the links its peers drop as
+            // they abort must not make the program exit first with an
+            // error status of its own. Its caller waits for the end.
+            loop {
+                std::thread::park();
+            }
+        }
+        self.aborted(self.inbox.failure().unwrap_or(fallback))
+    }
+
+    /// Queues a control message to `peer` (never blocks).
+    pub fn send(&self, peer: usize, msg: &Msg) -> Result<(), NetError> {
+        let f = wire::control_frame(msg);
+        self.stats.control_sent.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .control_bytes_sent
+            .fetch_add(f.len() as u64, Ordering::Relaxed);
+        self.push(peer, f, true)
+    }
+
+    /// Queues raw bytes to `peer` under `tag` (never blocks).
+    pub fn send_bulk(&self, peer: usize, tag: u64, bytes: &[u8]) -> Result<(), NetError> {
+        self.send_frame(peer, wire::bulk_frame(tag, bytes))
+    }
+
+    /// Tells every peer this node aborts the job, with `cause`.
+    pub(super) fn send_abort(&self, cause: &str) {
+        // Failure texts name this node already; the peer names the sender.
+        let prefix = format!("node {}: ", self.rank);
+        let cause = cause.strip_prefix(&prefix).unwrap_or(cause);
+        for p in 0..self.nodes {
+            if p != self.rank {
+                let _ = self.send(
+                    p,
+                    &Msg::Abort {
+                        cause: cause.to_string(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// This node enters its next SPMD step (see `spmd`): compared with the
+    /// ring predecessor's, and sent to the successor.
+    pub fn enter_step(&self, step: hyfi_core::Step) -> Result<(), NetError> {
+        if self.nodes < 2 {
+            return Ok(());
+        }
+        let prev = (self.rank + self.nodes - 1) % self.nodes;
+        let entered = {
+            let mut s = self.inbox.state.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(f) = &s.failed {
+                return Err(self.aborted(f.clone()));
+            }
+            match s.steps.as_mut() {
+                Some(st) => st.enter(prev, step),
+                None => return Ok(()),
+            }
+        };
+        match entered {
+            Ok(n) => self.send(
+                (self.rank + 1) % self.nodes,
+                &Msg::Step {
+                    n,
+                    step: step.to_words(),
+                },
+            ),
+            Err(why) => {
+                let why = format!("node {}: {why}", self.rank);
+                self.fail_and_tell(why.clone());
+                Err(self.aborted(why))
+            }
+        }
+    }
+
+    /// Fails this node with `why` (its waits return the error) and tells
+    /// every peer; returns false if the node had failed already.
+    pub(super) fn fail_and_tell(&self, why: String) -> bool {
+        if self.inbox.fail(why.clone()) {
+            self.send_abort(&why);
+            return true;
+        }
+        false
+    }
+
+    pub(crate) fn aborted(&self, cause: String) -> NetError {
+        // Failure texts already name this node; do not name it twice.
+        let prefix = format!("node {}: ", self.rank);
+        let cause = cause
+            .strip_prefix(&prefix)
+            .map(str::to_string)
+            .unwrap_or(cause);
+        NetError::Aborted {
+            me: self.rank,
+            cause,
+        }
+    }
+}
+
+/// The TCP transport's side of the node seam: services send through it.
+impl hyfi_core::link::Port for Sender {
+    fn send_with(
+        &self,
+        to: usize,
+        service: ServiceId,
+        class: Class,
+        len_hint: usize,
+        fill: &mut dyn FnMut(&mut Vec<u8>),
+    ) -> Result<usize, hyfi_core::LinkError> {
+        self.send_service(to, service, class, len_hint, fill)
+            .map_err(|e| Box::new(e) as hyfi_core::LinkError)
+    }
+}
