@@ -6,18 +6,17 @@
 //! diagonal), `U` upper triangular (on and above it), `P` the row
 //! permutation chosen by partial pivoting.
 //!
-//! In hyfi terms: a program of two phases run once per step `k`
-//! (`ctx.iteration()`), with one filament per row in each and the rows dealt
+//! In hyfi terms: a program of one phase run once per step `k`
+//! (`ctx.iteration()`), with one filament per row and the rows dealt
 //! cyclically over the processors (the work shrinks as `k` grows, so blocks
-//! would leave the first processors idle):
-//!
-//! * the **pivot** phase: each row not yet chosen as a pivot offers
-//!   `|a[i][k]|` to the reduction variable `pivot`; its post-phase code
-//!   reduces it (largest magnitude, lowest row on ties) and records the
-//!   pivot row as step `k`'s;
-//! * the **elimination** phase: each row not yet chosen stores its
-//!   multiplier `l = a[i][k] / a[p][k]` and subtracts `l ×` the pivot row
-//!   `p`; its post-phase code ends the program after the last step.
+//! would leave the first processors idle). Each row not yet chosen as a
+//! pivot stores its multiplier `l = a[i][k] / a[p][k]`, subtracts `l ×` the
+//! pivot row `p`, and then offers `|a[i][k+1]|`, its candidacy for the next
+//! step, to the reduction variable `pivot` (the pivot search looks ahead,
+//! as HPL's does, so a step costs one phase end, not two). The post-phase
+//! code reduces it (largest magnitude, lowest row on ties: the row a
+//! sequential scan picks) and records step `k + 1`'s pivot row. Step 0's
+//! pivot is found before the program, from the input every node holds.
 //!
 //! Rows are not moved: the permutation is kept aside (node-local, the same
 //! on every node because every node reduces the same pivot), and row `i`
@@ -196,39 +195,33 @@ pub fn factor_dsm(
     let progress = Progress::new(rt, "steps");
     let flops_left = |k: usize| ((n - k) as f64 / n as f64).powi(3);
 
+    // Step 0's pivot, from the input (the same on every node).
+    let first = (0..n).fold(NO_PIVOT, |best, i| {
+        better(
+            best,
+            Pivot {
+                mag: a0[i * n].abs(),
+                row: i as u64,
+            },
+        )
+    });
+    if n == 0 {
+        // Nothing to factor.
+    } else if first.mag == 0.0 {
+        singular_at = Some(0);
+    } else {
+        let p = first.row as usize;
+        step_of[p].store(0, Relaxed);
+        piv.store(p, Relaxed);
+        perm.push(p);
+    }
+
+    let factor = n > 0 && singular_at.is_none();
     let mut prog = Program::new();
-    // Phase 0, pivot: the rows not chosen yet offer their candidate.
-    prog.phase(
-        PoolArray::cyclic(rt, 0..n),
-        |ctx, i| {
-            let k = ctx.iteration() as usize;
-            if step_of[i].load(Relaxed) == FREE {
-                let c = Pivot {
-                    mag: a.get(i, k).abs(),
-                    row: i as u64,
-                };
-                pivot.update(ctx, |best| better(best, c));
-            }
-        },
-        |post| {
-            let k = post.iteration() as usize;
-            let p = post.reduce_with(&pivot, better);
-            post.set(&pivot, NO_PIVOT);
-            if p.mag == 0.0 {
-                singular_at = Some(k);
-                return Control::Done;
-            }
-            let p = p.row as usize;
-            step_of[p].store(k, Relaxed);
-            piv.store(p, Relaxed);
-            perm.push(p);
-            Control::Continue
-        },
-    );
-    // Phase 1, elimination: the rows not chosen yet subtract their multiple
-    // of the pivot row. Each pool segment copies the pivot row's tail once
-    // (the one row a step moves between nodes); each filament updates its
-    // row's tail in place in one pass.
+    // One phase per step k: elimination with pivot row `piv`, then each
+    // updated row offers its candidacy for step k + 1. Each pool segment
+    // copies the pivot row's tail once (the one row a step moves between
+    // nodes); each filament updates its row's tail in place in one pass.
     prog.phase_with(
         PoolArray::cyclic(rt, 0..n),
         |ctx, _span| {
@@ -246,6 +239,13 @@ pub fn factor_dsm(
                 let l = row.get(k) / rp[0];
                 row.set(k, l);
                 row.update_range(k + 1, &rp[1..], |x, y| x - l * y);
+                if k + 1 < n {
+                    let c = Pivot {
+                        mag: row.get(k + 1).abs(),
+                        row: i as u64,
+                    };
+                    pivot.update(ctx, |best| better(best, c));
+                }
             }
         },
         |post| {
@@ -257,16 +257,27 @@ pub fn factor_dsm(
                     100.0 * (1.0 - flops_left(done))
                 ),
             );
-            if post.iteration() as usize + 1 >= n {
-                Control::Done
-            } else {
-                Control::Continue
+            if done >= n {
+                return Control::Done;
             }
+            let p = post.reduce_with(&pivot, better);
+            post.set(&pivot, NO_PIVOT);
+            if p.mag == 0.0 {
+                singular_at = Some(done);
+                return Control::Done;
+            }
+            let p = p.row as usize;
+            step_of[p].store(done, Relaxed);
+            piv.store(p, Relaxed);
+            perm.push(p);
+            Control::Continue
         },
     );
 
     let t = Instant::now();
-    rt.start(&mut prog)?;
+    if factor {
+        rt.start(&mut prog)?;
+    }
     let secs = t.elapsed().as_secs_f64();
     drop(prog);
     progress.finish();
