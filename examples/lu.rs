@@ -121,7 +121,7 @@ impl Output {
     }
 }
 
-/// A pivot candidate: the reduction variable of the pivot phase.
+/// A pivot candidate: the reduction variable the updated rows offer to.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct Pivot {
