@@ -101,23 +101,30 @@ fn run_ok(
 const CONFIGS: [(usize, usize); 5] = [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)];
 
 /// Every configuration gives the one-node answer (each run also checks it
-/// against the sequential recursion itself), and the filaments executed on
-/// all nodes add up to the one-node count: none lost, none run twice.
+/// against the sequential recursion itself, bit for bit, so a filament lost
+/// or run twice shows). Without pruned subtrees (whose inner joins are
+/// plain calls and are not counted), the filaments executed on all nodes
+/// also add up to the one-node count.
 fn same_everywhere(exe: &Path, args: &[&str]) {
     let (want, one) = run_ok(exe, 1, 1, args);
     let total = one[0]["filaments"];
+    let counted = |stats: &[BTreeMap<String, f64>]| stats.iter().all(|s| s["pruned"] == 0.0);
     assert!(
-        total > 1000.0,
+        total > 1000.0 || !counted(&one),
         "{args:?}: too small a problem ({total} filaments)"
     );
     for (nodes, procs) in CONFIGS.into_iter().skip(1) {
         let (got, stats) = run_ok(exe, nodes, procs, args);
         assert_eq!(got, want, "{args:?} on {nodes}x{procs}");
         let sum: f64 = stats.iter().map(|s| s["filaments"]).sum();
-        assert_eq!(
-            sum, total,
-            "{args:?} on {nodes}x{procs}: filaments {stats:?}"
-        );
+        let pruned: f64 = stats.iter().map(|s| s["pruned"]).sum();
+        assert!(sum + pruned > 0.0, "{args:?} on {nodes}x{procs}: {stats:?}");
+        if counted(&one) && counted(&stats) {
+            assert_eq!(
+                sum, total,
+                "{args:?} on {nodes}x{procs}: filaments {stats:?}"
+            );
+        }
         let moved_in: f64 = stats.iter().map(|s| s["moved_in"]).sum();
         let moved_out: f64 = stats.iter().map(|s| s["moved_out"]).sum();
         assert_eq!(

@@ -80,10 +80,11 @@ pub fn print_fj_stats(rt: &hyfi::Runtime, seconds: f64) {
         println!("traffic of node {}: {traffic}", rt.node());
     }
     println!(
-        "fjstats: node={} filaments={} local_steals={} local_tries={} remote_steals={} \
+        "fjstats: node={} filaments={} pruned={} local_steals={} local_tries={} remote_steals={} \
          remote_tries={} moved_in={} moved_out={} idle_ms={:.1} steal_rtt_us={:.1} time_s={seconds:.4}",
         rt.node(),
         t.filaments,
+        t.pruned,
         t.steals,
         t.steal_attempts,
         r.steals,

@@ -6,8 +6,13 @@ use std::fmt;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcStats {
     /// Filaments executed: iterative filaments, and fork-join filaments
-    /// (each branch of a join, pruned or not, counts where it runs).
+    /// (each branch of a join counts where it runs, whether the join forked
+    /// or was pruned), except the branches inside pruned subtrees.
     pub filaments: u64,
+    /// Subtrees run as the pruned copy of a filament
+    /// ([`RemoteFn::with_pruned`](crate::RemoteFn::with_pruned)): the plain
+    /// recursion, whose joins are plain calls that count nothing.
+    pub pruned: u64,
     /// Real forks (pushed on the deque); pruned forks are plain calls and not counted.
     pub forks: u64,
     /// Steal rounds attempted (each visits every other processor once).
@@ -29,6 +34,7 @@ pub struct ProcStats {
 impl ProcStats {
     pub(crate) fn add(&mut self, o: &ProcStats) {
         self.filaments += o.filaments;
+        self.pruned += o.pruned;
         self.forks += o.forks;
         self.steal_attempts += o.steal_attempts;
         self.steals += o.steals;
@@ -93,9 +99,10 @@ impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "node {:>2} proc | {:>12} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7} {:>10} {:>7}",
+            "node {:>2} proc | {:>12} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7} {:>10} {:>7}",
             self.node,
             "filaments",
+            "pruned",
             "forks",
             "steals",
             "tries",
@@ -108,9 +115,10 @@ impl fmt::Display for Stats {
         for (p, s) in self.procs.iter().enumerate() {
             writeln!(
                 f,
-                "        {:>4} | {:>12} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7} {:>10.2} {:>7}",
+                "        {:>4} | {:>12} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7} {:>10.2} {:>7}",
                 p,
                 s.filaments,
+                s.pruned,
                 s.forks,
                 s.steals,
                 s.steal_attempts,

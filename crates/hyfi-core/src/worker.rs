@@ -111,6 +111,7 @@ pub struct Ctx {
 #[derive(Default)]
 pub(crate) struct LocalStats {
     pub(crate) filaments: Cell<u64>,
+    pub(crate) pruned: Cell<u64>,
     pub(crate) forks: Cell<u64>,
     pub(crate) steal_attempts: Cell<u64>,
     pub(crate) steals: Cell<u64>,
@@ -124,6 +125,7 @@ impl LocalStats {
     fn drain(&self) -> ProcStats {
         ProcStats {
             filaments: self.filaments.take(),
+            pruned: self.pruned.take(),
             forks: self.forks.take(),
             steal_attempts: self.steal_attempts.take(),
             steals: self.steals.take(),
