@@ -110,6 +110,40 @@ impl<T: Val> Tracked<T> {
 /// Elements checked per filament.
 const CHUNK: usize = 700;
 
+/// One in-process node: a runtime of `procs` processors over `link`, and
+/// its DSM at a base of its own.
+fn start(link: &Arc<InProcess>, procs: usize) -> Result<(Runtime, Dsm), String> {
+    let rt = Runtime::with_link(
+        Config::new().procs(procs).pin(false),
+        link.clone() as Arc<dyn NodeLink>,
+    )
+    .map_err(|e| e.to_string())?;
+    let dsm = Dsm::with_base(&rt, None).map_err(|e| e.to_string())?;
+    Ok((rt, dsm))
+}
+
+/// Runs `node` on `n` in-process nodes, one thread each; their counters.
+fn on_nodes(
+    n: usize,
+    node: impl Fn(Arc<InProcess>) -> Result<DsmStats, String> + Clone + Send + 'static,
+) -> Vec<DsmStats> {
+    let handles: Vec<_> = InProcess::connect(n)
+        .into_iter()
+        .map(|l| {
+            let node = node.clone();
+            std::thread::spawn(move || node(l))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .expect("node thread")
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect()
+}
+
 /// `rounds` write-and-check rounds on one node; returns its DSM counters.
 fn node_main(
     link: Arc<InProcess>,
@@ -117,12 +151,7 @@ fn node_main(
     rounds: u64,
     seed: u64,
 ) -> Result<DsmStats, String> {
-    let rt = Runtime::with_link(
-        Config::new().procs(procs).pin(false),
-        link.clone() as Arc<dyn NodeLink>,
-    )
-    .map_err(|e| e.to_string())?;
-    let dsm = Dsm::with_base(&rt, None).map_err(|e| e.to_string())?;
+    let (rt, dsm) = start(&link, procs)?;
     let (me, nodes) = (rt.node(), rt.num_nodes());
     let global = nodes * procs;
     let p8 = Tracked::<u8>::new(&dsm, 1, 3 * PAGE + 100, Placement::Cyclic, seed);
@@ -212,19 +241,7 @@ fn node_main(
 }
 
 fn run(nodes: usize, procs: usize, rounds: u64, seed: u64) {
-    let links = InProcess::connect(nodes);
-    let handles: Vec<_> = links
-        .into_iter()
-        .map(|l| std::thread::spawn(move || node_main(l, procs, rounds, seed)))
-        .collect();
-    let stats: Vec<DsmStats> = handles
-        .into_iter()
-        .map(|h| {
-            h.join()
-                .expect("node thread")
-                .unwrap_or_else(|e| panic!("{e}"))
-        })
-        .collect();
+    let stats = on_nodes(nodes, move |l| node_main(l, procs, rounds, seed));
     let fetched: u64 = stats.iter().map(|s| s.total.pages_fetched).sum();
     let served: u64 = stats.iter().map(|s| s.total.pages_served).sum();
     let diffs: u64 = stats.iter().map(|s| s.total.diffs_applied).sum();
@@ -256,12 +273,7 @@ fn random_multi_writer_rounds_on_four_nodes() {
 /// value of its round.
 fn push_node(link: Arc<InProcess>, rounds: u64) -> Result<DsmStats, String> {
     const HOT: usize = 5;
-    let rt = Runtime::with_link(
-        Config::new().procs(1).pin(false),
-        link.clone() as Arc<dyn NodeLink>,
-    )
-    .map_err(|e| e.to_string())?;
-    let dsm = Dsm::with_base(&rt, None).map_err(|e| e.to_string())?;
+    let (rt, dsm) = start(&link, 1)?;
     let per_page = PAGE / 8;
     let v: DsmVec<u64> = dsm
         .vec::<u64>((HOT + 1) * per_page)
@@ -325,18 +337,7 @@ fn push_node(link: Arc<InProcess>, rounds: u64) -> Result<DsmStats, String> {
 #[test]
 fn homes_push_what_readers_use_and_stop_when_declined() {
     let rounds = 6;
-    let handles: Vec<_> = InProcess::connect(2)
-        .into_iter()
-        .map(|l| std::thread::spawn(move || push_node(l, rounds)))
-        .collect();
-    let st: Vec<DsmStats> = handles
-        .into_iter()
-        .map(|h| {
-            h.join()
-                .expect("node thread")
-                .unwrap_or_else(|e| panic!("{e}"))
-        })
-        .collect();
+    let st = on_nodes(2, move |l| push_node(l, rounds));
     let (home, reader) = (&st[0].total, &st[1].total);
     // Round 0: every page fetched once (the zeroed copies were voided by
     // the home's first write). Round 1: all six pushed; page 5 unused, so
@@ -359,12 +360,7 @@ fn homes_push_what_readers_use_and_stop_when_declined() {
 /// must read the final value in the next phase: the home compares the page
 /// with what it served and pushes it if it changed.
 fn false_sharing_node(link: Arc<InProcess>, rounds: u64) -> Result<DsmStats, String> {
-    let rt = Runtime::with_link(
-        Config::new().procs(1).pin(false),
-        link.clone() as Arc<dyn NodeLink>,
-    )
-    .map_err(|e| e.to_string())?;
-    let dsm = Dsm::with_base(&rt, None).map_err(|e| e.to_string())?;
+    let (rt, dsm) = start(&link, 1)?;
     let per_page = PAGE / 8;
     let v: DsmVec<u64> = dsm
         .vec::<u64>(rounds as usize * per_page)
@@ -427,18 +423,7 @@ fn false_sharing_node(link: Arc<InProcess>, rounds: u64) -> Result<DsmStats, Str
 #[test]
 fn a_page_served_while_its_home_writes_it_reaches_the_reader() {
     let rounds = 40;
-    let handles: Vec<_> = InProcess::connect(2)
-        .into_iter()
-        .map(|l| std::thread::spawn(move || false_sharing_node(l, rounds)))
-        .collect();
-    let st: Vec<DsmStats> = handles
-        .into_iter()
-        .map(|h| {
-            h.join()
-                .expect("node thread")
-                .unwrap_or_else(|e| panic!("{e}"))
-        })
-        .collect();
+    let st = on_nodes(2, move |l| false_sharing_node(l, rounds));
     // One fetch per round (a new page each round); each page either
     // pushed at the release or served after the home's last write.
     assert_eq!(st[1].total.pages_fetched, rounds);

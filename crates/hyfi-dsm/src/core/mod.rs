@@ -175,6 +175,28 @@ impl Core {
         (idx < seg.pages()).then(|| (seg.clone(), idx))
     }
 
+    /// The page `gp` that a message from node `from` names as `what` (e.g.
+    /// "a diff for"), which must be homed at node `home`: a protocol error
+    /// if no shared array holds it or its home is another node.
+    fn page_homed_at(
+        &self,
+        gp: u64,
+        home: usize,
+        what: &str,
+        from: usize,
+    ) -> Result<(Arc<Segment>, usize), String> {
+        let (seg, p) = self.find(gp).ok_or_else(|| {
+            format!("{what} page {gp} from node {from}, which no shared array holds")
+        })?;
+        if seg.homes[p] as usize != home {
+            return Err(format!(
+                "{what} page {gp} from node {from}, whose home is node {}, not node {home}",
+                seg.homes[p]
+            ));
+        }
+        Ok((seg, p))
+    }
+
     pub(crate) fn failure(&self) -> Option<&String> {
         self.failed.get()
     }

@@ -89,15 +89,7 @@ impl Core {
         for _ in 0..nd {
             let gp = r.u64()?;
             let runs = r.u32()?;
-            let (seg, p) = self
-                .find(gp)
-                .ok_or_else(|| format!("a diff for page {gp}, which no shared array holds"))?;
-            if seg.homes[p] as usize != self.me {
-                return Err(format!(
-                    "a diff for page {gp} from node {from}, but its home is node {}",
-                    seg.homes[p]
-                ));
-            }
+            let (seg, p) = self.page_homed_at(gp, self.me, "a diff for", from)?;
             // The writer keeps its copy (it equals this one once every
             // diff is in, unless another writer's notice drops it).
             seg.lock(p).copies.insert(from);
@@ -114,29 +106,13 @@ impl Core {
         for _ in 0..np {
             let gp = r.u64()?;
             let bytes = r.bytes(PAGE)?;
-            let (seg, p) = self
-                .find(gp)
-                .ok_or_else(|| format!("a pushed page {gp}, which no shared array holds"))?;
-            if seg.homes[p] as usize != from {
-                return Err(format!(
-                    "page {gp} pushed by node {from}, but its home is node {}",
-                    seg.homes[p]
-                ));
-            }
+            self.page_homed_at(gp, from, "a push of", from)?;
             pr.pushes.push((gp, bytes.to_vec()));
         }
         let nd = r.u32()? as usize;
         for _ in 0..nd {
             let gp = r.u64()?;
-            let (seg, p) = self
-                .find(gp)
-                .ok_or_else(|| format!("a declined page {gp}, which no shared array holds"))?;
-            if seg.homes[p] as usize != self.me {
-                return Err(format!(
-                    "node {from} declined page {gp}, whose home is node {}",
-                    seg.homes[p]
-                ));
-            }
+            let (seg, p) = self.page_homed_at(gp, self.me, "a decline of", from)?;
             let mut m = seg.lock(p);
             m.copies.remove(from);
             if m.copies.is_empty() && !m.presumed && seg.state[p].load(Ordering::Acquire) == READ {

@@ -20,15 +20,7 @@ impl Core {
         let mut pages = Vec::with_capacity(n);
         for _ in 0..n {
             let gp = r.u64()?;
-            let (seg, p) = self
-                .find(gp)
-                .ok_or_else(|| format!("request for page {gp}, which no shared array holds"))?;
-            if seg.homes[p] as usize != self.me {
-                return Err(format!(
-                    "request for page {gp}, whose home is node {}, not this one",
-                    seg.homes[p]
-                ));
-            }
+            self.page_homed_at(gp, self.me, "a request for", from)?;
             pages.push(gp);
         }
         {
@@ -101,14 +93,7 @@ impl Core {
         let gps: Vec<u64> = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
         for gp in gps {
             let bytes = r.bytes(PAGE)?;
-            let (seg, p) = self
-                .find(gp)
-                .ok_or_else(|| format!("page {gp} arrived, but no shared array holds it"))?;
-            if seg.homes[p] as usize != from {
-                return Err(format!(
-                    "page {gp} arrived from a node that is not its home"
-                ));
-            }
+            let (seg, p) = self.page_homed_at(gp, from, "a reply with", from)?;
             let waiters = {
                 let mut m = seg.lock(p);
                 if seg.state[p].load(Ordering::Acquire) != PENDING {
