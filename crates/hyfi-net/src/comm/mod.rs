@@ -9,9 +9,14 @@
 //! wake-up of the communication thread per message, which measured 5–7×
 //! a raw TCP round trip; writing directly removed it (see BENCHMARKS.md).
 //! **Receiving**: one reader task per link decodes frames and files them in
-//! the [`Inbox`], where waiting threads spin briefly and then sleep, and
+//! the [`Inbox`], where waiting threads poll briefly and then sleep, and
 //! waiting filthreads suspend (the hyfi-core seam) so their processor runs
 //! other work.
+//!
+//! One module per part: `inbox` (where frames wait for their takers),
+//! `tx` (the sending side and its flusher), `rx` (the communication
+//! thread's tasks: readers, heartbeats, strays), `stats` (counters by
+//! class); this one holds [`Comm`], which ties them to a node.
 //!
 //! **Failure detection.** A link that closes or breaks before its peer said
 //! `Bye`, or an `Abort` from a peer, fails the node: every waiter in the
@@ -41,9 +46,9 @@ use crate::mesh::Links;
 use crate::spmd::Steps;
 use crate::wire::Msg;
 
-use inbox::*;
-use rx::*;
-use tx::*;
+use inbox::ServiceSlot;
+use rx::{run, Node};
+use tx::{flusher_loop, Flusher, PeerTx, TxState};
 
 /// How long a node whose program ended serves its peers before it says
 /// so on stderr (it goes on serving them).

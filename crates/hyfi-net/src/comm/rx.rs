@@ -14,7 +14,10 @@ use crate::error::NetError;
 use crate::mesh::Links;
 use crate::wire::{self, Header, Kind, Msg, HANDSHAKE_LEN, HEADER_LEN};
 
-use super::*;
+use super::inbox::{split_service_tag, Dir, SERVICE_TAG};
+use super::stats::NetStats;
+use super::tx::Sender;
+use super::FailureHook;
 
 /// What the communication thread's tasks share: the node's sending side
 /// (and through it the inbox) and its failure hook.
