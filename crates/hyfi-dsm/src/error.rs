@@ -152,3 +152,47 @@ mod tests {
         assert!(matches!(core, hyfi_core::Error::PhaseEndTaken));
     }
 }
+
+/// A DSM message that breaks the protocol: from a node of another build, or
+/// a bug. Each one fails the node (and so the job) with this text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ProtocolError {
+    /// The message ends before its fields do.
+    #[error("the message is cut short at byte {at}")]
+    Truncated { at: usize },
+    /// It names a page no shared array holds.
+    #[error("{what} page {page}, which no shared array holds")]
+    UnknownPage { what: &'static str, page: u64 },
+    /// It names a page homed at another node than the message implies.
+    #[error("{what} page {page}, whose home is node {home}, not node {expected}")]
+    WrongHome {
+        what: &'static str,
+        page: u64,
+        home: usize,
+        expected: usize,
+    },
+    /// A diff whose runs do not fit its page.
+    #[error("a malformed diff for page {page}")]
+    MalformedDiff { page: u64 },
+    /// A page reply nobody asked for.
+    #[error("page {page} arrived, but it was not requested")]
+    NotRequested { page: u64 },
+    /// A release of an epoch this node has already completed.
+    #[error("a release of epoch {epoch} came after this node completed {completed}")]
+    LateRelease { epoch: u64, completed: u64 },
+    /// Bytes after the last field.
+    #[error("{len} stray bytes after a release")]
+    StrayBytes { len: usize },
+    /// A kind byte no version of the protocol uses.
+    #[error("unknown message kind {kind}")]
+    UnknownKind { kind: u8 },
+    /// A message without even a kind byte.
+    #[error("an empty message")]
+    Empty,
+}
+
+impl From<ProtocolError> for String {
+    fn from(e: ProtocolError) -> String {
+        e.to_string()
+    }
+}

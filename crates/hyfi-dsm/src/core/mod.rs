@@ -19,6 +19,7 @@ use msg::{PAGES, REL, REQ};
 use page_table::Meta;
 use release::Proto;
 
+use crate::error::ProtocolError;
 use crate::region::{Region, PAGE};
 use crate::stats::{AtomicCounters, DsmCounters, DsmStats};
 
@@ -175,24 +176,24 @@ impl Core {
         (idx < seg.pages()).then(|| (seg.clone(), idx))
     }
 
-    /// The page `gp` that a message from node `from` names as `what` (e.g.
-    /// "a diff for"), which must be homed at node `home`: a protocol error
-    /// if no shared array holds it or its home is another node.
+    /// The page `gp` that a message names as `what` (e.g. "a diff for"),
+    /// which must be homed at node `home`.
     fn page_homed_at(
         &self,
         gp: u64,
         home: usize,
-        what: &str,
-        from: usize,
-    ) -> Result<(Arc<Segment>, usize), String> {
-        let (seg, p) = self.find(gp).ok_or_else(|| {
-            format!("{what} page {gp} from node {from}, which no shared array holds")
-        })?;
+        what: &'static str,
+    ) -> Result<(Arc<Segment>, usize), ProtocolError> {
+        let (seg, p) = self
+            .find(gp)
+            .ok_or(ProtocolError::UnknownPage { what, page: gp })?;
         if seg.homes[p] as usize != home {
-            return Err(format!(
-                "{what} page {gp} from node {from}, whose home is node {}, not node {home}",
-                seg.homes[p]
-            ));
+            return Err(ProtocolError::WrongHome {
+                what,
+                page: gp,
+                home: seg.homes[p] as usize,
+                expected: home,
+            });
         }
         Ok((seg, p))
     }
@@ -287,10 +288,10 @@ impl Service for Core {
             Some(REQ) => self.on_request(from, &payload[1..]),
             Some(PAGES) => self.on_pages(from, &payload[1..]),
             Some(REL) => self.on_release(from, payload),
-            Some(k) => Err(format!("unknown DSM message kind {k}")),
-            None => Err("an empty DSM message".into()),
+            Some(kind) => Err(ProtocolError::UnknownKind { kind }),
+            None => Err(ProtocolError::Empty),
         }
-        .map_err(|why| format!("shared memory: {why}"))
+        .map_err(|why| format!("shared memory: a message from node {from}: {why}"))
     }
     fn failed(&self, why: &str) {
         self.fail(why);
@@ -318,5 +319,58 @@ impl hyfi_core::PhaseEnd for Hook {
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Node 0 of 2, with one segment of two pages: page 0 homed here,
+    /// page 1 at node 1.
+    fn core() -> Core {
+        let region = Region::reserve(1 << 20, None).expect("a small region");
+        let core = Core::new(0, 2, 1, region, None, Arc::new(AtomicU64::new(1)));
+        let seg = core.segment(0, 0, vec![0, 1], INVALID, READ);
+        core.add_segment(Arc::new(seg));
+        core
+    }
+
+    fn frame(c: &Core, bytes: &[u8]) -> String {
+        c.frame(1, bytes.to_vec())
+            .expect_err("a message that breaks the protocol")
+    }
+
+    #[test]
+    fn messages_that_break_the_protocol_say_what_and_from_whom() {
+        let c = core();
+        assert_eq!(
+            frame(&c, &[]),
+            "shared memory: a message from node 1: an empty message"
+        );
+        assert!(frame(&c, &[9]).ends_with("unknown message kind 9"));
+        // A request cut short in its epoch field.
+        assert!(frame(&c, &[REQ, 0, 0]).ends_with("the message is cut short at byte 0"));
+        let request = |page: u64| {
+            let mut m = vec![REQ];
+            m.extend_from_slice(&0u64.to_le_bytes());
+            m.extend_from_slice(&1u32.to_le_bytes());
+            m.extend_from_slice(&page.to_le_bytes());
+            m
+        };
+        assert!(
+            frame(&c, &request(77)).ends_with("a request for page 77, which no shared array holds")
+        );
+        assert!(frame(&c, &request(1))
+            .ends_with("a request for page 1, whose home is node 1, not node 0"));
+        // A reply for a page nobody requested.
+        let mut reply = vec![PAGES];
+        reply.extend_from_slice(&1u32.to_le_bytes());
+        reply.extend_from_slice(&1u64.to_le_bytes());
+        reply.extend_from_slice(&[0u8; PAGE]);
+        assert!(frame(&c, &reply).ends_with("page 1 arrived, but it was not requested"));
+        // The node is still usable: nothing was applied.
+        assert!(c.failure().is_none());
+        assert_eq!(c.totals().pages_fetched, 0);
     }
 }

@@ -1,6 +1,8 @@
 //! The protocol's messages: a kind byte, then the kind's fields
 //! (little-endian), and a reader of their payloads.
 
+use crate::error::ProtocolError;
+
 // The messages: a kind byte, then the kind's fields (little-endian).
 // `REQ` (a page request: epoch u64, count u32, global pages u64...) goes
 // as control, so it overtakes pages and releases queued to the same home;
@@ -35,18 +37,18 @@ impl<'a> Rd<'a> {
     pub(super) fn new(b: &'a [u8]) -> Self {
         Rd { b, at: 0 }
     }
-    pub(super) fn bytes(&mut self, n: usize) -> Result<&'a [u8], String> {
+    pub(super) fn bytes(&mut self, n: usize) -> Result<&'a [u8], ProtocolError> {
         let s = self
             .b
             .get(self.at..self.at + n)
-            .ok_or_else(|| format!("DSM message truncated at byte {}", self.at))?;
+            .ok_or(ProtocolError::Truncated { at: self.at })?;
         self.at += n;
         Ok(s)
     }
-    pub(super) fn u32(&mut self) -> Result<u32, String> {
+    pub(super) fn u32(&mut self) -> Result<u32, ProtocolError> {
         Ok(u32::from_le_bytes(self.bytes(4)?.try_into().expect("4")))
     }
-    pub(super) fn u64(&mut self) -> Result<u64, String> {
+    pub(super) fn u64(&mut self) -> Result<u64, ProtocolError> {
         Ok(u64::from_le_bytes(self.bytes(8)?.try_into().expect("8")))
     }
     pub(super) fn rest(&self) -> &'a [u8] {

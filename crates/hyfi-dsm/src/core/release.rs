@@ -12,6 +12,7 @@ use super::msg::{Body, Rd, REL};
 use super::page_table::{Segment, FRESH, INVALID, PUSHED, READ, WRITE};
 use super::Core;
 use crate::elem;
+use crate::error::ProtocolError;
 use crate::region::PAGE;
 use crate::stats::DsmCounters;
 
@@ -55,7 +56,7 @@ pub(super) struct Proto {
 }
 
 impl Core {
-    pub(super) fn on_release(&self, from: usize, payload: Vec<u8>) -> Result<(), String> {
+    pub(super) fn on_release(&self, from: usize, payload: Vec<u8>) -> Result<(), ProtocolError> {
         let epoch = Rd::new(&payload[1..]).u64()?;
         let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
         let now = self.completed.load(Ordering::Acquire);
@@ -67,15 +68,21 @@ impl Core {
             pr.early.push((from, epoch, payload));
             Ok(())
         } else {
-            Err(format!(
-                "a release of epoch {epoch} came after this node completed {now}"
-            ))
+            Err(ProtocolError::LateRelease {
+                epoch,
+                completed: now,
+            })
         }
     }
 
     /// Applies one node's `REL`: its diffs to our home pages, its notices
     /// kept for the invalidation step.
-    fn apply_release(&self, from: usize, payload: &[u8], pr: &mut Proto) -> Result<(), String> {
+    fn apply_release(
+        &self,
+        from: usize,
+        payload: &[u8],
+        pr: &mut Proto,
+    ) -> Result<(), ProtocolError> {
         // (After the kind byte, kept with the message while it waits.)
         let mut r = Rd::new(&payload[1..]);
         r.u64()?;
@@ -89,14 +96,14 @@ impl Core {
         for _ in 0..nd {
             let gp = r.u64()?;
             let runs = r.u32()?;
-            let (seg, p) = self.page_homed_at(gp, self.me, "a diff for", from)?;
+            let (seg, p) = self.page_homed_at(gp, self.me, "a diff for")?;
             // The writer keeps its copy (it equals this one once every
             // diff is in, unless another writer's notice drops it).
             seg.lock(p).copies.insert(from);
             // SAFETY: a page of a live segment homed here; diff bytes are
             // written with byte atomics.
             let used = unsafe { elem::apply(seg.page_ptr(p), runs, r.rest()) }
-                .ok_or_else(|| format!("a malformed diff for page {gp}"))?;
+                .ok_or(ProtocolError::MalformedDiff { page: gp })?;
             r.bytes(used)?;
             self.ctr(self.procs)
                 .diffs_applied
@@ -106,13 +113,13 @@ impl Core {
         for _ in 0..np {
             let gp = r.u64()?;
             let bytes = r.bytes(PAGE)?;
-            self.page_homed_at(gp, from, "a push of", from)?;
+            self.page_homed_at(gp, from, "a push of")?;
             pr.pushes.push((gp, bytes.to_vec()));
         }
         let nd = r.u32()? as usize;
         for _ in 0..nd {
             let gp = r.u64()?;
-            let (seg, p) = self.page_homed_at(gp, self.me, "a decline of", from)?;
+            let (seg, p) = self.page_homed_at(gp, self.me, "a decline of")?;
             let mut m = seg.lock(p);
             m.copies.remove(from);
             if m.copies.is_empty() && !m.presumed && seg.state[p].load(Ordering::Acquire) == READ {
@@ -121,7 +128,9 @@ impl Core {
             }
         }
         if !r.rest().is_empty() {
-            return Err(format!("{} stray bytes after a release", r.rest().len()));
+            return Err(ProtocolError::StrayBytes {
+                len: r.rest().len(),
+            });
         }
         pr.got += 1;
         self.got.store(pr.got, Ordering::Release);

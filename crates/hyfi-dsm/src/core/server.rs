@@ -10,17 +10,18 @@ use super::msg::{Rd, PAGES, REPLY_BATCH};
 use super::page_table::{FRESH, PENDING, READ, WRITE};
 use super::Core;
 use crate::elem;
+use crate::error::ProtocolError;
 use crate::region::PAGE;
 
 impl Core {
-    pub(super) fn on_request(&self, from: usize, payload: &[u8]) -> Result<(), String> {
+    pub(super) fn on_request(&self, from: usize, payload: &[u8]) -> Result<(), ProtocolError> {
         let mut r = Rd::new(payload);
         let epoch = r.u64()?;
         let n = r.u32()? as usize;
         let mut pages = Vec::with_capacity(n);
         for _ in 0..n {
             let gp = r.u64()?;
-            self.page_homed_at(gp, self.me, "a request for", from)?;
+            self.page_homed_at(gp, self.me, "a request for")?;
             pages.push(gp);
         }
         {
@@ -87,17 +88,17 @@ impl Core {
         }
     }
 
-    pub(super) fn on_pages(&self, from: usize, payload: &[u8]) -> Result<(), String> {
+    pub(super) fn on_pages(&self, from: usize, payload: &[u8]) -> Result<(), ProtocolError> {
         let mut r = Rd::new(payload);
         let n = r.u32()? as usize;
         let gps: Vec<u64> = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
         for gp in gps {
             let bytes = r.bytes(PAGE)?;
-            let (seg, p) = self.page_homed_at(gp, from, "a reply with", from)?;
+            let (seg, p) = self.page_homed_at(gp, from, "a reply with")?;
             let waiters = {
                 let mut m = seg.lock(p);
                 if seg.state[p].load(Ordering::Acquire) != PENDING {
-                    return Err(format!("page {gp} arrived, but it was not requested"));
+                    return Err(ProtocolError::NotRequested { page: gp });
                 }
                 // SAFETY: a page of a live segment; PENDING, so nobody here
                 // reads or writes it until the state below says READ.
