@@ -271,7 +271,7 @@ impl Gate {
     fn admit(&self, mut s: TcpStream, until: Instant) -> Result<Admitted, String> {
         let mut b = [0u8; HANDSHAKE_LEN];
         read_by(&mut s, &mut b, until).map_err(|e| format!("no handshake: {e}"))?;
-        let h = Handshake::decode(&b)?;
+        let h = Handshake::decode(&b).map_err(|e| e.to_string())?;
         if h.job != self.job {
             return Err(format!("a handshake of another job ({})", h.job));
         }

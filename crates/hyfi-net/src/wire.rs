@@ -102,20 +102,18 @@ impl Handshake {
     }
 
     /// Decodes and checks the fixed parts; `Err` says what was wrong.
-    pub fn decode(b: &[u8; HANDSHAKE_LEN]) -> Result<Handshake, String> {
+    pub fn decode(b: &[u8; HANDSHAKE_LEN]) -> Result<Handshake, WireError> {
         if b[0..4] != MAGIC {
-            return Err(format!("not a hyfi peer (first bytes {:02x?})", &b[0..4]));
+            return Err(WireError::NotHyfi([b[0], b[1], b[2], b[3]]));
         }
         let version = u16::from_le_bytes([b[4], b[5]]);
         if version != VERSION {
-            return Err(format!(
-                "protocol version {version}, this node speaks {VERSION}: run the same hyfi build on every node"
-            ));
+            return Err(WireError::Version { theirs: version });
         }
         let purpose = match b[6] {
             1 => Purpose::Hello,
             2 => Purpose::Mesh,
-            p => return Err(format!("unknown connection purpose {p}")),
+            p => return Err(WireError::Purpose(p)),
         };
         let mut nonce = [0u8; NONCE_LEN];
         nonce.copy_from_slice(&b[16..32]);
@@ -286,17 +284,15 @@ impl Header {
         b
     }
     /// Decodes and checks a header.
-    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, String> {
+    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
         let len = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
         if len as usize > MAX_FRAME {
-            return Err(format!(
-                "frame of {len} bytes exceeds the {MAX_FRAME}-byte limit"
-            ));
+            return Err(WireError::TooLarge { len });
         }
         let kind = match b[4] {
             1 => Kind::Control,
             2 => Kind::Bulk,
-            k => return Err(format!("unknown frame kind {k}")),
+            k => return Err(WireError::Kind(k)),
         };
         Ok(Header {
             len,
@@ -360,8 +356,38 @@ pub fn bulk_frame_with(tag: u64, len_hint: usize, fill: impl FnOnce(&mut Vec<u8>
 }
 
 /// Decodes a control payload.
-pub fn decode_msg(payload: &[u8]) -> Result<Msg, String> {
-    bincode::deserialize(payload).map_err(|e| format!("undecodable control message: {e}"))
+pub fn decode_msg(payload: &[u8]) -> Result<Msg, WireError> {
+    bincode::deserialize(payload).map_err(|e| WireError::Undecodable(e.to_string()))
+}
+
+/// What is wrong with bytes that should be hyfi's wire format (garbage on
+/// a socket, another program, another build).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// The connection does not start with hyfi's magic bytes.
+    #[error("not a hyfi peer (first bytes {0:02x?})")]
+    NotHyfi([u8; 4]),
+    /// Another version of the protocol.
+    #[error("protocol version {theirs}, this node speaks {VERSION}: run the same hyfi build on every node")]
+    Version {
+        /// The peer's version.
+        theirs: u16,
+    },
+    /// A handshake for no purpose this build knows.
+    #[error("unknown connection purpose {0}")]
+    Purpose(u8),
+    /// A frame longer than any hyfi sends.
+    #[error("frame of {len} bytes exceeds the {MAX_FRAME}-byte limit")]
+    TooLarge {
+        /// The length the header claims.
+        len: u32,
+    },
+    /// A frame kind this build does not know.
+    #[error("unknown frame kind {0}")]
+    Kind(u8),
+    /// A control payload that is not a message.
+    #[error("undecodable control message: {0}")]
+    Undecodable(String),
 }
 
 /// Blocking: writes one control message (used during setup).
@@ -401,13 +427,15 @@ mod tests {
         bad[0] = b'X';
         assert!(Handshake::decode(&bad)
             .unwrap_err()
+            .to_string()
             .contains("not a hyfi peer"));
         let mut old = h.encode();
         old[4] = 0;
         old[5] = 0;
-        assert!(Handshake::decode(&old)
-            .unwrap_err()
-            .contains("protocol version 0"));
+        assert_eq!(
+            Handshake::decode(&old).unwrap_err(),
+            WireError::Version { theirs: 0 }
+        );
     }
 
     #[test]
@@ -428,7 +456,10 @@ mod tests {
         }
         .encode();
         huge[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(Header::decode(&huge).unwrap_err().contains("exceeds"));
+        assert!(Header::decode(&huge)
+            .unwrap_err()
+            .to_string()
+            .contains("exceeds"));
     }
 
     fn binding() -> Binding {

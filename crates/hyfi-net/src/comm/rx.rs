@@ -198,7 +198,7 @@ pub(super) async fn read_frames(
         }
         let h = match Header::decode(&h) {
             Ok(h) => h,
-            Err(why) => return protocol(why),
+            Err(why) => return protocol(why.to_string()),
         };
         let mut payload = vec![0u8; h.len as usize];
         if let Err(e) = r.read_exact(&mut payload).await {
@@ -260,7 +260,7 @@ pub(super) async fn read_frames(
                         }
                     }
                     Ok(other) => return protocol(format!("unexpected {other:?}")),
-                    Err(why) => return protocol(why),
+                    Err(why) => return protocol(why.to_string()),
                 }
             }
         }
@@ -299,7 +299,7 @@ pub(super) async fn refuse_strays(me: usize, l: tokio::net::TcpListener, stats: 
                         "a handshake from rank {} of job {} after setup ended",
                         h.rank, h.job
                     ),
-                    Err(why) => why,
+                    Err(why) => why.to_string(),
                 },
                 Ok(Err(e)) => format!("no handshake: {e}"),
                 Err(_) => format!("no handshake within {} s", wait.as_secs()),
