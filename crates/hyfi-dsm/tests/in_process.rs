@@ -144,6 +144,23 @@ fn on_nodes(
         .collect()
 }
 
+/// Runs `prog` on `rt`; the DSM's counters, or the stale reads its
+/// filaments recorded in `bad`.
+fn run_checked(
+    rt: &Runtime,
+    mut prog: Program<'_>,
+    bad: &Mutex<Vec<String>>,
+    dsm: &Dsm,
+) -> Result<DsmStats, String> {
+    rt.start(&mut prog).map_err(|e| e.to_string())?;
+    drop(prog);
+    let bad = bad.lock().unwrap();
+    if !bad.is_empty() {
+        return Err(format!("node {} read stale values: {bad:?}", rt.node()));
+    }
+    Ok(dsm.stats())
+}
+
 /// `rounds` write-and-check rounds on one node; returns its DSM counters.
 fn node_main(
     link: Arc<InProcess>,
@@ -325,13 +342,7 @@ fn push_node(link: Arc<InProcess>, rounds: u64) -> Result<DsmStats, String> {
             }
         },
     );
-    rt.start(&mut prog).map_err(|e| e.to_string())?;
-    drop(prog);
-    let bad = bad.into_inner().unwrap();
-    if !bad.is_empty() {
-        return Err(format!("node {me} read stale values: {bad:?}"));
-    }
-    Ok(dsm.stats())
+    run_checked(&rt, prog, &bad, &dsm)
 }
 
 #[test]
@@ -411,13 +422,7 @@ fn false_sharing_node(link: Arc<InProcess>, rounds: u64) -> Result<DsmStats, Str
             }
         },
     );
-    rt.start(&mut prog).map_err(|e| e.to_string())?;
-    drop(prog);
-    let bad = bad.into_inner().unwrap();
-    if !bad.is_empty() {
-        return Err(format!("node {me} read stale values: {bad:?}"));
-    }
-    Ok(dsm.stats())
+    run_checked(&rt, prog, &bad, &dsm)
 }
 
 #[test]
