@@ -50,8 +50,10 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, SamplingMode};
 use hyfi::{
     Config, Control, Ctx, Dsm, DsmMatrix, Op, Placement, PoolArray, Program, Reduction, Runtime,
-    SharedMatrix,
 };
+// hyfi-core's node-local matrix, which the facade no longer offers: kept
+// here as the reference the DSM's one-node path was measured against.
+use hyfi_core::SharedMatrix;
 
 // ------------------------------------------------------------ page fetch
 

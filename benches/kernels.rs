@@ -17,7 +17,10 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode};
-use hyfi::{Control, Ctx, Op, PoolArray, Program, Reduction, Runtime, SharedMatrix};
+use hyfi::{Control, Ctx, Op, PoolArray, Program, Reduction, Runtime};
+// hyfi-core's node-local matrix (not in the facade: programs use the DSM's
+// arrays): these benchmarks measure the pools and phases alone.
+use hyfi_core::SharedMatrix;
 use rayon::prelude::*;
 
 // ---------------------------------------------------------------- runtimes

@@ -16,7 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use hyfi::{Config, Control, PoolArray, Program, Runtime, SharedMatrix};
+use hyfi::{Config, Control, PoolArray, Program, Runtime};
+// hyfi-core's node-local matrix (not in the facade: programs use the DSM's
+// arrays): these benchmarks measure the pools and phases alone.
+use hyfi_core::SharedMatrix;
 
 const N: usize = 256;
 const OMEGA: f64 = 1.5;

@@ -124,9 +124,6 @@ pub use hyfi_dsm::{
     View, ViewMut, WriteRange, WriteRows,
 };
 
-// --- Node-local shared arrays (no DSM) ---
-pub use hyfi_core::{Element, Row, SharedMatrix, SharedVec};
-
 // --- Counters ---
 /// Progress of long runs on a terminal ([`Progress`]).
 pub use hyfi_core::Progress;
@@ -182,6 +179,17 @@ pub mod layers;
 /// ```
 /// ```compile_fail,E0432
 /// use hyfi::steal;
+/// ```
+///
+/// One family of shared arrays: the DSM's ([`DsmVec`], [`DsmMatrix`]),
+/// on one node as on many. hyfi-core's node-local arrays are not a second
+/// one for programs:
+///
+/// ```compile_fail,E0432
+/// use hyfi::SharedMatrix;
+/// ```
+/// ```compile_fail,E0432
+/// use hyfi::SharedVec;
 /// ```
 ///
 /// The same names through `hyfi::layers` compile:

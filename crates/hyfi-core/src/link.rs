@@ -72,8 +72,10 @@
 //! ```
 
 mod in_process;
+pub mod spmd;
 
 pub use in_process::InProcess;
+pub use spmd::{StepError, Steps};
 
 use crate::node::LinkError;
 

@@ -5,9 +5,15 @@
 //! stores, which compile to plain moves on x86-64 and AArch64: a filament
 //! writing element `(i, j)` while another writes `(i, j+1)` is not undefined
 //! behaviour, and a racy read returns some written value, never garbage.
-//! Ordering between phases comes from the phase barrier. These arrays live on
-//! one node; the DSM layer provides arrays with the same accessors that span
-//! nodes.
+//! Ordering between phases comes from the phase barrier.
+//!
+//! These arrays are the single-node runtime's own, for its documentation,
+//! tests and benchmarks, which cannot depend on the shared-memory layer
+//! above it. Programs have one family of shared arrays, the DSM's
+//! (`hyfi::DsmVec`, `hyfi::DsmMatrix`; the facade does not re-export these):
+//! on one node they move nothing, and through footprint views they cost
+//! what a plain slice loop costs, less than these arrays' checked,
+//! per-element accessors.
 //!
 //! ```
 //! use hyfi_core::SharedMatrix;

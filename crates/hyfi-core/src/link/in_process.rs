@@ -11,14 +11,40 @@
 //! peers until every node has left, as a TCP node does after its program
 //! ends. The last node to leave stops every delivery thread, so dropping
 //! nodes never waits (they may be dropped on one thread, in any order).
+//!
+//! The failures a TCP job detects are detected here too, with the same
+//! words:
+//! * **SPMD steps.** Each node hands every step it enters
+//!   ([`NodeLink::enter_step`]) to the next node of the ring, and its
+//!   goodbye hands its step count to every node, checked by the same
+//!   [`Steps`] as over TCP: a node that takes a step the others do not
+//!   ends the job, naming both. In one process the hand-over is a call,
+//!   not a message, so the mismatch is found before either node can enter
+//!   the collective that follows the step (over TCP the step message goes
+//!   ahead of the collective's on the same connection, to the same end).
+//! * **A peer that stops answering.** Over TCP, heartbeats find a peer
+//!   whose communication thread no longer runs. Here a node's delivery
+//!   thread is its communication thread: a watchdog fails the job when one
+//!   has spent longer than the limit (5 s, `HYFI_HEARTBEAT`'s default;
+//!   [`InProcess::connect_with_limit`]) in one message, since its peers
+//!   would wait for it forever; and a service that panics on a message
+//!   fails the job with the panic's message rather than killing the thread
+//!   silently.
 
 use std::collections::{HashMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
+use super::spmd::Steps;
 use super::{Class, ClassTraffic, Port, Report, Service, ServiceId, Traffic};
-use crate::node::{LinkError, NodeLink};
+use crate::node::{LinkError, NodeLink, Step};
+
+/// How long a delivery thread may spend in one message before its peers
+/// count it as stopped: `HYFI_HEARTBEAT`'s default.
+const DEFAULT_LIMIT: Duration = Duration::from_secs(5);
 
 enum Item {
     Msg {
@@ -76,12 +102,29 @@ impl Counters {
     }
 }
 
-#[derive(Default)]
 struct Mailbox {
     q: Mutex<Queues>,
     cv: Condvar,
     services: Mutex<HashMap<ServiceId, Slot>>,
     counters: Counters,
+    /// This node's SPMD steps and its ring predecessor's.
+    steps: Mutex<Steps>,
+    /// What the delivery thread is handling, and since when (for the
+    /// watchdog): `(since, service, from)`.
+    busy: Mutex<Option<(Instant, ServiceId, usize)>>,
+}
+
+impl Mailbox {
+    fn new(me: usize) -> Mailbox {
+        Mailbox {
+            q: Mutex::default(),
+            cv: Condvar::new(),
+            services: Mutex::default(),
+            counters: Counters::default(),
+            steps: Mutex::new(Steps::new(me)),
+            busy: Mutex::new(None),
+        }
+    }
 }
 
 /// The collectives' meeting point, the failure, and who has left.
@@ -92,6 +135,8 @@ struct State {
     result: Vec<u8>,
     failed: Option<String>,
     left: Vec<bool>,
+    /// Every node has left: the watchdog ends.
+    done: bool,
 }
 
 struct Hub {
@@ -100,6 +145,8 @@ struct Hub {
     delivery: Mutex<Vec<JoinHandle<()>>>,
     st: Mutex<State>,
     cv: Condvar,
+    /// How long a delivery thread may spend in one message.
+    limit: Duration,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -201,13 +248,67 @@ fn deliver(hub: Arc<Hub>, me: usize) {
                         v.push((from, payload));
                         Ok(())
                     }
-                    Slot::Ready(s) => s.frame(from, payload),
+                    Slot::Ready(s) => handle(mb, &**s, service, from, payload),
                 };
                 drop(slots);
                 if let Err(why) = r {
                     hub.fail(format!("node {me}: {service} of node {from}: {why}"));
                 }
             }
+        }
+    }
+}
+
+/// Hands `payload` to `s`, marked busy for the watchdog. A panicking
+/// handler must not end the delivery thread silently (its peers would wait
+/// forever): it is an error with the panic's message.
+fn handle(
+    mb: &Mailbox,
+    s: &dyn Service,
+    service: ServiceId,
+    from: usize,
+    payload: Vec<u8>,
+) -> Result<(), String> {
+    *lock(&mb.busy) = Some((Instant::now(), service, from));
+    let r = catch_unwind(AssertUnwindSafe(|| s.frame(from, payload)));
+    *lock(&mb.busy) = None;
+    r.unwrap_or_else(|p| Err(format!("its handler panicked: {}", panic_message(&*p))))
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(not a string)".to_string())
+}
+
+/// The watchdog: fails the job when a delivery thread has spent longer
+/// than the limit in one message (see the module docs), until every node
+/// has left.
+fn watch(hub: Arc<Hub>) {
+    let tick = hub.limit / 4;
+    let mut st = lock(&hub.st);
+    while !st.done && st.failed.is_none() {
+        st = hub
+            .cv
+            .wait_timeout(st, tick)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+        let stuck = hub.nodes.iter().enumerate().find_map(|(me, mb)| {
+            let b = *lock(&mb.busy);
+            b.filter(|(since, _, _)| since.elapsed() > hub.limit)
+                .map(|(since, service, from)| (me, since.elapsed(), service, from))
+        });
+        if let Some((me, t, service, from)) = stuck {
+            drop(st);
+            hub.fail(format!(
+                "node {me} stopped answering: its delivery thread has spent {:.1} s in one \
+                 message of {service} from node {from} (limit {:.1} s); a handler that \
+                 blocks or loops stalls every peer: a service must not wait in `frame`",
+                t.as_secs_f64(),
+                hub.limit.as_secs_f64()
+            ));
+            return;
         }
     }
 }
@@ -292,9 +393,24 @@ impl InProcess {
     ///
     /// If `n` is 0 or a delivery thread cannot be started.
     pub fn connect(n: usize) -> Vec<Arc<InProcess>> {
+        Self::connect_with_limit(n, DEFAULT_LIMIT)
+    }
+
+    /// As [`connect`](Self::connect), with `limit` for how long a delivery
+    /// thread may spend in one message before the job fails with "node k
+    /// stopped answering" (see the module docs).
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0, `limit` is zero, or a thread cannot be started.
+    pub fn connect_with_limit(n: usize, limit: Duration) -> Vec<Arc<InProcess>> {
         assert!(n > 0, "InProcess::connect needs at least one node");
+        assert!(
+            !limit.is_zero(),
+            "InProcess::connect_with_limit needs a limit above zero"
+        );
         let hub = Arc::new(Hub {
-            nodes: (0..n).map(|_| Mailbox::default()).collect(),
+            nodes: (0..n).map(Mailbox::new).collect(),
             delivery: Mutex::new(Vec::new()),
             st: Mutex::new(State {
                 gen: 0,
@@ -303,8 +419,10 @@ impl InProcess {
                 result: Vec::new(),
                 failed: None,
                 left: vec![false; n],
+                done: false,
             }),
             cv: Condvar::new(),
+            limit,
         });
         for me in 0..n {
             let h = hub.clone();
@@ -314,6 +432,12 @@ impl InProcess {
                 .expect("hyfi: spawning an in-process delivery thread");
             lock(&hub.delivery).push(t);
         }
+        let h = hub.clone();
+        let t = std::thread::Builder::new()
+            .name("hyfi-inproc-watchdog".to_string())
+            .spawn(move || watch(h))
+            .expect("hyfi: spawning the in-process watchdog");
+        lock(&hub.delivery).push(t);
         (0..n)
             .map(|me| {
                 Arc::new(InProcess {
@@ -386,6 +510,31 @@ impl NodeLink for InProcess {
     fn abort(&self, cause: &str) {
         self.hub.fail(format!("node {} aborted: {cause}", self.me));
     }
+    fn enter_step(&self, step: Step) -> Result<(), LinkError> {
+        let (me, n) = (self.me, self.hub.nodes.len());
+        if n < 2 {
+            return Ok(());
+        }
+        if let Some(f) = self.hub.failure() {
+            return Err(f.into());
+        }
+        // Compared with the predecessor's steps here, then handed to the
+        // successor, which compares them with its own (never both locks at
+        // once: each guard is dropped at the end of its statement).
+        let next = (me + 1) % n;
+        let entered = lock(&self.hub.nodes[me].steps).enter((me + n - 1) % n, step);
+        let checked = match entered {
+            Ok(k) => {
+                let handed = lock(&self.hub.nodes[next].steps).on_step(me, k, step);
+                handed.map_err(|e| format!("node {next}: {e}"))
+            }
+            Err(e) => Err(format!("node {me}: {e}")),
+        };
+        checked.map_err(|why| {
+            self.hub.fail(why.clone());
+            why.into()
+        })
+    }
     fn port(&self) -> Option<Arc<dyn Port>> {
         Some(Arc::new(InPort {
             me: self.me,
@@ -405,7 +554,7 @@ impl NodeLink for InProcess {
         };
         let mut r = Ok(());
         for (from, payload) in early {
-            if let Err(why) = service.frame(from, payload) {
+            if let Err(why) = handle(mb, &*service, id, from, payload) {
                 r = Err(format!("node {}: {id} of node {from}: {why}", self.me));
                 break;
             }
@@ -439,8 +588,14 @@ impl Drop for InProcess {
         if std::thread::panicking() {
             self.hub.fail(format!("node {me}'s program panicked"));
         }
-        // Goodbye, behind everything this node sent.
+        // Goodbye: the step count to every peer at once (see `enter_step`),
+        // the `Bye` behind everything this node sent.
+        let (steps, last) = lock(&self.hub.nodes[me].steps).last();
         for to in (0..self.hub.nodes.len()).filter(|&p| p != me) {
+            let checked = lock(&self.hub.nodes[to].steps).on_bye(me, steps, last);
+            if let Err(e) = checked {
+                self.hub.fail(format!("node {to}: {e}"));
+            }
             let _ = self.hub.push(
                 to,
                 Frame {
@@ -455,8 +610,9 @@ impl Drop for InProcess {
         let last = {
             let mut st = lock(&self.hub.st);
             st.left[me] = true;
+            st.done = st.left.iter().all(|l| *l);
             self.hub.cv.notify_all();
-            st.left.iter().all(|l| *l)
+            st.done
         };
         if !last {
             return;
