@@ -37,6 +37,12 @@
 //! rendezvous file is in the private temporary directory, whose nodes are
 //! all on this host; or `HYFI_HOST`/the host name's address otherwise); the
 //! others the local address of their connection to node 0.
+//!
+//! One module per part: `addr` (which interface a listener binds),
+//! `handshake` (both sides of the proof, and why one fails:
+//! [`HandshakeError`]), `accept` (a thread per pending connection),
+//! `coordinator` (node 0's side of setup), `member` (every other node's);
+//! this one holds what they make, [`Links`].
 
 mod accept;
 mod addr;
