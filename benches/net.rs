@@ -1,7 +1,9 @@
 //! hyfi-net latencies on loopback, each group holding a raw-socket baseline
-//! and hyfi side by side. Every "node" is a `Cluster` living on a thread of
-//! this process (each with its own communication thread), connected through
-//! a coordinator on a free 127.0.0.1 port.
+//! and hyfi side by side. Every "node" lives on a thread of this process
+//! (each with its own communication thread), connected through a
+//! coordinator on a free 127.0.0.1 port: for the round trips the bare
+//! message substrate ([`mesh::connect`] and [`Comm::start`], what a
+//! `Cluster` runs on), for the collectives a `Cluster`.
 //!
 //! * `rtt_16B`, `rtt_4KiB`: node 0 sends, node 1 (an echo loop on its own
 //!   thread: `recv_bulk` then `send_bulk`) echoes, node 0 waits for the
@@ -35,9 +37,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use hyfi_net::bootstrap::{JobSpec, Launcher, Rendezvous};
-use hyfi_net::comm::Dir;
+use hyfi_net::comm::{Comm, Dir};
 use hyfi_net::wire::Msg;
-use hyfi_net::Cluster;
+use hyfi_net::{mesh, Cluster};
 
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bulk tag that stops an echo loop (below bit 63: tags with that bit
@@ -52,22 +54,47 @@ fn free_port() -> u16 {
     l.local_addr().expect("local_addr").port()
 }
 
+fn spec(rank: usize, nodes: usize, coord: String, job: u64) -> JobSpec {
+    JobSpec {
+        rank,
+        nodes,
+        rendezvous: Rendezvous::Coord(coord),
+        job,
+        token: Some([0x5a; 16]),
+        launcher: Launcher::Hyfi,
+    }
+}
+
 /// Connects `n` in-process nodes; index = rank.
 fn clusters(n: usize, job: u64) -> Vec<Arc<Cluster>> {
     let coord = format!("127.0.0.1:{}", free_port());
     let handles: Vec<JoinHandle<Arc<Cluster>>> = (0..n)
         .map(|rank| {
-            let coord = coord.clone();
+            let spec = spec(rank, n, coord.clone(), job);
             std::thread::spawn(move || {
-                let spec = JobSpec {
-                    rank,
-                    nodes: n,
-                    rendezvous: Rendezvous::Coord(coord),
-                    job,
-                    token: Some([0x5a; 16]),
-                    launcher: Launcher::Hyfi,
-                };
                 Cluster::connect(&spec, SETUP_TIMEOUT).expect("Cluster::connect")
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("connect thread"))
+        .collect()
+}
+
+/// The message substrate of `n` in-process nodes (the mesh and a
+/// communication thread each, no `Cluster`); index = rank.
+fn comms(n: usize, job: u64) -> Vec<Arc<Comm>> {
+    let coord = format!("127.0.0.1:{}", free_port());
+    let handles: Vec<JoinHandle<Arc<Comm>>> = (0..n)
+        .map(|rank| {
+            let spec = spec(rank, n, coord.clone(), job);
+            std::thread::spawn(move || {
+                let links = mesh::connect(&spec, SETUP_TIMEOUT).expect("mesh::connect");
+                let hook = Box::new(|why: &str| eprintln!("bench node failed: {why}"));
+                Arc::new(
+                    Comm::start(links, hook, hyfi_net::DEFAULT_HEARTBEAT).expect("Comm::start"),
+                )
             })
         })
         .collect();
@@ -83,7 +110,7 @@ fn clusters(n: usize, job: u64) -> Vec<Arc<Cluster>> {
 /// `Bye` is written; the peer then sees the link close without one, fails,
 /// and ends the process). The leaked communication threads sit idle in
 /// `epoll_wait` until the benchmark process exits.
-fn leak_all(cs: Vec<Arc<Cluster>>) {
+fn leak_all<N>(cs: Vec<Arc<N>>) {
     for c in cs {
         std::mem::forget(c);
     }
@@ -132,24 +159,24 @@ fn bench_rtt(c: &mut Criterion) {
         echo.join().expect("raw echo thread");
 
         // hyfi: bulk frames both ways.
-        let cs = clusters(2, 0x4e45_5401 + size as u64);
+        let cs = comms(2, 0x4e45_5401 + size as u64);
         let n1 = cs[1].clone();
         let echo = std::thread::spawn(move || loop {
-            let (tag, data) = n1.comm().recv_bulk(0).expect("recv_bulk");
+            let (tag, data) = n1.recv_bulk(0).expect("recv_bulk");
             if tag == STOP {
                 break;
             }
-            n1.comm().send_bulk(0, tag, &data).expect("send_bulk");
+            n1.send_bulk(0, tag, &data).expect("send_bulk");
         });
         let n0 = cs[0].clone();
         g.bench_function("hyfi_bulk", |b| {
             b.iter(|| {
-                n0.comm().send_bulk(1, 1, &out).expect("send_bulk");
-                let (_, d) = n0.comm().recv_bulk(1).expect("recv_bulk");
+                n0.send_bulk(1, 1, &out).expect("send_bulk");
+                let (_, d) = n0.recv_bulk(1).expect("recv_bulk");
                 assert_eq!(d.len(), size);
             })
         });
-        n0.comm().send_bulk(1, STOP, &[]).expect("stop");
+        n0.send_bulk(1, STOP, &[]).expect("stop");
         echo.join().expect("hyfi echo thread");
 
         // hyfi: control messages (Msg::Up out, Msg::Down back).
@@ -158,11 +185,11 @@ fn bench_rtt(c: &mut Criterion) {
             let echo = std::thread::spawn(move || {
                 let mut seq = CTRL_SEQ0;
                 loop {
-                    let data = n1.comm().recv_coll(0, seq, Dir::Up).expect("recv_coll");
+                    let data = n1.recv_coll(0, seq, Dir::Up).expect("recv_coll");
                     if data.is_empty() {
                         break;
                     }
-                    n1.comm().send(0, &Msg::Down { seq, data }).expect("send");
+                    n1.send(0, &Msg::Down { seq, data }).expect("send");
                     seq += 1;
                 }
             });
@@ -173,8 +200,8 @@ fn bench_rtt(c: &mut Criterion) {
                         seq,
                         data: out.clone(),
                     };
-                    n0.comm().send(1, &m).expect("send");
-                    let d = n0.comm().recv_coll(1, seq, Dir::Down).expect("recv_coll");
+                    n0.send(1, &m).expect("send");
+                    let d = n0.recv_coll(1, seq, Dir::Down).expect("recv_coll");
                     assert_eq!(d.len(), size);
                     seq += 1;
                 })
@@ -183,7 +210,7 @@ fn bench_rtt(c: &mut Criterion) {
                 seq,
                 data: Vec::new(),
             };
-            n0.comm().send(1, &stop).expect("stop");
+            n0.send(1, &stop).expect("stop");
             echo.join().expect("hyfi ctrl echo thread");
         }
         drop(n0);

@@ -19,6 +19,13 @@ use crate::signals::{self, SignalEvent, SignalThread};
 pub const FAILURE_GRACE: Duration = Duration::from_secs(2);
 
 /// One node of a multi-node job.
+///
+/// Layers above talk to other nodes through the node seam
+/// ([`NodeLink::port`], [`NodeLink::set_service`]) and the collectives; the
+/// node's message substrate itself is not handed out, since raw frames sent
+/// beside the runtime's could break its protocols. Tests and benchmarks of
+/// the substrate build their own with [`mesh::connect`] and
+/// [`Comm::start`].
 pub struct Cluster {
     comm: Comm,
     coll: Collectives,
@@ -162,13 +169,6 @@ impl Cluster {
     /// Messages and bytes sent and received, by kind.
     pub fn stats(&self) -> &NetStats {
         self.comm.stats()
-    }
-    /// The communication thread. Layers above talk through the node seam
-    /// ([`NodeLink::port`], [`NodeLink::set_service`]); this is for
-    /// hyfi-net's own benchmarks and tests.
-    #[doc(hidden)]
-    pub fn comm(&self) -> &Comm {
-        &self.comm
     }
     /// Cross-node barrier.
     pub fn barrier(&self) -> Result<(), NetError> {

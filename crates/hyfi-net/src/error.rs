@@ -77,7 +77,7 @@ pub enum NetError {
 
     /// A peer answered, but the handshake never succeeded in time.
     #[error(
-        "node {rank}: {what} at {addr} did not complete the handshake within {secs} s ({why});          every node must be given the same HYFI_TOKEN (or, without one, run as the same user          on node 0's host, reading its rendezvous file)"
+        "node {rank}: {what} at {addr} did not complete the handshake within {secs} s ({source});          every node must be given the same HYFI_TOKEN (or, without one, run as the same user          on node 0's host, reading its rendezvous file)"
     )]
     Rejected {
         /// This rank.
@@ -89,7 +89,8 @@ pub enum NetError {
         /// Seconds waited.
         secs: u64,
         /// The last failure.
-        why: String,
+        #[source]
+        source: crate::mesh::HandshakeError,
     },
 
     /// Not every node showed up at the coordinator in time.

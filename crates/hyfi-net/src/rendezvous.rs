@@ -59,24 +59,47 @@ pub(crate) fn is_private(path: &Path) -> bool {
         .is_some_and(|n| n == uid_dir.as_str())
 }
 
+/// Why a directory is not a private directory of ours.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DirError {
+    /// Its metadata cannot be read.
+    #[error("cannot inspect it: {0}")]
+    Inspect(#[source] std::io::Error),
+    /// A file, or a symbolic link (never followed: it could lead anywhere).
+    #[error("it is not a directory (a symbolic link or a file?)")]
+    NotADir,
+    /// Another user's directory.
+    #[error("it belongs to uid {owner}, not to this user (uid {me})")]
+    NotOurs {
+        /// Its owner.
+        owner: u32,
+        /// This process's effective user id.
+        me: u32,
+    },
+    /// Group or others may use it.
+    #[error("its mode is {mode:o}: group and others may use it")]
+    Open {
+        /// Its permission bits.
+        mode: u32,
+    },
+}
+
 /// Why the directory `dir` is not a private directory of ours, if it is not.
-fn check_private_dir(dir: &Path) -> Result<(), String> {
-    let m = std::fs::symlink_metadata(dir).map_err(|e| format!("cannot inspect it: {e}"))?;
+fn check_private_dir(dir: &Path) -> Result<(), DirError> {
+    let m = std::fs::symlink_metadata(dir).map_err(DirError::Inspect)?;
     if !m.file_type().is_dir() {
-        return Err("it is not a directory (a symbolic link or a file?)".into());
+        return Err(DirError::NotADir);
     }
     if m.uid() != euid() {
-        return Err(format!(
-            "it belongs to uid {}, not to this user (uid {})",
-            m.uid(),
-            euid()
-        ));
+        return Err(DirError::NotOurs {
+            owner: m.uid(),
+            me: euid(),
+        });
     }
     if m.mode() & 0o077 != 0 {
-        return Err(format!(
-            "its mode is {:o}: group and others may use it",
-            m.mode() & 0o777
-        ));
+        return Err(DirError::Open {
+            mode: m.mode() & 0o777,
+        });
     }
     Ok(())
 }
@@ -194,54 +217,112 @@ pub(crate) struct Entry {
     pub token: Option<Token>,
 }
 
+/// Why the rendezvous file gives this node no usable entry (yet): node 0
+/// may not have written it yet, or it is stale, or it cannot be trusted.
+/// Setup retries until its deadline, then reports the last of these.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum EntryError {
+    /// The directory of a file in the private directory is not private.
+    #[error("its directory is not private: {0}")]
+    DirNotPrivate(#[source] DirError),
+    /// The file cannot be opened (not there yet, most likely).
+    #[error("not readable yet ({0})")]
+    NotReadable(#[source] std::io::Error),
+    /// Its metadata cannot be read.
+    #[error("cannot inspect it: {0}")]
+    Inspect(#[source] std::io::Error),
+    /// Not a regular file.
+    #[error("it is not a regular file")]
+    NotAFile,
+    /// Another user's file: never believed.
+    #[error("it belongs to uid {owner}, not to this user (uid {me}): not trusted; remove it")]
+    NotOurs {
+        /// Its owner.
+        owner: u32,
+        /// This process's effective user id.
+        me: u32,
+    },
+    /// Group or others may have written it: never believed.
+    #[error("its mode is {mode:o}: others may have written it; not trusted")]
+    Open {
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// Reading it failed.
+    #[error("cannot read it: {0}")]
+    Unreadable(#[source] std::io::Error),
+    /// Less than `job addr` (a half-written file cannot be seen: it is
+    /// renamed into place whole).
+    #[error("it is empty or incomplete")]
+    Incomplete,
+    /// The entry of another job.
+    #[error("it holds job {theirs}, not this job ({job}): a stale file, to be replaced by node 0")]
+    Stale {
+        /// The job the file names, as written.
+        theirs: String,
+        /// This job.
+        job: u64,
+    },
+    /// The token field is not a token.
+    #[error("its token is not 32 hexadecimal digits")]
+    BadToken,
+    /// The entry carries no token, and this node has none: node 0 was
+    /// given one.
+    #[error(
+        "it carries no token (node 0 was given HYFI_TOKEN, this node was not): give every \
+         node the same HYFI_TOKEN"
+    )]
+    NoTokenGiven,
+    /// The token file of a `HYFI_COORD` job carries no token.
+    #[error("it carries no token")]
+    NoToken,
+}
+
 /// Reads the entry of `job` at `path`; `Err` says why there is none (yet).
-pub(crate) fn read(path: &Path, job: u64) -> Result<Entry, String> {
+pub(crate) fn read(path: &Path, job: u64) -> Result<Entry, EntryError> {
     if is_private(path) {
         let dir = path.parent().expect("a private path has a parent");
         if dir.exists() {
-            check_private_dir(dir).map_err(|why| format!("its directory is not private: {why}"))?;
+            check_private_dir(dir).map_err(EntryError::DirNotPrivate)?;
         }
     }
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
-        .map_err(|e| format!("not readable yet ({e})"))?;
+        .map_err(EntryError::NotReadable)?;
     // Checked on the open file, so it cannot be swapped in between.
-    let m = f
-        .metadata()
-        .map_err(|e| format!("cannot inspect it: {e}"))?;
+    let m = f.metadata().map_err(EntryError::Inspect)?;
     if !m.file_type().is_file() {
-        return Err("it is not a regular file".into());
+        return Err(EntryError::NotAFile);
     }
     if m.uid() != euid() {
-        return Err(format!(
-            "it belongs to uid {}, not to this user (uid {}): not trusted; remove it",
-            m.uid(),
-            euid()
-        ));
+        return Err(EntryError::NotOurs {
+            owner: m.uid(),
+            me: euid(),
+        });
     }
     if m.mode() & 0o077 != 0 {
-        return Err(format!(
-            "its mode is {:o}: others may have written it; not trusted",
-            m.mode() & 0o777
-        ));
+        return Err(EntryError::Open {
+            mode: m.mode() & 0o777,
+        });
     }
     let mut s = String::new();
     f.take(4096)
         .read_to_string(&mut s)
-        .map_err(|e| format!("cannot read it: {e}"))?;
+        .map_err(EntryError::Unreadable)?;
     let mut it = s.split_whitespace();
     let (Some(j), Some(addr)) = (it.next(), it.next()) else {
-        return Err("it is empty or incomplete".into());
+        return Err(EntryError::Incomplete);
     };
     if j.parse::<u64>() != Ok(job) {
-        return Err(format!(
-            "it holds job {j}, not this job ({job}): a stale file, to be replaced by node 0"
-        ));
+        return Err(EntryError::Stale {
+            theirs: j.to_string(),
+            job,
+        });
     }
     let token = match it.next() {
-        Some(t) => Some(parse_token(t).ok_or("its token is not 32 hexadecimal digits")?),
+        Some(t) => Some(parse_token(t).ok_or(EntryError::BadToken)?),
         None => None,
     };
     Ok(Entry {
@@ -272,7 +353,10 @@ mod tests {
         // A stale file of a crashed job, world-readable.
         std::fs::write(&path, "7 127.0.0.1:1 00\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(read(&path, 9).unwrap_err().contains("mode is 644"));
+        assert!(read(&path, 9)
+            .unwrap_err()
+            .to_string()
+            .contains("mode is 644"));
         let token = [0x5a; 16];
         let p = publish(&path, 9, "127.0.0.1:4000", Some(&token)).unwrap();
         let m = std::fs::metadata(&path).unwrap();
@@ -284,7 +368,7 @@ mod tests {
                 token: Some(token)
             }
         );
-        assert!(read(&path, 8).unwrap_err().contains("stale"));
+        assert!(read(&path, 8).unwrap_err().to_string().contains("stale"));
         drop(p);
         assert!(!path.exists());
         assert_eq!(
@@ -312,7 +396,10 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("mode is 755") && e.contains("TMPDIR"), "{e}");
-        assert!(read(&path, 1).unwrap_err().contains("not private"));
+        assert!(read(&path, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("not private"));
         std::fs::remove_dir(&private).unwrap();
         std::fs::remove_dir(&d).unwrap();
     }

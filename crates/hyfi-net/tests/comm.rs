@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
 use hyfi_net::bootstrap::{random_token, JobSpec, Launcher, Rendezvous};
+use hyfi_net::comm::Comm;
 use hyfi_net::Cluster;
 
 fn free_port() -> u16 {
@@ -31,25 +32,60 @@ fn finish(cs: Vec<Arc<Cluster>>) {
     }
 }
 
-/// Starts `n` nodes as threads; returns them in rank order.
-fn nodes(n: usize) -> Vec<Arc<Cluster>> {
+/// The specs of an `n`-node job meeting on a free loopback port.
+fn specs(n: usize) -> Vec<JobSpec> {
     let coord = format!("127.0.0.1:{}", free_port());
     let token = random_token();
     let job = hyfi_net::bootstrap::random_u64();
-    let hs: Vec<_> = (0..n)
-        .map(|rank| {
-            let spec = JobSpec {
-                rank,
-                nodes: n,
-                rendezvous: Rendezvous::Coord(coord.clone()),
-                job,
-                token: Some(token),
-                launcher: Launcher::Hyfi,
-            };
+    (0..n)
+        .map(|rank| JobSpec {
+            rank,
+            nodes: n,
+            rendezvous: Rendezvous::Coord(coord.clone()),
+            job,
+            token: Some(token),
+            launcher: Launcher::Hyfi,
+        })
+        .collect()
+}
+
+/// Starts `n` nodes as threads; returns them in rank order.
+fn nodes(n: usize) -> Vec<Arc<Cluster>> {
+    let hs: Vec<_> = specs(n)
+        .into_iter()
+        .map(|spec| {
             std::thread::spawn(move || Cluster::connect(&spec, Duration::from_secs(20)).unwrap())
         })
         .collect();
     hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Starts the bare message substrate of `n` nodes (mesh and communication
+/// thread, no `Cluster` around them), as threads; returns them in rank
+/// order.
+fn comms(n: usize) -> Vec<Arc<Comm>> {
+    let hs: Vec<_> = specs(n)
+        .into_iter()
+        .map(|spec| {
+            std::thread::spawn(move || {
+                let links = hyfi_net::mesh::connect(&spec, Duration::from_secs(20)).unwrap();
+                let hook = Box::new(|why: &str| eprintln!("comm test: {why}"));
+                Arc::new(Comm::start(links, hook, hyfi_net::DEFAULT_HEARTBEAT).unwrap())
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// [`finish`] for bare communication threads.
+fn close(cs: Vec<Arc<Comm>>) {
+    let hs: Vec<_> = cs
+        .into_iter()
+        .map(|c| std::thread::spawn(move || c.close(None)))
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
 }
 
 #[test]
@@ -114,7 +150,7 @@ fn collectives_combine_in_a_fixed_order() {
 
 #[test]
 fn a_filament_waiting_for_the_network_lets_its_processor_run_other_pools() {
-    let cs = nodes(2);
+    let cs = comms(2);
     let (n0, n1) = (cs[0].clone(), cs[1].clone());
     let pool1_ran = Arc::new(AtomicBool::new(false));
     // Node 0 sends its page only once node 1's other pool has run: if the
@@ -127,7 +163,7 @@ fn a_filament_waiting_for_the_network_lets_its_processor_run_other_pools() {
             while !pool1_ran.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(10) {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            n0.comm().send_bulk(1, 7, &[42u8; 4096]).unwrap();
+            n0.send_bulk(1, 7, &[42u8; 4096]).unwrap();
             n0
         })
     };
@@ -141,7 +177,7 @@ fn a_filament_waiting_for_the_network_lets_its_processor_run_other_pools() {
         pools,
         |_, i| {
             if i == 0 {
-                let (tag, page) = n1.comm().recv_bulk(0).unwrap();
+                let (tag, page) = n1.recv_bulk(0).unwrap();
                 assert_eq!((tag, page.len(), page[4095]), (7, 4096, 42));
                 order.lock().unwrap().push("page arrived");
             } else {
@@ -163,7 +199,7 @@ fn a_filament_waiting_for_the_network_lets_its_processor_run_other_pools() {
     assert_eq!(st.bulk_received.load(Ordering::Relaxed), 1);
     assert_eq!(st.bulk_bytes_received.load(Ordering::Relaxed), 4096 + 16);
     drop(cs);
-    finish(vec![n0, n1]);
+    close(vec![n0, n1]);
 }
 
 #[test]

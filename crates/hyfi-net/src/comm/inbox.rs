@@ -1,14 +1,15 @@
-//! Where received frames wait for their takers: collectives, bulk
-//! frames, services; waiting threads poll, then sleep.
+//! Where received frames wait for their takers: collective messages and
+//! bulk frames (frames for a service go to it, see [`super::service`]);
+//! waiting threads poll, then sleep, and waiting filthreads suspend.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use hyfi_core::link::{Class, Service, ServiceId};
-
 use crate::spmd::Steps;
+
+use super::service::Services;
 
 /// How long a waiting thread polls before it sleeps. It polls by yielding
 /// its CPU, not by spinning: the communication thread that will deliver the
@@ -38,41 +39,37 @@ pub struct Inbox {
     /// sleeping on the condvar at once (a futex sleep and wake-up costs tens
     /// of microseconds on a VM, more than a round trip on loopback).
     pub(super) generation: AtomicU64,
-    pub(super) services: Mutex<HashMap<ServiceId, ServiceSlot>>,
+    /// The node's services (see [`super::service`]).
+    pub(super) services: Services,
 }
 
-/// Tag bit of bulk frames that go to one of the node's [`Service`]s
-/// instead of the inbox; bits 56..63 name the service ([`ServiceId`]),
-/// bit 0 says the frame was sent as [`Class::Control`] (so the receiver
-/// counts it as such); the other bits are zero.
-pub(crate) const SERVICE_TAG: u64 = 1 << 63;
-
-/// The tag of a frame for service `id` sent in `class`.
-pub(crate) const fn service_tag(id: ServiceId, class: Class) -> u64 {
-    SERVICE_TAG | (((id.number() & 0x7f) as u64) << 56) | matches!(class, Class::Control) as u64
+/// Why a wait in the inbox ended without its message.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum WaitError {
+    /// The node failed; the text is the failure's (shared by every waiter,
+    /// so kept as the text it is shown as).
+    #[error("{0}")]
+    Failed(String),
+    /// The peer waited for said `Bye` (its program ended) and what this
+    /// node waits for was not sent before it.
+    #[error(
+        "node {me} waits for node {peer} at a barrier or reduction, but node {peer} ended its \
+         program: every node must make the same phases, shared allocations and \
+         run_distributed calls (SPMD)"
+    )]
+    Gone {
+        /// This node.
+        me: usize,
+        /// The peer that ended its program.
+        peer: usize,
+    },
 }
 
-/// The service number and the class of a service tag.
-pub(crate) const fn split_service_tag(tag: u64) -> (u8, Class) {
-    let class = if tag & 1 == 1 {
-        Class::Control
-    } else {
-        Class::Bulk
-    };
-    (((tag >> 56) & 0x7f) as u8, class)
-}
-
-pub(super) enum ServiceSlot {
-    /// Frames that came before the service was installed.
-    Pending(Vec<(usize, Vec<u8>)>),
-    Ready(Arc<dyn Service>),
-}
-
-impl Default for ServiceSlot {
-    fn default() -> Self {
-        ServiceSlot::Pending(Vec::new())
-    }
-}
+/// A peer's `Bye` says it made fewer SPMD steps than this node: the nodes
+/// diverged. The text is `spmd`'s, which says which steps and what to check.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Diverged(pub(crate) String);
 
 #[derive(Default)]
 pub(super) struct InboxState {
@@ -131,40 +128,11 @@ impl Inbox {
             }
         });
         if first {
-            for s in self.ready_services() {
+            for s in self.services.ready() {
                 s.failed(&text);
             }
         }
         first
-    }
-    /// The services installed so far.
-    pub(super) fn ready_services(&self) -> Vec<Arc<dyn Service>> {
-        self.services
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .filter_map(|slot| match slot {
-                ServiceSlot::Ready(s) => Some(s.clone()),
-                ServiceSlot::Pending(_) => None,
-            })
-            .collect()
-    }
-    /// Hands a service frame to the service, or keeps it until one is
-    /// installed. The slot's lock is held while the handler runs, so frames
-    /// reach the service in the order they came.
-    pub(super) fn to_service(&self, from: usize, tag: u64, payload: Vec<u8>) -> Result<(), String> {
-        let n = split_service_tag(tag).0;
-        let id = ServiceId::from_number(n)
-            .ok_or_else(|| format!("a frame for service {n}, which is none"))?;
-        let mut slots = self.services.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = slots.entry(id).or_default();
-        match slot {
-            ServiceSlot::Pending(v) => {
-                v.push((from, payload));
-                Ok(())
-            }
-            ServiceSlot::Ready(s) => s.frame(from, payload),
-        }
     }
     /// Peer `from` said `Bye` after `steps` steps: an error if this node
     /// already went further.
@@ -173,19 +141,19 @@ impl Inbox {
         from: usize,
         steps: u64,
         last: Option<hyfi_core::Step>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Diverged> {
         let mut r = Ok(());
         self.put(|s| {
             s.byes += 1;
             s.gone.insert(from);
             if let Some(st) = s.steps.as_mut() {
-                r = st.on_bye(from, steps, last);
+                r = st.on_bye(from, steps, last).map_err(Diverged);
             }
         });
         // A wrong goodbye fails the node (which wakes the services with
         // why); a right one only ends the services' waits for that peer.
         if r.is_ok() {
-            for s in self.ready_services() {
+            for s in self.services.ready() {
                 s.peer_left(from);
             }
         }
@@ -196,8 +164,8 @@ impl Inbox {
     /// work meanwhile; elsewhere the calling thread blocks.
     pub(super) fn wait<T>(
         &self,
-        mut take: impl FnMut(&mut InboxState) -> Option<Result<T, String>>,
-    ) -> Result<T, String> {
+        mut take: impl FnMut(&mut InboxState) -> Option<Result<T, WaitError>>,
+    ) -> Result<T, WaitError> {
         if hyfi_core::filthread::in_filthread() {
             let mut got = None;
             loop {
@@ -208,7 +176,7 @@ impl Inbox {
                         return false;
                     }
                     if let Some(f) = &s.failed {
-                        got = Some(Err(f.clone()));
+                        got = Some(Err(WaitError::Failed(f.clone())));
                         return false;
                     }
                     // Registered under the lock that `put` takes: a message
@@ -237,7 +205,7 @@ impl Inbox {
                     return v;
                 }
                 if let Some(f) = &s.failed {
-                    return Err(f.clone());
+                    return Err(WaitError::Failed(f.clone()));
                 }
             }
             while self.generation.load(Ordering::Acquire) == seen && Instant::now() < spin_until {
@@ -253,7 +221,7 @@ impl Inbox {
                 return v;
             }
             if let Some(f) = &s.failed {
-                return Err(f.clone());
+                return Err(WaitError::Failed(f.clone()));
             }
             s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
         }

@@ -14,9 +14,10 @@
 //! other work.
 //!
 //! One module per part: `inbox` (where frames wait for their takers),
-//! `tx` (the sending side and its flusher), `rx` (the communication
-//! thread's tasks: readers, heartbeats, strays), `stats` (counters by
-//! class); this one holds [`Comm`], which ties them to a node.
+//! `service` (the table of the node's hyfi-core services, and how frames
+//! tagged for one reach it), `tx` (the sending side and its flusher), `rx`
+//! (the communication thread's tasks: readers, heartbeats, strays), `stats`
+//! (counters by class); this one holds [`Comm`], which ties them to a node.
 //!
 //! **Failure detection.** A link that closes or breaks before its peer said
 //! `Bye`, or an `Abort` from a peer, fails the node: every waiter in the
@@ -27,6 +28,7 @@
 
 mod inbox;
 mod rx;
+mod service;
 mod stats;
 mod tx;
 
@@ -46,8 +48,9 @@ use crate::mesh::Links;
 use crate::spmd::Steps;
 use crate::wire::Msg;
 
-use inbox::ServiceSlot;
+use inbox::WaitError;
 use rx::{run, Node};
+use service::ServiceError;
 use tx::{flusher_loop, Flusher, PeerTx, TxState};
 
 /// How long a node whose program ended serves its peers before it says
@@ -71,16 +74,6 @@ impl std::ops::Deref for Comm {
 
 /// Called once, on the communication thread, when the node fails.
 pub type FailureHook = Box<dyn Fn(&str) + Send + Sync>;
-
-/// Why a wait for `peer` cannot end: it said `Bye` (its program ended)
-/// and what this node waits for was not sent before it.
-fn gone(me: usize, peer: usize) -> String {
-    format!(
-        "node {me} waits for node {peer} at a barrier or reduction, but node {peer} ended its \
-         program: every node must make the same phases, shared allocations and \
-         run_distributed calls (SPMD)"
-    )
-}
 
 impl Comm {
     /// Starts the communication thread over an established mesh. A peer
@@ -191,36 +184,26 @@ impl Comm {
     }
 
     /// Installs the handler of service `id`'s frames (bulk frames tagged
-    /// with [`service_tag`]`(id, ..)`): a layer above (the DSM, cross-node
+    /// with `service_tag(id, ..)`): a layer above (the DSM, cross-node
     /// stealing) that answers requests on the communication thread. Frames
     /// that came before are handed over first, in order.
     pub fn set_service(&self, id: ServiceId, service: Arc<dyn Service>) -> Result<(), NetError> {
-        let mut slots = self
-            .inbox
-            .services
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let slot = slots.entry(id).or_default();
-        if let ServiceSlot::Ready(_) = slot {
-            return Err(NetError::Protocol {
-                me: self.rank,
-                from: self.rank,
-                why: format!("{id} was installed twice on this node"),
-            });
-        }
-        let ServiceSlot::Pending(early) =
-            std::mem::replace(slot, ServiceSlot::Ready(service.clone()))
-        else {
-            unreachable!("checked above")
-        };
-        for (from, payload) in early {
-            if let Err(why) = service.frame(from, payload) {
-                drop(slots);
+        match self.inbox.services.install(id, service.clone()) {
+            Ok(()) => {}
+            Err(e @ ServiceError::Twice { .. }) => {
+                return Err(NetError::Protocol {
+                    me: self.rank,
+                    from: self.rank,
+                    why: e.to_string(),
+                })
+            }
+            // An early frame the service refused: the node cannot go on.
+            Err(e) => {
+                let why = e.to_string();
                 self.inbox.fail(why.clone());
                 return Err(self.aborted(why));
             }
         }
-        drop(slots);
         if let Some(f) = self.inbox.failure() {
             service.failed(&f);
         }
@@ -248,9 +231,12 @@ impl Comm {
         self.inbox
             .wait(|s| match s.coll.remove(&(from, seq, dir)) {
                 Some(d) => Some(Ok(d)),
-                None => s.gone.contains(&from).then(|| Err(gone(me, from))),
+                None => s
+                    .gone
+                    .contains(&from)
+                    .then_some(Err(WaitError::Gone { me, peer: from })),
             })
-            .map_err(|cause| self.aborted(cause))
+            .map_err(|cause| self.aborted(cause.to_string()))
     }
 
     /// Waits for the next bulk frame from `from`.
@@ -260,10 +246,13 @@ impl Comm {
             .wait(
                 |s| match s.bulk.get_mut(&from).and_then(|q| q.pop_front()) {
                     Some(d) => Some(Ok(d)),
-                    None => s.gone.contains(&from).then(|| Err(gone(me, from))),
+                    None => s
+                        .gone
+                        .contains(&from)
+                        .then_some(Err(WaitError::Gone { me, peer: from })),
                 },
             )
-            .map_err(|cause| self.aborted(cause))
+            .map_err(|cause| self.aborted(cause.to_string()))
     }
 
     /// Tells every peer this node aborts, and fails the node.
@@ -372,10 +361,6 @@ impl Comm {
         }
         // Services hold a Sender, which holds the inbox, which holds them:
         // break the cycle now that nothing is served any more.
-        self.inbox
-            .services
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.inbox.services.clear();
     }
 }

@@ -14,7 +14,8 @@ use crate::error::NetError;
 use crate::mesh::Links;
 use crate::wire::{self, Header, Kind, Msg, HANDSHAKE_LEN, HEADER_LEN};
 
-use super::inbox::{split_service_tag, Dir, SERVICE_TAG};
+use super::inbox::Dir;
+use super::service::{split_service_tag, SERVICE_TAG};
 use super::stats::NetStats;
 use super::tx::Sender;
 use super::FailureHook;
@@ -214,8 +215,8 @@ pub(super) async fn read_frames(
                 };
                 stats.count_received(class, bytes);
                 if h.tag & SERVICE_TAG != 0 {
-                    if let Err(why) = inbox.to_service(peer, h.tag, payload) {
-                        return protocol(why);
+                    if let Err(why) = inbox.services.to_service(peer, h.tag, payload) {
+                        return protocol(why.to_string());
                     }
                 } else {
                     inbox.put_bulk(peer, h.tag, payload);
@@ -256,7 +257,7 @@ pub(super) async fn read_frames(
                         said_bye = true;
                         let last = if last == [0; 4] { None } else { step(last) };
                         if let Err(why) = inbox.bye(peer, steps, last) {
-                            return spmd(why);
+                            return spmd(why.to_string());
                         }
                     }
                     Ok(other) => return protocol(format!("unexpected {other:?}")),

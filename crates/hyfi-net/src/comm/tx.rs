@@ -10,7 +10,8 @@ use hyfi_core::link::{Class, ServiceId};
 use crate::error::NetError;
 use crate::wire::{self, Header, Kind, Msg, HEADER_LEN};
 
-use super::inbox::{service_tag, Inbox};
+use super::inbox::Inbox;
+use super::service::service_tag;
 use super::stats::NetStats;
 
 /// The sending side of one link. Every frame is written without blocking:
