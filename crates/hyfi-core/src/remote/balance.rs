@@ -47,13 +47,15 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
-use crate::fork::{HeapJob, JobRef};
+use crate::job::RemoteVTable;
+use crate::job::{HeapJob, JobRef};
 use crate::node::LinkError;
-use crate::remote::{self, failure_of, Failure, RemoteFailure, RemoteVTable};
-use crate::runtime::{Runtime, Shared};
-use crate::startup::{with_startup, Slot};
+use crate::registry::Shared;
+use crate::remote::startup::{with_startup, Slot};
+use crate::remote::{self, failure_of, Failure, RemoteFailure};
+use crate::runtime::Runtime;
+use crate::sched::Ctx;
 use crate::stats::RemoteStats;
-use crate::worker::Ctx;
 
 /// A filament on its way to another node: its function's name and encoded
 /// argument, and the token its home node completes it by.
