@@ -61,6 +61,7 @@ use crate::sched::Ctx;
 
 pub mod balance;
 mod many;
+mod run;
 pub(crate) mod startup;
 pub mod steal;
 
