@@ -210,6 +210,11 @@ pub enum Error {
     Dsm(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
+/// A failed node-level step inside post-phase code (or a wait of a
+/// filament), carried out by unwinding: the runtime returns the error, not a
+/// filament panic.
+pub(crate) struct LinkAbort(pub(crate) Error);
+
 /// Extracts the message of a panic payload.
 pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {

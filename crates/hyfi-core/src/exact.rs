@@ -63,7 +63,7 @@
 //! [`PostPhase::set_exact`]: crate::PostPhase::set_exact
 
 use crate::reduce::Reduction;
-use crate::worker::Ctx;
+use crate::sched::Ctx;
 
 /// Limbs in groups of 4: `[[i64; 4]; 17]` is `Pod` without bytemuck's
 /// const-generic arrays, and flattens to 68 limbs.

@@ -34,9 +34,9 @@ use std::sync::Arc;
 use corosensei::stack::DefaultStack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
 
-use crate::runtime::Shared;
+use crate::registry::Shared;
+use crate::sched::{current_ctx, Ctx};
 use crate::stack::{enter_guard, StackBounds};
-use crate::worker::{current_ctx, Ctx};
 
 pub(crate) type Co = Coroutine<(), (), (), DefaultStack>;
 pub(crate) type Yld = Yielder<(), ()>;
@@ -140,7 +140,7 @@ impl std::fmt::Debug for Waker {
 /// `Error::Link(e)` from `start` or `run`, not a filament panic, and no
 /// panic message is printed (the unwind skips the panic hook).
 pub fn link_failed(e: crate::LinkError) -> ! {
-    std::panic::resume_unwind(Box::new(crate::reduce::LinkAbort(crate::Error::Link(e))))
+    std::panic::resume_unwind(Box::new(crate::error::LinkAbort(crate::Error::Link(e))))
 }
 
 /// Suspends the calling filthread until the [`Waker`] given to `register` is
@@ -155,7 +155,7 @@ pub fn link_failed(e: crate::LinkError) -> ! {
 /// Outside a filthread (post-phase code, a plain thread) the calling OS thread
 /// blocks instead; the protocol is the same.
 pub fn suspend(register: impl FnOnce(Waker) -> bool) {
-    match crate::worker::try_current_ctx() {
+    match crate::sched::try_current_ctx() {
         Some(ctx) if !ctx.yielder.get().is_null() => {
             let waker = Waker {
                 inner: WakerInner::Filthread {
@@ -224,12 +224,12 @@ fn update_suspends() -> ! {
 /// Whether the caller runs on a filthread (and so may suspend without
 /// blocking its server thread).
 pub fn in_filthread() -> bool {
-    crate::worker::try_current_ctx().is_some_and(|c| !c.yielder.get().is_null())
+    crate::sched::try_current_ctx().is_some_and(|c| !c.yielder.get().is_null())
 }
 
 /// The processor (server thread index on this node) the caller runs on, or
 /// `None` off the server threads. For layers that keep per-processor
 /// counters on their slow paths (the DSM's outstanding requests).
 pub fn current_processor() -> Option<usize> {
-    crate::worker::try_current_ctx().map(|c| c.proc)
+    crate::sched::try_current_ctx().map(|c| c.proc)
 }

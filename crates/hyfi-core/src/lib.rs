@@ -79,28 +79,36 @@
 
 #![warn(missing_docs)]
 
-pub mod balance;
 mod config;
 mod error;
 pub mod exact;
 pub mod filthread;
 mod fork;
+mod job;
+mod latch;
 pub mod link;
 mod node;
 mod phase;
 mod pool;
 pub mod progress;
 mod reduce;
+mod registry;
 pub mod remote;
 mod runtime;
+mod sched;
 mod shared;
 pub mod sleep;
 mod stack;
-mod startup;
 pub mod state;
 mod stats;
-pub mod steal;
-mod worker;
+pub mod waits;
+
+/// Fork-join across nodes, the node's side (now `remote::balance`; kept at
+/// this path).
+pub use remote::balance;
+/// Fork-join across nodes, the messaging side (now `remote::steal`; kept
+/// at this path).
+pub use remote::steal;
 
 pub use balance::{Balancer, FjNode, PortableJob};
 /// Re-exported so reduction variables of your own `#[repr(C)]` types need
@@ -112,15 +120,14 @@ pub use config::{parse_size, Config, DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STA
 pub use error::Error;
 pub use exact::{ExactAccumulator, ExactLocal, ExactSum};
 pub use fork::{Fork, Pruned};
-pub mod waits;
 pub use node::{LinkError, NodeLink, PhaseEnd, SingleNode, Step};
 pub use phase::{Control, PostPhase, Program};
 pub use pool::{block, Index, Pool, PoolArray, Span};
 pub use progress::Progress;
 pub use reduce::{Arith, Local, Op, Reduction};
+pub use remote::startup::Slot;
 pub use remote::{is_registered, Failure, RemoteFn};
 pub use runtime::{Runtime, StatsHandle, FORK_JOIN_PHASE};
+pub use sched::Ctx;
 pub use shared::{Element, Row, SharedMatrix, SharedVec};
-pub use startup::Slot;
 pub use stats::{ProcStats, RemoteStats, Stats};
-pub use worker::Ctx;

@@ -26,9 +26,9 @@ use std::ops::Range;
 
 use crate::runtime::Runtime;
 
-mod seg;
+pub(crate) mod seg;
 
-pub use seg::{Index, Seg, Span};
+pub use seg::{block, Index, Seg, Span};
 
 /// One pool: the filaments one filthread runs, in the order they were added.
 #[derive(Clone, Debug)]
@@ -203,15 +203,6 @@ pub struct PoolArray<I: Index> {
     node: usize,
     nodes: usize,
     pools: Vec<Pool<I>>,
-}
-
-/// The `k`-th of `parts` balanced blocks of `range`.
-pub fn block(range: Range<usize>, parts: usize, k: usize) -> Range<usize> {
-    let n = range.len();
-    let (q, r) = (n / parts, n % parts);
-    let lo = range.start + k * q + k.min(r);
-    let hi = lo + q + usize::from(k < r);
-    lo..hi
 }
 
 impl<I: Index> PoolArray<I> {

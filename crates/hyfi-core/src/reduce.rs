@@ -60,7 +60,7 @@ use std::cell::UnsafeCell;
 use crossbeam_utils::CachePadded;
 
 use crate::error::Error;
-use crate::worker::Ctx;
+use crate::sched::Ctx;
 
 /// A reduction variable of plain-data type `T`.
 pub struct Reduction<T> {
@@ -383,9 +383,6 @@ impl<T: bytemuck::Pod + std::fmt::Debug> std::fmt::Debug for Reduction<T> {
             .finish()
     }
 }
-
-/// A failed node-level step inside post-phase code, carried out by unwinding.
-pub(crate) struct LinkAbort(pub(crate) Error);
 
 /// The built-in reduction operators.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

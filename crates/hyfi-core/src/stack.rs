@@ -239,3 +239,26 @@ impl Writer<'_> {
         self.put(&digits[i..]);
     }
 }
+
+/// The stack pointer of the caller: the pruning test of a join and the
+/// red-zone checks compare it with `Ctx::limit` and the stack bounds.
+#[inline(always)]
+pub(crate) fn stack_pointer() -> usize {
+    let sp: usize;
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: reads the stack pointer register; no memory is touched.
+    unsafe {
+        std::arch::asm!("mov {}, rsp", out(reg) sp, options(nomem, nostack, preserves_flags))
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: as above.
+    unsafe {
+        std::arch::asm!("mov {}, sp", out(reg) sp, options(nomem, nostack, preserves_flags))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let x = 0u8;
+        sp = std::hint::black_box(&x) as *const u8 as usize;
+    }
+    sp
+}

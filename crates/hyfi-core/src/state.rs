@@ -48,8 +48,9 @@ use std::any::{type_name, Any, TypeId};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock, Weak};
 
-use crate::runtime::{Runtime, Shared};
-use crate::worker::Ctx;
+use crate::registry::Shared;
+use crate::runtime::Runtime;
+use crate::sched::Ctx;
 
 type Values = HashMap<TypeId, Arc<dyn Any + Send + Sync>>;
 

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-use crate::worker::try_current_ctx;
+use crate::sched::try_current_ctx;
 
 /// Describes a wait from its three numbers (no allocation until printed).
 pub type Describe = fn(&[u64; 3]) -> String;

@@ -300,3 +300,12 @@ impl Span {
         self.len() == 0
     }
 }
+
+/// The `k`-th of `parts` balanced blocks of `range`.
+pub fn block(range: Range<usize>, parts: usize, k: usize) -> Range<usize> {
+    let n = range.len();
+    let (q, r) = (n / parts, n % parts);
+    let lo = range.start + k * q + k.min(r);
+    let hi = lo + q + usize::from(k < r);
+    lo..hi
+}

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use super::{insert, lookup, RemoteFn};
 use crate::error::Error;
-use crate::worker::Ctx;
+use crate::sched::Ctx;
 
 /// The batch of a `RemoteFn<A, R>`: `(its name, some arguments)` to their
 /// results.

@@ -38,24 +38,32 @@
 //! assert_eq!(rt.run_distributed(|ctx| fib(ctx, 20))?, 6765);
 //! # Ok::<(), hyfi_core::Error>(())
 //! ```
+//!
+//! Across nodes, this directory holds the rest of the protocol: `startup`
+//! (start-up distribution), [`balance`] (what moves: a node's ready
+//! filaments, shipped jobs waiting for results, termination and failure)
+//! and [`steal`] (the messages that move it). The protocol is in this
+//! directory's `README.md`; the serializable job itself is
+//! [`RemoteJob`](crate::job::RemoteJob), joined on the one join path of
+//! [`crate::fork`].
 
 use std::any::Any;
-use std::cell::{Cell, UnsafeCell};
 use std::collections::HashMap;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::RwLock;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{panic_message, Error};
-use crate::fork::{JobRef, Latch, Pruned};
-use crate::runtime::WANTED;
-use crate::startup::{self, Slot};
-use crate::worker::Ctx;
+use crate::fork::Pruned;
+use crate::sched::Ctx;
 
+pub mod balance;
 mod many;
+mod run;
+pub(crate) mod startup;
+pub mod steal;
 
 /// A fork-join filament function that may run on any node: a stable name
 /// and a plain function of a serializable argument.
@@ -63,9 +71,9 @@ mod many;
 /// Declare it as a `static` next to the function, and call
 /// [`RemoteFn::register`] on every node before the run.
 pub struct RemoteFn<A, R> {
-    name: &'static str,
-    f: fn(&Ctx, A) -> R,
-    pruned: Option<fn(&Pruned, A) -> R>,
+    pub(crate) name: &'static str,
+    pub(crate) f: fn(&Ctx, A) -> R,
+    pub(crate) pruned: Option<fn(&Pruned, A) -> R>,
 }
 
 impl<A, R> RemoteFn<A, R> {
@@ -297,275 +305,5 @@ pub(crate) fn run_imported(ctx: &Ctx, name: &str, args: &[u8]) -> Result<Vec<u8>
             why,
         }),
         Err(p) => Err(failure_of(ctx.node(), ctx.proc(), p)),
-    }
-}
-
-/// A shipped filament: its function's name and its encoded argument.
-pub(crate) type Encoded = (&'static str, Vec<u8>);
-
-/// How the cluster layer handles a [`RemoteJob`] behind a type-erased
-/// pointer: one static table per argument and result type.
-pub(crate) struct RemoteVTable {
-    /// The function's name and the encoded argument; the job keeps its
-    /// argument if encoding fails.
-    pub(crate) export: unsafe fn(*const ()) -> Result<Encoded, String>,
-    /// Completes the job with what the node that ran it sent back (the
-    /// last argument is this node, for the error if the result will not
-    /// decode).
-    pub(crate) complete: unsafe fn(*const (), Result<Vec<u8>, Failure>, usize),
-    /// The start-up slot the job carries (see [`startup`]).
-    pub(crate) startup: unsafe fn(*const ()) -> Option<Slot>,
-}
-
-/// A serializable fork-join job in the joining filthread's frame.
-struct RemoteJob<B: 'static, RB: 'static> {
-    f: &'static RemoteFn<B, RB>,
-    args: UnsafeCell<Option<B>>,
-    result: UnsafeCell<Option<Result<RB, Box<dyn Any + Send>>>>,
-    latch: Latch,
-    /// Set for a start-up job: the slot it takes over.
-    startup: Cell<Option<Slot>>,
-}
-
-impl<B, RB> RemoteJob<B, RB>
-where
-    B: Serialize + DeserializeOwned + Send + 'static,
-    RB: Serialize + DeserializeOwned + Send + 'static,
-{
-    const VTABLE: RemoteVTable = RemoteVTable {
-        export: Self::export,
-        complete: Self::complete,
-        startup: Self::startup_of,
-    };
-
-    fn as_job_ref(&self) -> JobRef {
-        JobRef::remote(
-            self as *const Self as *const (),
-            Self::execute,
-            &Self::VTABLE,
-        )
-    }
-
-    /// Runs the job here (taken from a deque or an incoming list).
-    ///
-    /// # Safety
-    /// `this` points at a live `RemoteJob<B, RB>` that nobody else runs,
-    /// ships or completes: a `JobRef` is taken from its queue exactly once,
-    /// and the joiner waits for the latch before the frame goes away.
-    unsafe fn execute(this: *const (), ctx: &Ctx) {
-        let this = &*(this as *const Self);
-        let a = (*this.args.get())
-            .take()
-            .expect("hyfi: fork-join job executed twice");
-        let slot = this.startup.get();
-        let r = startup::with_startup(ctx, slot, || {
-            catch_unwind(AssertUnwindSafe(|| {
-                ctx.count_filaments(1);
-                ctx.call_inline(|c| (this.f.f)(c, a))
-            }))
-        });
-        *this.result.get() = Some(r);
-        Latch::set(&this.latch);
-    }
-
-    /// Encodes the job's argument for another node.
-    ///
-    /// # Safety
-    /// As for [`Self::execute`]: the caller took the job from its queue and
-    /// owns it until it is completed.
-    unsafe fn export(this: *const ()) -> Result<Encoded, String> {
-        let this = &*(this as *const Self);
-        let args = (*this.args.get())
-            .as_ref()
-            .ok_or("hyfi: exported a job that already ran")?;
-        let bytes = bincode::serialize(args).map_err(|e| e.to_string())?;
-        // Shipped: the argument now lives in `bytes`.
-        (*this.args.get()).take();
-        Ok((this.f.name, bytes))
-    }
-
-    /// Stores what the node that ran the job sent back and sets the latch.
-    ///
-    /// # Safety
-    /// `this` was exported and removed from the pending table by the
-    /// caller, so this is its only completion; the joiner is still waiting.
-    /// Once the latch is set the joiner may free the job: nothing touches
-    /// `this` afterwards.
-    unsafe fn complete(this: *const (), outcome: Result<Vec<u8>, Failure>, node: usize) {
-        let this = &*(this as *const Self);
-        let r = match outcome {
-            Ok(bytes) => bincode::deserialize::<RB>(&bytes).map_err(|e| {
-                Box::new(RemoteFailure(Failure::Codec {
-                    node,
-                    name: this.f.name.to_string(),
-                    why: format!("decoding its result: {e}"),
-                })) as Box<dyn Any + Send>
-            }),
-            Err(f) => Err(Box::new(RemoteFailure(f)) as Box<dyn Any + Send>),
-        };
-        *this.result.get() = Some(r);
-        Latch::set(&this.latch);
-    }
-
-    /// The start-up slot the job carries.
-    ///
-    /// # Safety
-    /// As for [`Self::export`].
-    unsafe fn startup_of(this: *const ()) -> Option<Slot> {
-        (*(this as *const Self)).startup.get()
-    }
-
-    fn into_result(self) -> RB {
-        match self.result.into_inner() {
-            Some(Ok(r)) => r,
-            Some(Err(p)) => resume_unwind(p),
-            None => unreachable!("hyfi: joined a job that did not run"),
-        }
-    }
-}
-
-impl Ctx {
-    /// Runs `a` here and the serializable filament `f(b)` potentially in
-    /// parallel, on this node or on another one, and returns both results:
-    /// [`Ctx::join`] whose forked branch may leave the node.
-    ///
-    /// `f` must be registered on every node ([`RemoteFn::register`]); its
-    /// argument is encoded only if another node takes it. Panics propagate
-    /// as in `join`, from whichever node ran the filament.
-    #[inline]
-    pub fn join_remote<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Ctx) -> RA + Send,
-        RA: Send,
-        B: Serialize + DeserializeOwned + Send + 'static,
-        RB: Serialize + DeserializeOwned + Send + 'static,
-    {
-        // The same pruning test as `join`: a load, a compare and the calls.
-        if self.pruned_here() {
-            self.count_filaments(2);
-            if f.pruned.is_some() {
-                return self.join_remote_then_pruned(a, f, b);
-            }
-            return (a(self), (f.f)(self, b));
-        }
-        crate::fork::unlikely_path();
-        self.join_remote_cold(a, f, b)
-    }
-
-    /// A pruned join of a function with a pruned copy: `a` here, then `b`
-    /// as the pruned copy if `a` was quick (see [`SEQ_TICKS`]), else as
-    /// this copy, which goes on testing for pruning at its joins.
-    #[inline(always)]
-    fn join_remote_then_pruned<A, RA, B, RB>(
-        &self,
-        a: A,
-        f: &'static RemoteFn<B, RB>,
-        b: B,
-    ) -> (RA, RB)
-    where
-        A: FnOnce(&Ctx) -> RA + Send,
-    {
-        let since = self.mark();
-        let ra = a(self);
-        if self.sibling_may_run_pruned(since) {
-            (ra, self.run_pruned(|p| f.call_pruned(p, b)))
-        } else {
-            (ra, (f.f)(self, b))
-        }
-    }
-
-    /// A `join_remote` that is not pruned: a fork is wanted, or the stack
-    /// is nearly full (then the calls run on a fresh segment).
-    /// Out of line, not `#[cold]` (see `Ctx::join_cold`).
-    #[inline(never)]
-    fn join_remote_cold<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Ctx) -> RA + Send,
-        RA: Send,
-        B: Serialize + DeserializeOwned + Send + 'static,
-        RB: Serialize + DeserializeOwned + Send + 'static,
-    {
-        if self.limit.load(Ordering::Relaxed) != WANTED {
-            return self.call_on_new_segment(|c| {
-                c.count_filaments(2);
-                if f.pruned.is_some() {
-                    return c.join_remote_then_pruned(a, f, b);
-                }
-                (a(c), (f.f)(c, b))
-            });
-        }
-        self.join_remote_real(a, f, b)
-    }
-
-    #[inline]
-    fn join_remote_real<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Ctx) -> RA + Send,
-        RA: Send,
-        B: Serialize + DeserializeOwned + Send + 'static,
-        RB: Serialize + DeserializeOwned + Send + 'static,
-    {
-        self.check_abort();
-        let job = RemoteJob {
-            f,
-            args: UnsafeCell::new(Some(b)),
-            result: UnsafeCell::new(None),
-            latch: Latch::new(),
-            startup: Cell::new(None),
-        };
-        // Start-up distribution: the first forks go to their slots of the
-        // logical tree, not to this deque.
-        if let Some(child) = startup::next_startup_child(self) {
-            job.startup.set(Some(child));
-            startup::send_to_slot(self, job.as_job_ref(), child);
-            self.count_filaments(1);
-            let ra = catch_unwind(AssertUnwindSafe(|| self.call_inline(a)));
-            // The job points into this frame: wait for it even if `a` panicked.
-            job.latch.wait();
-            return match ra {
-                Ok(ra) => (ra, job.into_result()),
-                Err(p) => resume_unwind(p),
-            };
-        }
-        let job_ref = job.as_job_ref();
-        // Whether `b`, taken back, may run as the pruned copy: only if `a`
-        // was quick, and never with pruning off (every join forks then).
-        let copy = f.pruned.is_some() && self.prune;
-        let since = if copy {
-            // `fork_and_run_a` counts `a` as a filament before it runs it.
-            let (t, n) = self.mark();
-            (t, n + 1)
-        } else {
-            (0, 0)
-        };
-        let ra = self.fork_and_run_a(job_ref, a);
-        let quick = copy && self.sibling_may_run_pruned(since);
-        // Take b back, or wait for whoever stole it (here or on another node).
-        let got_back = self.take_back_or_wait(job_ref, &job.latch);
-        let ra = match ra {
-            Ok(v) => v,
-            Err(p) => {
-                if got_back {
-                    // SAFETY: we own the job again; nobody else touches it.
-                    unsafe { (*job.args.get()).take() };
-                } else {
-                    drop(job);
-                }
-                resume_unwind(p)
-            }
-        };
-        if got_back {
-            // SAFETY: popped back from our own deque: nobody else has it.
-            let b = unsafe { (*job.args.get()).take() }.expect("hyfi: own job already taken");
-            self.count_filaments(1);
-            if quick {
-                return (
-                    ra,
-                    self.call_inline(|c| c.run_pruned(|p| f.call_pruned(p, b))),
-                );
-            }
-            return (ra, self.call_inline(|c| (f.f)(c, b)));
-        }
-        (ra, job.into_result())
     }
 }

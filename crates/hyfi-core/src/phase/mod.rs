@@ -33,15 +33,26 @@
 //! drop(prog);
 //! assert_eq!(grand, 3 * 499_500);
 //! ```
+//!
+//! This module holds the user's types ([`Program`], [`Control`],
+//! [`PostPhase`] in `post`); `state` holds one execution of a program
+//! ([`Runtime::start`](crate::Runtime::start) and the barrier's counters),
+//! and `barrier` what every server thread does with it: run its pools, meet
+//! the others at the phase barrier, and (processor 0) run the post-phase
+//! code. The protocol is in this directory's `README.md`.
 
 use std::sync::Mutex;
 
 use crate::error::Error;
-use crate::exact::{ExactAccumulator, ExactSum};
 use crate::pool::{Index, PoolArray, Span};
-use crate::reduce::{Arith, LinkAbort, Op, Reduction};
-use crate::runtime::Shared;
-use crate::worker::Ctx;
+use crate::sched::Ctx;
+
+mod barrier;
+mod post;
+mod state;
+
+pub use post::PostPhase;
+pub(crate) use state::{ProgramRun, DONE};
 
 /// What post-phase code decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -238,133 +249,5 @@ impl<'a> Program<'a> {
             }
         }
         Ok(self.phases.iter().map(|b| &**b).collect())
-    }
-}
-
-/// What post-phase code may do: reduce reduction variables, read and reset
-/// their private copies, and ask where it is. It runs on one processor per
-/// node while the others wait at the phase's barrier.
-pub struct PostPhase<'s> {
-    shared: &'s Shared,
-    phase: usize,
-    iteration: u64,
-}
-
-impl<'s> PostPhase<'s> {
-    pub(crate) fn new(shared: &'s Shared, phase: usize, iteration: u64) -> Self {
-        PostPhase {
-            shared,
-            phase,
-            iteration,
-        }
-    }
-
-    /// Index of the phase in its program.
-    pub fn phase(&self) -> usize {
-        self.phase
-    }
-    /// How many times this phase's post-phase code ran before (0 the first time).
-    pub fn iteration(&self) -> u64 {
-        self.iteration
-    }
-    /// Number of nodes.
-    pub fn num_nodes(&self) -> usize {
-        self.shared.link.num_nodes()
-    }
-    /// This node's index.
-    pub fn node(&self) -> usize {
-        self.shared.link.my_node()
-    }
-    /// Processors per node.
-    pub fn procs_per_node(&self) -> usize {
-        self.shared.procs
-    }
-
-    fn check<T: bytemuck::Pod + Send + Sync>(&self, r: &Reduction<T>) {
-        if r.check(self.shared.id).is_err() {
-            panic!("{}", Error::ForeignReduction);
-        }
-    }
-
-    /// `filReduce`: combines every private copy of `r` on every node with
-    /// `op` (on each processor in pool order, then the node's processors in
-    /// order, then across nodes in a fixed tree order), stores the result
-    /// in every copy and returns it.
-    pub fn reduce<T: Arith>(&mut self, r: &Reduction<T>, op: Op) -> T {
-        self.reduce_with(r, move |a, b| op.apply(a, b))
-    }
-
-    /// Like [`PostPhase::reduce`] with a user-supplied associative `combine`.
-    pub fn reduce_with<T, C>(&mut self, r: &Reduction<T>, combine: C) -> T
-    where
-        T: bytemuck::Pod + Send + Sync,
-        C: Fn(T, T) -> T,
-    {
-        self.check(r);
-        // SAFETY (reads/writes below): post-phase code runs while every other
-        // server thread of the node waits at the barrier, whose SeqCst
-        // counter orders their last writes before these accesses.
-        // Processor by processor, each in pool order: a fixed order, so the
-        // result does not depend on how the pools interleaved.
-        let mut acc: Option<T> = None;
-        for p in 0..self.shared.procs {
-            unsafe {
-                r.for_each_copy(p, |v| {
-                    acc = Some(match acc {
-                        None => v,
-                        Some(a) => combine(a, v),
-                    })
-                })
-            };
-        }
-        // A runtime has at least one processor, whose pool-0 copy always exists.
-        let mut acc = acc.unwrap_or_else(|| unsafe { r.read(0) });
-        let res = self.shared.link.allreduce(
-            bytemuck::bytes_of_mut(&mut acc),
-            &mut |a: &mut [u8], b: &[u8]| {
-                let x: T = bytemuck::pod_read_unaligned(a);
-                let y: T = bytemuck::pod_read_unaligned(b);
-                a.copy_from_slice(bytemuck::bytes_of(&combine(x, y)));
-            },
-        );
-        if let Err(e) = res {
-            // Unwind to the post-phase's catch without running the panic
-            // hook: this is an error report, not a bug.
-            std::panic::resume_unwind(Box::new(LinkAbort(Error::Link(e))));
-        }
-        unsafe { r.write_all(acc) };
-        acc
-    }
-
-    /// Reduces an [`ExactSum`]: adds every private copy on every node
-    /// exactly, stores the total in every copy (as [`PostPhase::reduce`]
-    /// does) and returns it correctly rounded. The result is the same bits
-    /// on every configuration and run.
-    pub fn reduce_exact(&mut self, s: &ExactSum) -> f64 {
-        self.reduce_with(s.reduction(), |mut a: ExactAccumulator, b| {
-            a.merge(&b);
-            a
-        })
-        .value()
-    }
-
-    /// Sets every private copy of `s` to exactly `v` (`0.0` to start the
-    /// next phase's sum afresh, as `post.set(&r, 0.0)` for `Op::Sum`).
-    pub fn set_exact(&mut self, s: &ExactSum, v: f64) {
-        self.set(s.reduction(), ExactAccumulator::from(v));
-    }
-
-    /// Processor 0's first copy of `r` (every copy's, after a reduce).
-    pub fn get<T: bytemuck::Pod + Send + Sync>(&self, r: &Reduction<T>) -> T {
-        self.check(r);
-        // SAFETY: as in reduce_with.
-        unsafe { r.read(0) }
-    }
-
-    /// Sets every private copy of `r` (e.g. `maxdiff = 0` for the next iteration).
-    pub fn set<T: bytemuck::Pod + Send + Sync>(&mut self, r: &Reduction<T>, v: T) {
-        self.check(r);
-        // SAFETY: as in reduce_with.
-        unsafe { r.write_all(v) }
     }
 }

@@ -21,10 +21,10 @@ use std::sync::atomic::Ordering;
 
 use serde::{Deserialize, Serialize};
 
-use crate::balance::{ship, Taken};
-use crate::fork::JobRef;
+use crate::job::JobRef;
+use crate::remote::balance::{ship, Taken};
 use crate::remote::Failure;
-use crate::worker::Ctx;
+use crate::sched::Ctx;
 
 /// A place in the start-up tree: slot `slot`, at depth `depth`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

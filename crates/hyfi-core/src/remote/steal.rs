@@ -37,9 +37,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::balance::{Balancer, FjNode, PortableJob};
 use crate::link::{Class, Port, Service, ServiceId};
 use crate::node::LinkError;
+use crate::remote::balance::{Balancer, FjNode, PortableJob};
 use crate::remote::Failure;
 use crate::runtime::Runtime;
 use crate::Error;

@@ -1,0 +1,325 @@
+//! The one join path. [`Ctx::join`] and [`Ctx::join_remote`] differ only
+//! in their jobs (a closure in a [`StackJob`], a serializable filament in a
+//! [`RemoteJob`]) and in what their branches do when pruned; the decision
+//! between a plain call, a fresh stack segment and a real fork, the fork,
+//! and taking the forked job back or waiting for it are one code path
+//! ([`Ctx::join_with`], [`Ctx::fork_and_run_a`], [`Ctx::take_back_or_wait`]),
+//! described in this directory's `README.md`.
+
+use std::any::Any;
+use std::cell::{Cell, UnsafeCell};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::unlikely_path;
+use crate::job::{JobRef, RemoteJob, StackJob};
+use crate::latch::Latch;
+use crate::registry::WANTED;
+use crate::remote::startup;
+use crate::remote::RemoteFn;
+use crate::sched::Ctx;
+use crate::stack::stack_pointer;
+
+/// The two branches of a join, as the join path sees them: it decides how
+/// they run, and they say what running them means.
+pub(crate) trait Branches: Sized {
+    /// Both results.
+    type Out;
+    /// Both branches here, as plain calls: pruned, or on a fresh segment.
+    fn plain(self, ctx: &Ctx) -> Self::Out;
+    /// A real fork: the second branch becomes a job others may take.
+    fn fork(self, ctx: &Ctx) -> Self::Out;
+}
+
+/// The branches of [`Ctx::join`]: two closures.
+pub(crate) struct Pair<A, B>(pub(crate) A, pub(crate) B);
+
+impl<A, B, RA, RB> Branches for Pair<A, B>
+where
+    A: FnOnce(&Ctx) -> RA + Send,
+    B: FnOnce(&Ctx) -> RB + Send,
+    RA: Send,
+    RB: Send,
+{
+    type Out = (RA, RB);
+
+    #[inline(always)]
+    fn plain(self, ctx: &Ctx) -> (RA, RB) {
+        let Pair(a, b) = self;
+        (a(ctx), b(ctx))
+    }
+
+    #[inline(always)]
+    fn fork(self, ctx: &Ctx) -> (RA, RB) {
+        let Pair(a, b) = self;
+        ctx.join_real(a, b)
+    }
+}
+
+/// The branches of [`Ctx::join_remote`]: a closure, and a serializable
+/// filament `f(b)`.
+pub(crate) struct RemotePair<A, B: 'static, RB: 'static> {
+    pub(crate) a: A,
+    pub(crate) f: &'static RemoteFn<B, RB>,
+    pub(crate) b: B,
+}
+
+impl<A, RA, B, RB> Branches for RemotePair<A, B, RB>
+where
+    A: FnOnce(&Ctx) -> RA + Send,
+    RA: Send,
+    B: Serialize + DeserializeOwned + Send + 'static,
+    RB: Serialize + DeserializeOwned + Send + 'static,
+{
+    type Out = (RA, RB);
+
+    #[inline(always)]
+    fn plain(self, ctx: &Ctx) -> (RA, RB) {
+        let RemotePair { a, f, b } = self;
+        if f.pruned.is_some() {
+            return ctx.join_remote_then_pruned(a, f, b);
+        }
+        (a(ctx), (f.f)(ctx, b))
+    }
+
+    #[inline(always)]
+    fn fork(self, ctx: &Ctx) -> (RA, RB) {
+        let RemotePair { a, f, b } = self;
+        ctx.join_remote_real(a, f, b)
+    }
+}
+
+impl Ctx {
+    /// The prologue of every join: plain calls if pruned, else out of line.
+    ///
+    /// The fast path is a load, a compare and the two calls: plain calls
+    /// unless a fork is wanted or the stack is nearly full (see
+    /// `Ctx::limit`). Everything else is out of line.
+    #[inline(always)]
+    pub(crate) fn join_with<J: Branches>(&self, j: J) -> J::Out {
+        if self.pruned_here() {
+            self.count_filaments(2);
+            return j.plain(self);
+        }
+        unlikely_path();
+        self.join_cold(j)
+    }
+
+    /// The pruning test of a join: `true` to make plain calls.
+    #[inline(always)]
+    pub(crate) fn pruned_here(&self) -> bool {
+        stack_pointer() >= self.limit.load(Ordering::Relaxed)
+    }
+
+    /// A join that is not pruned: a fork is wanted, or the stack is nearly
+    /// full (then the two calls run on a fresh segment). Out of line but
+    /// not `#[cold]`: calls made in a cold function are not inlined, and a
+    /// real fork needs its pieces inlined; the branch to it is marked
+    /// unlikely instead ([`unlikely_path`]).
+    #[inline(never)]
+    fn join_cold<J: Branches>(&self, j: J) -> J::Out {
+        if self.limit.load(Ordering::Relaxed) != WANTED {
+            return self.call_on_new_segment(|c| {
+                c.count_filaments(2);
+                j.plain(c)
+            });
+        }
+        self.check_abort();
+        j.fork(self)
+    }
+
+    #[inline]
+    pub(crate) fn join_real<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
+    where
+        A: FnOnce(&Ctx) -> RA + Send,
+        B: FnOnce(&Ctx) -> RB + Send,
+        RA: Send,
+        RB: Send,
+    {
+        let job_b = StackJob::new(b);
+        let job_ref = job_b.as_job_ref();
+        let ra = self.fork_and_run_a(job_ref, a);
+        let got_back = self.take_back_or_wait(job_ref, &job_b.latch);
+        if got_back {
+            // SAFETY: we popped our own job back: nobody else has it.
+            let f = unsafe { (*job_b.func.get()).take() }.expect("hyfi: own job already taken");
+            let ra = match ra {
+                Ok(v) => v,
+                Err(p) => resume_unwind(p),
+            };
+            self.count_filaments(1);
+            return (ra, self.call_inline(f));
+        }
+        let ra = match ra {
+            Ok(v) => v,
+            Err(p) => {
+                // b has finished (the latch is set); drop its result.
+                drop(job_b);
+                resume_unwind(p)
+            }
+        };
+        (ra, job_b.into_result())
+    }
+
+    /// The fork of a real join: pushes `job` (branch b) on the deque, then
+    /// runs `a` here, catching its panic (b must be joined first).
+    #[inline]
+    pub(crate) fn fork_and_run_a<RA>(
+        &self,
+        job: JobRef,
+        a: impl FnOnce(&Ctx) -> RA,
+    ) -> Result<RA, Box<dyn Any + Send>> {
+        self.deque.push(job);
+        self.stats.forks.set(self.stats.forks.get() + 1);
+        // One want buys one real fork: this deque now holds a job to steal,
+        // so go back to pruning. A thief asks again when it takes the job
+        // (or fails a steal round), so a descheduled thief costs at most one
+        // real fork, not a fork at every join until it runs.
+        self.clear_want();
+        let sh = &*self.shared;
+        if sh.idle.load(Ordering::SeqCst) > 0 {
+            sh.notify_idle();
+        }
+        self.count_filaments(1);
+        catch_unwind(AssertUnwindSafe(|| self.call_inline(a)))
+    }
+
+    /// After branch a: takes `job` back from the deque (`true`: run it
+    /// here), or waits until whoever stole it, on this node or another,
+    /// has set `latch` (`false`).
+    #[inline]
+    pub(crate) fn take_back_or_wait(&self, job: JobRef, latch: &Latch) -> bool {
+        loop {
+            if latch.probe() {
+                return false;
+            }
+            match self.deque.pop() {
+                Some(j) if j == job => {
+                    if self.multi || self.nodes > 1 {
+                        self.want_fork();
+                    }
+                    return true;
+                }
+                // A job of a frame below ours (cannot happen with the deque
+                // discipline, but running it is always correct).
+                // SAFETY: the job-lifetime invariant (see `crate::job`): we popped it.
+                Some(j) => unsafe { j.execute(self) },
+                None => {
+                    latch.wait();
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Unwinds at once if the run was aborted (a lost node): every join
+    /// takes this slow path then (the abort asks every processor for a
+    /// fork), so a computation that can no longer finish stops quickly.
+    #[inline]
+    pub(crate) fn check_abort(&self) {
+        if self.shared.fj.abort.load(Ordering::Relaxed) {
+            crate::remote::balance::abort_unwind(self);
+        }
+    }
+
+    /// A pruned join of a function with a pruned copy: `a` here, then `b`
+    /// as the pruned copy if `a` was quick (see [`SEQ_TICKS`]), else as
+    /// this copy, which goes on testing for pruning at its joins.
+    #[inline(always)]
+    pub(crate) fn join_remote_then_pruned<A, RA, B, RB>(
+        &self,
+        a: A,
+        f: &'static RemoteFn<B, RB>,
+        b: B,
+    ) -> (RA, RB)
+    where
+        A: FnOnce(&Ctx) -> RA + Send,
+    {
+        let since = self.mark();
+        let ra = a(self);
+        if self.sibling_may_run_pruned(since) {
+            (ra, self.run_pruned(|p| f.call_pruned(p, b)))
+        } else {
+            (ra, (f.f)(self, b))
+        }
+    }
+
+    #[inline]
+    pub(crate) fn join_remote_real<A, RA, B, RB>(
+        &self,
+        a: A,
+        f: &'static RemoteFn<B, RB>,
+        b: B,
+    ) -> (RA, RB)
+    where
+        A: FnOnce(&Ctx) -> RA + Send,
+        RA: Send,
+        B: Serialize + DeserializeOwned + Send + 'static,
+        RB: Serialize + DeserializeOwned + Send + 'static,
+    {
+        let job = RemoteJob {
+            f,
+            args: UnsafeCell::new(Some(b)),
+            result: UnsafeCell::new(None),
+            latch: Latch::new(),
+            startup: Cell::new(None),
+        };
+        // Start-up distribution: the first forks go to their slots of the
+        // logical tree, not to this deque.
+        if let Some(child) = startup::next_startup_child(self) {
+            job.startup.set(Some(child));
+            startup::send_to_slot(self, job.as_job_ref(), child);
+            self.count_filaments(1);
+            let ra = catch_unwind(AssertUnwindSafe(|| self.call_inline(a)));
+            // The job points into this frame: wait for it even if `a` panicked.
+            job.latch.wait();
+            return match ra {
+                Ok(ra) => (ra, job.into_result()),
+                Err(p) => resume_unwind(p),
+            };
+        }
+        let job_ref = job.as_job_ref();
+        // Whether `b`, taken back, may run as the pruned copy: only if `a`
+        // was quick, and never with pruning off (every join forks then).
+        let copy = f.pruned.is_some() && self.prune;
+        let since = if copy {
+            // `fork_and_run_a` counts `a` as a filament before it runs it.
+            let (t, n) = self.mark();
+            (t, n + 1)
+        } else {
+            (0, 0)
+        };
+        let ra = self.fork_and_run_a(job_ref, a);
+        let quick = copy && self.sibling_may_run_pruned(since);
+        // Take b back, or wait for whoever stole it (here or on another node).
+        let got_back = self.take_back_or_wait(job_ref, &job.latch);
+        let ra = match ra {
+            Ok(v) => v,
+            Err(p) => {
+                if got_back {
+                    // SAFETY: we own the job again; nobody else touches it.
+                    unsafe { (*job.args.get()).take() };
+                } else {
+                    drop(job);
+                }
+                resume_unwind(p)
+            }
+        };
+        if got_back {
+            // SAFETY: popped back from our own deque: we own the job again.
+            let b = unsafe { (*job.args.get()).take() }.expect("hyfi: own job already taken");
+            self.count_filaments(1);
+            if quick {
+                return (
+                    ra,
+                    self.call_inline(|c| c.run_pruned(|p| f.call_pruned(p, b))),
+                );
+            }
+            return (ra, self.call_inline(|c| (f.f)(c, b)));
+        }
+        (ra, job.into_result())
+    }
+}

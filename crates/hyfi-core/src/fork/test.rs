@@ -1,0 +1,62 @@
+//! Tests of the pruned copy ([`super::Fork`], [`super::Pruned`]).
+
+use super::Fork;
+use crate::{Config, RemoteFn, Runtime};
+
+/// A binary tree of joins whose forked branch has a pruned copy.
+fn tree(ctx: &impl Fork, (depth, leaf): (u32, u64)) -> u64 {
+    if depth == 0 {
+        return std::hint::black_box(leaf);
+    }
+    let (a, b) = ctx.join_remote(
+        |c| tree(c, (depth - 1, 2 * leaf)),
+        &TREE,
+        (depth - 1, 2 * leaf + 1),
+    );
+    a + b
+}
+static TREE: RemoteFn<(u32, u64), u64> = RemoteFn::new("fork::tests::tree", tree).with_pruned(tree);
+
+#[test]
+fn the_pruned_copy_gives_the_same_result_and_counts_the_joins_outside_it() {
+    let depth = 16;
+    let n = 1u64 << depth;
+    for (procs, prune) in [(1, true), (2, true), (2, false)] {
+        let rt = Runtime::new(Config::new().procs(procs).pin(false).prune(prune)).unwrap();
+        for _ in 0..3 {
+            rt.reset_stats();
+            assert_eq!(
+                rt.run(|ctx| tree(ctx, (depth, 0))).unwrap(),
+                n * (n - 1) / 2
+            );
+            let t = rt.stats().total();
+            if prune {
+                // The joins outside pruned subtrees count two branches
+                // each; the subtrees count once each, not their joins.
+                assert!(t.pruned > 0, "procs {procs}: no subtree ran pruned");
+                assert!(t.filaments % 2 == 0 && t.filaments < 2 * (n - 1));
+            } else {
+                // 2^depth - 1 joins of two branches each, wherever they ran.
+                assert_eq!(t.filaments, 2 * (n - 1), "procs {procs}");
+                assert_eq!(t.forks, n - 1, "procs {procs}: every join forks");
+                assert_eq!(t.pruned, 0, "procs {procs}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_panic_in_the_pruned_copy_reaches_the_root() {
+    fn boom(ctx: &impl Fork, depth: u32) -> u64 {
+        if depth == 0 {
+            panic!("boom in a leaf");
+        }
+        let (a, b) = ctx.join_remote(|c| boom(c, depth - 1), &BOOM, depth - 1);
+        a + b
+    }
+    static BOOM: RemoteFn<u32, u64> = RemoteFn::new("fork::tests::boom", boom).with_pruned(boom);
+    let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+    assert!(rt.run(|ctx| boom(ctx, 12)).is_err());
+    // The runtime survives.
+    assert_eq!(rt.run(|ctx| tree(ctx, (4, 0))).unwrap(), 120);
+}

@@ -1,0 +1,313 @@
+//! Jobs: the type-erased units of fork-join work that deques, injectors
+//! and incoming lists hold, and the one rule that makes them sound.
+//!
+//! A fork pushes a [`JobRef`]: a raw pointer to a job and the function that
+//! runs it (and, for a serializable job, how to ship it to another node).
+//! Erasing the type lets one deque hold every kind of job, and lets a job
+//! live where it is cheapest: in the joining filthread's frame
+//! ([`StackJob`], [`RemoteJob`]) or, for a root or a filament that came from
+//! another node, on the heap ([`HeapJob`]).
+//!
+//! # The job-lifetime invariant
+//!
+//! Every `unsafe` use of a job pointer in the crate rests on this, and cites
+//! it as "the job-lifetime invariant":
+//!
+//! 1. **One owner at a time.** A `JobRef` is published once (pushed on one
+//!    deque, injector or incoming list) and taken from there exactly once:
+//!    popped back by its joiner, stolen by another processor, or exported
+//!    by the donor of a cross-node steal. Whoever took it alone may run,
+//!    ship or complete it; each job is executed or completed once.
+//! 2. **The frame outlives the job.** A stack job lives in its joiner's
+//!    frame, and the joiner does not leave that frame (not even by
+//!    unwinding) until it took the job back or the job's [`Latch`] is set.
+//!    A shipped job stays in the node's pending table until its result (or
+//!    the node's failure) completes it, which sets the latch; the joiner
+//!    waits for that too. A heap job owns itself and is freed by running it;
+//!    the root's runner (see `fork::run`) waits for the whole run to end.
+//! 3. **Nothing after the latch.** Setting the latch is the last thing a
+//!    runner or completer does with the job: once it is set the joiner may
+//!    return and free the frame ([`Latch::set`]).
+//! 4. **Send.** A job's closure, argument and result are `Send`, so running
+//!    it on another thread (or node) is allowed.
+
+use std::any::Any;
+use std::cell::{Cell, UnsafeCell};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::latch::Latch;
+use crate::remote::startup::{self, Slot};
+use crate::remote::{Failure, RemoteFailure, RemoteFn};
+use crate::sched::Ctx;
+
+/// A type-erased pointer to a job and the function that runs it; for a
+/// serializable job ([`Ctx::join_remote`]), also how to ship it.
+#[derive(Clone, Copy)]
+pub(crate) struct JobRef {
+    ptr: *const (),
+    exec: unsafe fn(*const (), &Ctx),
+    remote: Option<&'static RemoteVTable>,
+}
+
+impl std::fmt::Debug for JobRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "JobRef({:p}, remote: {})",
+            self.ptr,
+            self.remote.is_some()
+        )
+    }
+}
+
+// SAFETY: the job-lifetime invariant (module docs): one owner at a time,
+// and the job's closure, argument and result are Send.
+unsafe impl Send for JobRef {}
+
+impl PartialEq for JobRef {
+    /// Jobs are identified by their address alone.
+    fn eq(&self, o: &Self) -> bool {
+        std::ptr::eq(self.ptr, o.ptr)
+    }
+}
+
+impl JobRef {
+    /// A serializable job: `ptr` is a `RemoteJob` that `vtable` knows how to ship.
+    pub(crate) fn remote(
+        ptr: *const (),
+        exec: unsafe fn(*const (), &Ctx),
+        vtable: &'static RemoteVTable,
+    ) -> JobRef {
+        JobRef {
+            ptr,
+            exec,
+            remote: Some(vtable),
+        }
+    }
+
+    /// The job's address and shipping table, if it may leave the node.
+    pub(crate) fn portable(self) -> Option<(*const (), &'static RemoteVTable)> {
+        self.remote.map(|v| (self.ptr, v))
+    }
+
+    /// Runs the job.
+    ///
+    /// # Safety
+    /// The caller owns the job under the job-lifetime invariant (module
+    /// docs): it is alive and not yet executed.
+    pub(crate) unsafe fn execute(self, ctx: &Ctx) {
+        (self.exec)(self.ptr, ctx)
+    }
+}
+
+/// A shipped filament: its function's name and its encoded argument.
+pub(crate) type Encoded = (&'static str, Vec<u8>);
+
+/// How the cluster layer handles a [`RemoteJob`] behind a type-erased
+/// pointer: one static table per argument and result type.
+pub(crate) struct RemoteVTable {
+    /// The function's name and the encoded argument; the job keeps its
+    /// argument if encoding fails.
+    pub(crate) export: unsafe fn(*const ()) -> Result<Encoded, String>,
+    /// Completes the job with what the node that ran it sent back (the
+    /// last argument is this node, for the error if the result will not
+    /// decode).
+    pub(crate) complete: unsafe fn(*const (), Result<Vec<u8>, Failure>, usize),
+    /// The start-up slot the job carries (see `remote::startup`).
+    pub(crate) startup: unsafe fn(*const ()) -> Option<Slot>,
+}
+
+/// A job that lives in the joining filthread's stack frame.
+pub(crate) struct StackJob<F, R> {
+    pub(crate) func: UnsafeCell<Option<F>>,
+    result: UnsafeCell<Option<Result<R, Box<dyn Any + Send>>>>,
+    pub(crate) latch: Latch,
+}
+
+impl<F, R> StackJob<F, R>
+where
+    F: FnOnce(&Ctx) -> R + Send,
+    R: Send,
+{
+    pub(crate) fn new(f: F) -> Self {
+        StackJob {
+            func: UnsafeCell::new(Some(f)),
+            result: UnsafeCell::new(None),
+            latch: Latch::new(),
+        }
+    }
+
+    pub(crate) fn as_job_ref(&self) -> JobRef {
+        JobRef {
+            ptr: self as *const Self as *const (),
+            exec: Self::execute,
+            remote: None,
+        }
+    }
+
+    /// Runs the job where it was taken (the joiner is waiting for the latch).
+    ///
+    /// # Safety
+    /// `this` points at a live `StackJob<F, R>` the caller owns (the
+    /// job-lifetime invariant, module docs).
+    unsafe fn execute(this: *const (), ctx: &Ctx) {
+        let this = &*(this as *const Self);
+        let f = (*this.func.get())
+            .take()
+            .expect("hyfi: fork-join job executed twice");
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            ctx.count_filaments(1);
+            ctx.call_inline(f)
+        }));
+        *this.result.get() = Some(r);
+        Latch::set(&this.latch);
+    }
+
+    pub(crate) fn into_result(self) -> R {
+        match self.result.into_inner() {
+            Some(Ok(r)) => r,
+            Some(Err(p)) => resume_unwind(p),
+            None => unreachable!("hyfi: joined a job that did not run"),
+        }
+    }
+}
+
+/// A job on the heap: the root of a fork-join run.
+pub(crate) struct HeapJob<F> {
+    func: F,
+}
+
+impl<F: FnOnce(&Ctx) + Send> HeapJob<F> {
+    /// Boxes `f` as a job that frees itself when run.
+    pub(crate) fn into_job_ref(f: F) -> JobRef {
+        let b = Box::new(HeapJob { func: f });
+        JobRef {
+            ptr: Box::into_raw(b) as *const (),
+            exec: Self::execute,
+            remote: None,
+        }
+    }
+
+    /// # Safety
+    /// `this` came from [`HeapJob::into_job_ref`] and is run once (the
+    /// job-lifetime invariant, module docs); running it frees it.
+    unsafe fn execute(this: *const (), ctx: &Ctx) {
+        let b = Box::from_raw(this as *mut Self);
+        (b.func)(ctx)
+    }
+}
+
+/// A serializable fork-join job in the joining filthread's frame.
+pub(crate) struct RemoteJob<B: 'static, RB: 'static> {
+    pub(crate) f: &'static RemoteFn<B, RB>,
+    pub(crate) args: UnsafeCell<Option<B>>,
+    pub(crate) result: UnsafeCell<Option<Result<RB, Box<dyn Any + Send>>>>,
+    pub(crate) latch: Latch,
+    /// Set for a start-up job: the slot it takes over.
+    pub(crate) startup: Cell<Option<Slot>>,
+}
+
+impl<B, RB> RemoteJob<B, RB>
+where
+    B: Serialize + DeserializeOwned + Send + 'static,
+    RB: Serialize + DeserializeOwned + Send + 'static,
+{
+    const VTABLE: RemoteVTable = RemoteVTable {
+        export: Self::export,
+        complete: Self::complete,
+        startup: Self::startup_of,
+    };
+
+    pub(crate) fn as_job_ref(&self) -> JobRef {
+        JobRef::remote(
+            self as *const Self as *const (),
+            Self::execute,
+            &Self::VTABLE,
+        )
+    }
+
+    /// Runs the job here (taken from a deque or an incoming list).
+    ///
+    /// # Safety
+    /// `this` points at a live `RemoteJob<B, RB>` the caller owns (the
+    /// job-lifetime invariant, module docs).
+    unsafe fn execute(this: *const (), ctx: &Ctx) {
+        let this = &*(this as *const Self);
+        let a = (*this.args.get())
+            .take()
+            .expect("hyfi: fork-join job executed twice");
+        let slot = this.startup.get();
+        let r = startup::with_startup(ctx, slot, || {
+            catch_unwind(AssertUnwindSafe(|| {
+                ctx.count_filaments(1);
+                ctx.call_inline(|c| (this.f.f)(c, a))
+            }))
+        });
+        *this.result.get() = Some(r);
+        Latch::set(&this.latch);
+    }
+
+    /// Encodes the job's argument for another node.
+    ///
+    /// # Safety
+    /// As for [`Self::execute`]: the caller owns the job until it is
+    /// completed.
+    unsafe fn export(this: *const ()) -> Result<Encoded, String> {
+        let this = &*(this as *const Self);
+        let args = (*this.args.get())
+            .as_ref()
+            .ok_or("hyfi: exported a job that already ran")?;
+        let bytes = bincode::serialize(args).map_err(|e| e.to_string())?;
+        // Shipped: the argument now lives in `bytes`.
+        (*this.args.get()).take();
+        Ok((this.f.name, bytes))
+    }
+
+    /// Stores what the node that ran the job sent back and sets the latch.
+    ///
+    /// # Safety
+    /// `this` was exported and removed from the pending table by the
+    /// caller, so this is its only completion (the job-lifetime invariant,
+    /// module docs); nothing touches `this` after the latch is set.
+    unsafe fn complete(this: *const (), outcome: Result<Vec<u8>, Failure>, node: usize) {
+        let this = &*(this as *const Self);
+        let r = match outcome {
+            Ok(bytes) => bincode::deserialize::<RB>(&bytes).map_err(|e| {
+                Box::new(RemoteFailure(Failure::Codec {
+                    node,
+                    name: this.f.name.to_string(),
+                    why: format!("decoding its result: {e}"),
+                })) as Box<dyn Any + Send>
+            }),
+            Err(f) => Err(Box::new(RemoteFailure(f)) as Box<dyn Any + Send>),
+        };
+        *this.result.get() = Some(r);
+        Latch::set(&this.latch);
+    }
+
+    /// The start-up slot the job carries.
+    ///
+    /// # Safety
+    /// As for [`Self::export`].
+    unsafe fn startup_of(this: *const ()) -> Option<Slot> {
+        (*(this as *const Self)).startup.get()
+    }
+
+    pub(crate) fn into_result(self) -> RB {
+        match self.result.into_inner() {
+            Some(Ok(r)) => r,
+            Some(Err(p)) => resume_unwind(p),
+            None => unreachable!("hyfi: joined a job that did not run"),
+        }
+    }
+}
+
+/// Runs a job taken from a deque, an injector or an incoming list.
+pub(crate) fn unsafe_execute(job: JobRef, ctx: &Ctx) {
+    // SAFETY: the job-lifetime invariant (module docs): the caller took
+    // `job` from its queue, so it owns it and the job is alive.
+    unsafe { job.execute(ctx) }
+}

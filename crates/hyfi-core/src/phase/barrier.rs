@@ -1,0 +1,164 @@
+//! The phase barrier: what every server thread does with a program (see
+//! this directory's `README.md` for the protocol). Each runs its pools of
+//! the phase, then meets the others: processor 0 waits until the others
+//! arrived, takes the node-level step (the link's barrier, or the phase-end
+//! hook), runs the post-phase code and releases them with its decision;
+//! the others wait for the release.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+
+use super::{Control, PhaseBody, PostPhase, ProgramRun, DONE};
+use crate::sched::{Ctx, Sched};
+
+/// The body of [`Command::Program`](crate::registry::Command::Program):
+/// runs the program `run` (a [`ProgramRun`]) on this server thread.
+pub(super) fn run_command(ctx: &Ctx, sched: &mut Sched, run: *const ()) {
+    // SAFETY: `start` keeps the program alive and does not return
+    // until every server thread has reported finished.
+    let run: &'static ProgramRun = unsafe { &*(run as *const ProgramRun) };
+    run_program(ctx, sched, run);
+}
+
+/// Iterative mode: phases until a post-phase says done.
+fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
+    let phases = run.phases();
+    let p = ctx.shared.procs;
+    let mut cur = 0usize;
+    let mut gen = 0u64;
+    loop {
+        let body: &'static dyn PhaseBody = phases[cur];
+        ctx.iteration
+            .set(run.iterations[cur].load(Ordering::SeqCst));
+        if ctx.proc == 0 && !run.aborted() {
+            // Every node must take the same steps: the link compares them
+            // between nodes while this phase runs.
+            let step = crate::Step::Phase {
+                program: run.program,
+                phase: cur as u64,
+                iteration: ctx.iteration.get(),
+            };
+            if let Err(e) = ctx.shared.link.enter_step(step) {
+                run.fail(crate::Error::Link(e));
+            }
+        }
+        run_phase(sched, ctx, body, run, cur);
+        ctx.stats.phases.set(ctx.stats.phases.get() + 1);
+        let next = if ctx.proc == 0 {
+            // Master: wait for the others, then the node-level step, then the
+            // post-phase code, then release everyone with the decision.
+            let parker = ctx.ws().parker();
+            if run.arrived.load(Ordering::SeqCst) != p - 1 {
+                // Recorded only when it will block: a phase of one processor
+                // (or one whose others are done) pays nothing for the report.
+                let _w = crate::waits::waiting(
+                    |a| format!("the node's other processors to end phase {}", a[0]),
+                    [cur as u64, 0, 0],
+                );
+                parker.wait_until(|| run.arrived.load(Ordering::SeqCst) == p - 1);
+            }
+            run.arrived.store(0, Ordering::SeqCst);
+            let next = post_phase(ctx, run, cur, body, phases.len());
+            // The next phase is a new access epoch (no filament runs now;
+            // the SeqCst `gen` store below publishes it to the others).
+            ctx.shared.next_access_epoch();
+            run.next.store(next, Ordering::SeqCst);
+            run.gen.store(gen + 1, Ordering::SeqCst);
+            for w in ctx.shared.workers.iter().skip(1) {
+                w.parker().notify();
+            }
+            next
+        } else {
+            if run.arrived.fetch_add(1, Ordering::SeqCst) + 1 == p - 1 {
+                ctx.shared.workers[0].parker().notify();
+            }
+            let parker = ctx.ws().parker();
+            if run.gen.load(Ordering::SeqCst) == gen {
+                let _w = crate::waits::waiting(
+                    |a| {
+                        format!(
+                            "processor 0 to end phase {} (the node's barrier, release and post-phase code)",
+                            a[0]
+                        )
+                    },
+                    [cur as u64, 0, 0],
+                );
+                parker.wait_until(|| run.gen.load(Ordering::SeqCst) != gen);
+            }
+            run.next.load(Ordering::SeqCst)
+        };
+        gen += 1;
+        if next == DONE {
+            return;
+        }
+        cur = next;
+    }
+}
+
+fn post_phase(
+    ctx: &Ctx,
+    run: &'static ProgramRun,
+    cur: usize,
+    body: &dyn PhaseBody,
+    nphases: usize,
+) -> usize {
+    if run.aborted() {
+        return DONE;
+    }
+    let ended = match ctx.shared.phase_end.get() {
+        Some(h) => h.end_phase(cur, &*ctx.shared.link),
+        None => ctx.shared.link.barrier(),
+    };
+    if let Err(e) = ended {
+        run.fail(crate::Error::Link(e));
+        return DONE;
+    }
+    let iteration = run.iterations[cur].fetch_add(1, Ordering::Relaxed);
+    // Post-phase code is an access epoch of its own: it may write what
+    // the phase's filaments read as read-only.
+    ctx.shared.next_access_epoch();
+    let mut post = PostPhase::new(&ctx.shared, cur, iteration);
+    match catch_unwind(AssertUnwindSafe(|| body.post(&mut post))) {
+        Ok(Control::Continue) => (cur + 1) % nphases,
+        Ok(Control::Done) => DONE,
+        Err(p) => {
+            run.fail_panic(ctx.proc, format!("phase {cur} post-phase"), p);
+            DONE
+        }
+    }
+}
+
+/// Iterative mode: runs every pool of this processor for one phase.
+fn run_phase(
+    sched: &mut Sched,
+    ctx: &Ctx,
+    body: &'static dyn PhaseBody,
+    run: &'static ProgramRun,
+    phase: usize,
+) {
+    let pools = body.pools_of(ctx.proc);
+    let mut next = 0;
+    loop {
+        sched.drain_wakeups(ctx);
+        if let Some(ft) = sched.pop_ready() {
+            sched.run(ctx, ft);
+            continue;
+        }
+        if next < pools && !run.aborted() {
+            let k = next;
+            next += 1;
+            sched.spawn(ctx, move |ctx| {
+                ctx.pool.set(k);
+                if let Err(p) = catch_unwind(AssertUnwindSafe(|| body.run_pool(ctx, k))) {
+                    run.fail_panic(ctx.proc, format!("phase {phase} filament"), p);
+                }
+            });
+            continue;
+        }
+        if sched.none_suspended() {
+            ctx.pool.set(0);
+            return;
+        }
+        sched.idle_wait(ctx, || false);
+    }
+}

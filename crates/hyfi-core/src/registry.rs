@@ -1,0 +1,221 @@
+//! The registry: the per-runtime state that the server threads and the
+//! [`Runtime`](crate::Runtime) share, and how commands reach the threads.
+//!
+//! A runtime is one [`Shared`] behind an `Arc`: the processors' public
+//! faces ([`WorkerShared`]: sleep slot, wake-up queue, incoming filaments,
+//! the word through which others ask for a fork), the deques' stealing
+//! ends and the injector, the fork-join run's flags, the cross-node
+//! fork-join state, the counters, and the command slot. The caller of a
+//! command ([`Shared::dispatch`]) stores it, bumps `epoch` and wakes every
+//! server thread; each runs it (see `sched`) and reports with
+//! [`Shared::finish_one`]; the caller waits until all `procs` have.
+//!
+//! The registry knows commands, not what they do: a program of phases is
+//! an erased pointer and the function that runs it ([`ProgramPtr`]),
+//! supplied by the `phase` module, so this module (and `sched`) need not
+//! know phases.
+
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crossbeam_deque::{Injector, Stealer};
+use crossbeam_queue::SegQueue;
+use crossbeam_utils::CachePadded;
+
+use crate::config::Config;
+use crate::job::JobRef;
+use crate::node::{NodeLink, PhaseEnd};
+use crate::sched::{Ctx, Sched};
+use crate::sleep::Parker;
+use crate::stats::ProcStats;
+
+/// `Ctx::limit` value meaning "make the next join a real fork".
+pub(crate) const WANTED: usize = usize::MAX;
+
+/// What every server thread shares with the others.
+pub(crate) struct WorkerShared {
+    parker: OnceLock<Parker>,
+    pub(crate) wakeups: SegQueue<u64>,
+    /// The server thread's `Ctx::limit` (null while it is not running).
+    limit: AtomicPtr<AtomicUsize>,
+    /// Fork-join filaments sent to this processor: start-up distribution
+    /// and filaments from other nodes. Other processors may steal them.
+    pub(crate) incoming: Injector<JobRef>,
+}
+
+impl WorkerShared {
+    pub(crate) fn new() -> Self {
+        WorkerShared {
+            parker: OnceLock::new(),
+            wakeups: SegQueue::new(),
+            limit: AtomicPtr::new(std::ptr::null_mut()),
+            incoming: Injector::new(),
+        }
+    }
+    pub(crate) fn set_parker(&self) {
+        let _ = self.parker.set(Parker::current());
+    }
+    pub(crate) fn parker(&self) -> &Parker {
+        self.parker.get().expect("hyfi: server thread not started")
+    }
+    /// Wakes the server thread if it is idle (no-op before it started).
+    pub(crate) fn notify(&self) {
+        if let Some(p) = self.parker.get() {
+            p.notify();
+        }
+    }
+    pub(crate) fn publish_limit(&self, limit: *const AtomicUsize) {
+        self.limit
+            .store(limit as *mut AtomicUsize, Ordering::Release);
+    }
+    /// Asks this processor to make its next join a real fork.
+    pub(crate) fn want_fork(&self) {
+        let p = self.limit.load(Ordering::Acquire);
+        if !p.is_null() {
+            // SAFETY: the pointer is published by the server thread to its
+            // own Ctx, which outlives every command; it is withdrawn before
+            // the Ctx is dropped, at shutdown, when no command runs.
+            unsafe { (*p).store(WANTED, Ordering::Relaxed) };
+        }
+    }
+}
+
+/// A program of phases as a command: the run's state (a
+/// `phase::ProgramRun`) behind an erased pointer, and the function every
+/// server thread runs it with.
+#[derive(Clone, Copy)]
+pub(crate) struct ProgramPtr {
+    pub(crate) run: *const (),
+    pub(crate) body: fn(&Ctx, &mut Sched, *const ()),
+}
+// SAFETY: the pointee is Sync and outlives the command (see Runtime::start).
+unsafe impl Send for ProgramPtr {}
+
+#[derive(Clone, Copy)]
+pub(crate) enum Command {
+    Idle,
+    Program(ProgramPtr),
+    ForkJoin,
+    Shutdown,
+}
+
+pub(crate) struct Shared {
+    pub(crate) id: u64,
+    pub(crate) procs: usize,
+    pub(crate) cfg: Config,
+    pub(crate) link: Arc<dyn NodeLink>,
+    pub(crate) phase_end: OnceLock<Arc<dyn PhaseEnd>>,
+    pub(crate) workers: Vec<CachePadded<WorkerShared>>,
+    pub(crate) stealers: Vec<Stealer<JobRef>>,
+    pub(crate) injector: Injector<JobRef>,
+    /// Server threads looking for fork-join work.
+    pub(crate) idle: CachePadded<AtomicUsize>,
+    pub(crate) fj_done: AtomicBool,
+    /// Fork-join across nodes (see `balance`).
+    pub(crate) fj: crate::remote::balance::NodeState,
+    pub(crate) epoch: AtomicU64,
+    /// The *access epoch*: advanced whenever a phase (each execution of
+    /// one) or a fork-join run is about to begin on this node, while no
+    /// filament runs. Shared arrays key their per-phase access modes
+    /// (read-only or written) on it; see [`Ctx::access_epoch`].
+    pub(crate) access_epoch: Arc<AtomicU64>,
+    command: Mutex<Command>,
+    finished: AtomicUsize,
+    caller: Mutex<Option<Arc<Parker>>>,
+    pub(crate) stats: Vec<Mutex<ProcStats>>,
+}
+
+impl Shared {
+    /// The state of a new runtime of `procs` server threads, whose deques'
+    /// stealing ends are `stealers`.
+    pub(crate) fn new(
+        id: u64,
+        procs: usize,
+        cfg: Config,
+        link: Arc<dyn NodeLink>,
+        stealers: Vec<Stealer<JobRef>>,
+    ) -> Self {
+        Shared {
+            id,
+            procs,
+            link,
+            phase_end: OnceLock::new(),
+            workers: (0..procs)
+                .map(|_| CachePadded::new(WorkerShared::new()))
+                .collect(),
+            stealers,
+            injector: Injector::new(),
+            idle: CachePadded::new(AtomicUsize::new(0)),
+            fj_done: AtomicBool::new(false),
+            fj: Default::default(),
+            epoch: AtomicU64::new(0),
+            access_epoch: Arc::new(AtomicU64::new(1)),
+            command: Mutex::new(Command::Idle),
+            finished: AtomicUsize::new(0),
+            caller: Mutex::new(None),
+            stats: (0..procs)
+                .map(|_| Mutex::new(ProcStats::default()))
+                .collect(),
+            cfg,
+        }
+    }
+
+    pub(crate) fn command(&self) -> Command {
+        *self.command.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes filthread `id` of processor `proc` runnable.
+    pub(crate) fn wake(&self, proc: usize, id: u64) {
+        let w = &self.workers[proc];
+        w.wakeups.push(id);
+        w.parker().notify();
+    }
+
+    /// Wakes idle server threads after new work appeared.
+    pub(crate) fn notify_idle(&self) {
+        for w in &self.workers {
+            if let Some(p) = w.parker.get() {
+                p.notify();
+            }
+        }
+    }
+
+    pub(crate) fn finish_one(&self) {
+        if self.finished.fetch_add(1, Ordering::SeqCst) + 1 == self.procs {
+            if let Some(p) = self
+                .caller
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+            {
+                p.notify();
+            }
+        }
+    }
+
+    /// Ends the current access epoch and begins the next. Called only
+    /// while no filament runs (between commands, or by the master at a
+    /// phase barrier), so per-epoch state above hyfi-core may be checked.
+    pub(crate) fn next_access_epoch(&self) {
+        if let Some(h) = self.phase_end.get() {
+            h.access_epoch_ended();
+        }
+        self.access_epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Hands `cmd` to every server thread and waits until all have finished it.
+    pub(crate) fn dispatch(&self, cmd: Command) {
+        let caller = Arc::new(Parker::current());
+        *self.caller.lock().unwrap_or_else(|e| e.into_inner()) = Some(caller.clone());
+        self.finished.store(0, Ordering::SeqCst);
+        *self.command.lock().unwrap_or_else(|e| e.into_inner()) = cmd;
+        self.next_access_epoch();
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.notify_idle();
+        if matches!(cmd, Command::Shutdown) {
+            return;
+        }
+        caller.wait_until(|| self.finished.load(Ordering::SeqCst) == self.procs);
+        *self.command.lock().unwrap_or_else(|e| e.into_inner()) = Command::Idle;
+    }
+}

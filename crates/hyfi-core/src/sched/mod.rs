@@ -1,0 +1,256 @@
+//! The scheduler: what a server thread (a processor) does. One OS thread
+//! per processor, pinned by default, started once by the runtime and
+//! reused for every command.
+//!
+//! A server thread waits for a command ([`crate::registry::Command`]), runs
+//! it and reports it finished. While it runs one, it schedules its
+//! filthreads ([`Sched`]): runnable ones first (woken after a suspension),
+//! then new work, which is the command's: the next pool of the phase
+//! (iterative mode, the loop is in `phase`), or (fork-join mode, here) its
+//! own deque, its incoming list, then stealing on the node, then asking
+//! another node. With nothing to do it *idles*: it says so (so that forks
+//! elsewhere become real), and sleeps on its parker until work, a wake-up
+//! or the end of the run arrives ([`crate::sleep`] makes that safe).
+//!
+//! What a filament sees of its processor is [`Ctx`] (module `ctx`).
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_deque::Worker;
+
+use crate::filthread::{Filthread, Ran};
+use crate::job::{unsafe_execute, JobRef};
+use crate::registry::{Command, Shared};
+use crate::stack;
+
+mod ctx;
+
+pub use ctx::Ctx;
+use ctx::CTX;
+pub(crate) use ctx::{current_ctx, try_current_ctx};
+
+/// Filthreads of one server thread that are not running.
+pub(crate) struct Sched {
+    ready: VecDeque<Filthread>,
+    suspended: HashMap<u64, Filthread, BuildHasherDefault<IdHasher>>,
+}
+
+/// Filthread ids are distinct counters: hash them as themselves.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+impl Sched {
+    /// The next runnable filthread, if any.
+    #[inline]
+    pub(crate) fn pop_ready(&mut self) -> Option<Filthread> {
+        self.ready.pop_front()
+    }
+
+    /// Whether no filthread of this server thread waits to be woken.
+    #[inline]
+    pub(crate) fn none_suspended(&self) -> bool {
+        self.suspended.is_empty()
+    }
+
+    pub(crate) fn drain_wakeups(&mut self, ctx: &Ctx) {
+        let q = &ctx.ws().wakeups;
+        // A pop on an empty SegQueue costs a SeqCst fence; this loop runs
+        // between every two filthreads, almost always with nothing to drain.
+        if q.is_empty() {
+            return;
+        }
+        while let Some(id) = q.pop() {
+            if let Some(ft) = self.suspended.remove(&id) {
+                self.ready.push_back(ft);
+            }
+        }
+    }
+
+    pub(crate) fn run(&mut self, ctx: &Ctx, ft: Filthread) {
+        match ft.resume(ctx) {
+            Ran::Suspended(ft) => {
+                self.suspended.insert(ft.id, ft);
+            }
+            Ran::Finished(stack) => ctx.stacks.borrow_mut().give(stack),
+        }
+    }
+
+    /// Runs `body` on a new filthread from the stack pool. If no stack can be
+    /// had, `body` runs on the server thread's own stack: waits inside it
+    /// then block the thread instead of switching, which is slower but
+    /// correct.
+    pub(crate) fn spawn(&mut self, ctx: &Ctx, body: impl FnOnce(&Ctx) + 'static) {
+        let stack = ctx.stacks.borrow_mut().take();
+        match stack {
+            Ok(stack) => {
+                ctx.stats.filthreads.set(ctx.stats.filthreads.get() + 1);
+                let ft = Filthread::new(ctx.next_id(), stack, body);
+                self.run(ctx, ft);
+            }
+            Err(e) => {
+                tracing::warn!(proc = ctx.proc, "{e}; running on the server thread's stack");
+                body(ctx);
+            }
+        }
+    }
+
+    pub(crate) fn idle_wait(&self, ctx: &Ctx, ready: impl FnMut() -> bool) {
+        self.idle_wait_until(ctx, ready, None)
+    }
+
+    /// [`Sched::idle_wait`], returning at `deadline` at the latest.
+    fn idle_wait_until(
+        &self,
+        ctx: &Ctx,
+        mut ready: impl FnMut() -> bool,
+        deadline: Option<Instant>,
+    ) {
+        let t = Instant::now();
+        ctx.ws()
+            .parker()
+            .wait_until_deadline(|| !ctx.ws().wakeups.is_empty() || ready(), deadline);
+        ctx.stats
+            .idle_ns
+            .set(ctx.stats.idle_ns.get() + t.elapsed().as_nanos() as u64);
+    }
+
+    /// Fork-join mode: runs jobs until the root has finished and nothing of
+    /// this server thread is left suspended.
+    fn run_fork_join(&mut self, ctx: &Ctx) {
+        let sh = &*ctx.shared;
+        loop {
+            self.drain_wakeups(ctx);
+            if let Some(ft) = self.ready.pop_front() {
+                self.run(ctx, ft);
+                continue;
+            }
+            if let Some(job) = ctx.deque.pop().or_else(|| ctx.pop_incoming()) {
+                self.spawn(ctx, move |ctx| unsafe_execute(job, ctx));
+                continue;
+            }
+            if sh.fj_done.load(Ordering::SeqCst) && self.suspended.is_empty() {
+                return;
+            }
+            if let Some(job) = ctx.steal() {
+                self.spawn(ctx, move |ctx| unsafe_execute(job, ctx));
+                continue;
+            }
+            // Idle: say so (forks elsewhere become real), then wait for work.
+            sh.idle.fetch_add(1, Ordering::SeqCst);
+            if ctx.multi {
+                for w in sh.workers.iter() {
+                    w.want_fork();
+                }
+            }
+            // Nothing on this node: ask another one (paper §3.5). The kick
+            // is read first, so a refusal that comes meanwhile is not missed.
+            let kick = sh.fj.kick.load(Ordering::SeqCst);
+            let ask_again = crate::remote::balance::idle(ctx);
+            self.idle_wait_until(
+                ctx,
+                || {
+                    sh.fj_done.load(Ordering::SeqCst)
+                        || !sh.injector.is_empty()
+                        || sh.stealers.iter().any(|s| !s.is_empty())
+                        || sh.workers.iter().any(|w| !w.incoming.is_empty())
+                        || sh.fj.kick.load(Ordering::SeqCst) != kick
+                },
+                ask_again,
+            );
+            sh.idle.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Arguments a server thread starts with.
+pub(crate) struct Start {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) proc: usize,
+    pub(crate) cpu: Option<usize>,
+    pub(crate) deque: Worker<JobRef>,
+    pub(crate) ready: std::sync::mpsc::Sender<Result<(), crate::Error>>,
+}
+
+/// The body of server thread `proc`.
+pub(crate) fn main(start: Start) {
+    let Start {
+        shared,
+        proc,
+        cpu,
+        deque,
+        ready,
+    } = start;
+    if let Some(cpu) = cpu {
+        if let Err(e) = pin_to(cpu) {
+            let _ = ready.send(Err(crate::Error::Pin {
+                proc,
+                cpu,
+                source: e,
+            }));
+            return;
+        }
+    }
+    stack::ensure_altstack();
+    stack::set_proc(proc);
+    shared.workers[proc].set_parker();
+    let ctx = Box::new(Ctx::new(&shared, proc, deque));
+    CTX.with(|c| c.set(&*ctx as *const Ctx));
+    shared.workers[proc].publish_limit(&ctx.limit);
+    let _ = ready.send(Ok(()));
+    drop(ready);
+
+    let mut sched = Sched {
+        ready: VecDeque::new(),
+        suspended: HashMap::default(),
+    };
+    let mut seen = 0u64;
+    loop {
+        let ws = ctx.ws();
+        ws.parker()
+            .wait_until(|| shared.epoch.load(Ordering::SeqCst) != seen);
+        seen = shared.epoch.load(Ordering::SeqCst);
+        let cmd = shared.command();
+        match cmd {
+            Command::Shutdown => break,
+            Command::Idle => continue,
+            Command::ForkJoin => sched.run_fork_join(&ctx),
+            Command::Program(p) => (p.body)(&ctx, &mut sched, p.run),
+        }
+        let mut s = ctx.stats.drain();
+        s.stacks_mapped = std::mem::take(&mut ctx.stacks.borrow_mut().created);
+        shared.stats[proc]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(&s);
+        shared.finish_one();
+    }
+    // No command runs now, so no other processor is asking for forks.
+    shared.workers[proc].publish_limit(std::ptr::null());
+    CTX.with(|c| c.set(std::ptr::null()));
+}
+
+fn pin_to(cpu: usize) -> std::io::Result<()> {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    use nix::unistd::Pid;
+    let mut set = CpuSet::new();
+    set.set(cpu).map_err(std::io::Error::from)?;
+    sched_setaffinity(Pid::from_raw(0), &set).map_err(std::io::Error::from)
+}
