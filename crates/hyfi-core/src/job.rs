@@ -40,7 +40,7 @@ use serde::Serialize;
 
 use crate::latch::Latch;
 use crate::remote::startup::{self, Slot};
-use crate::remote::{Failure, RemoteFailure, RemoteFn};
+use crate::remote::{CodecError, Failure, RemoteFailure, RemoteFn};
 use crate::sched::Ctx;
 
 /// A type-erased pointer to a job and the function that runs it; for a
@@ -111,7 +111,7 @@ pub(crate) type Encoded = (&'static str, Vec<u8>);
 pub(crate) struct RemoteVTable {
     /// The function's name and the encoded argument; the job keeps its
     /// argument if encoding fails.
-    pub(crate) export: unsafe fn(*const ()) -> Result<Encoded, String>,
+    pub(crate) export: unsafe fn(*const ()) -> Result<Encoded, CodecError>,
     /// Completes the job with what the node that ran it sent back (the
     /// last argument is this node, for the error if the result will not
     /// decode).
@@ -255,12 +255,10 @@ where
     /// # Safety
     /// As for [`Self::execute`]: the caller owns the job until it is
     /// completed.
-    unsafe fn export(this: *const ()) -> Result<Encoded, String> {
+    unsafe fn export(this: *const ()) -> Result<Encoded, CodecError> {
         let this = &*(this as *const Self);
-        let args = (*this.args.get())
-            .as_ref()
-            .ok_or("hyfi: exported a job that already ran")?;
-        let bytes = bincode::serialize(args).map_err(|e| e.to_string())?;
+        let args = (*this.args.get()).as_ref().ok_or(CodecError::AlreadyRan)?;
+        let bytes = bincode::serialize(args).map_err(CodecError::EncodeArgument)?;
         // Shipped: the argument now lives in `bytes`.
         (*this.args.get()).take();
         Ok((this.f.name, bytes))

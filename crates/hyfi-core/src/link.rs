@@ -45,14 +45,14 @@
 //!
 //! ```
 //! use std::sync::{Arc, Mutex};
-//! use hyfi_core::link::{Class, InProcess, Service, ServiceId};
+//! use hyfi_core::link::{Class, FrameError, InProcess, Service, ServiceId};
 //! use hyfi_core::NodeLink;
 //!
 //! /// Collects what it receives.
 //! #[derive(Default)]
 //! struct Log(Mutex<Vec<(usize, Vec<u8>)>>);
 //! impl Service for Log {
-//!     fn frame(&self, from: usize, payload: Vec<u8>) -> Result<(), String> {
+//!     fn frame(&self, from: usize, payload: Vec<u8>) -> Result<(), FrameError> {
 //!         self.0.lock().unwrap().push((from, payload));
 //!         Ok(())
 //!     }
@@ -124,13 +124,20 @@ impl std::fmt::Display for ServiceId {
     }
 }
 
+/// Why a [`Service`] refused a message: the layer's own error type (the
+/// shared memory's `ProtocolError`, the stealing protocol's), boxed so that
+/// the seam needs to know none of them and a caller can still downcast.
+pub type FrameError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// A layer that answers its own messages on the node's delivery thread
 /// (the DSM's page server, cross-node stealing). See the
 /// [module docs](self).
 pub trait Service: Send + Sync + 'static {
     /// A message from node `from`, as the sender built it. Must not block.
-    /// `Err` is a protocol violation: the node fails with that message.
-    fn frame(&self, from: usize, payload: Vec<u8>) -> Result<(), String>;
+    /// `Err` is a protocol violation: the node fails with that error, its
+    /// `Display` the message (which should name the service and the
+    /// sender); the transport keeps it as the source of its own error.
+    fn frame(&self, from: usize, payload: Vec<u8>) -> Result<(), FrameError>;
     /// The node failed (a lost peer, an abort): wake every waiter with `why`.
     fn failed(&self, why: &str);
     /// Node `peer`'s program ended: it will send nothing more but answers

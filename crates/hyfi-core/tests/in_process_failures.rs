@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hyfi_core::link::{InProcess, Service, ServiceId};
+use hyfi_core::link::{FrameError, InProcess, Service, ServiceId};
 use hyfi_core::{Config, Control, NodeLink, PoolArray, Program, Runtime, Step};
 
 /// Runs `body(node, link)` on one thread per node and returns what each
@@ -168,7 +168,7 @@ struct Faulty {
 }
 
 impl Service for Faulty {
-    fn frame(&self, _from: usize, payload: Vec<u8>) -> Result<(), String> {
+    fn frame(&self, _from: usize, payload: Vec<u8>) -> Result<(), FrameError> {
         if self.block {
             let t0 = Instant::now();
             while !self.release.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(120) {

@@ -121,7 +121,7 @@ fn stealing_needs_a_link_with_services() {
     let links = InProcess::connect(2);
     struct Nop;
     impl hyfi_core::link::Service for Nop {
-        fn frame(&self, _: usize, _: Vec<u8>) -> Result<(), String> {
+        fn frame(&self, _: usize, _: Vec<u8>) -> Result<(), hyfi_core::link::FrameError> {
             Ok(())
         }
         fn failed(&self, _: &str) {}

@@ -191,8 +191,40 @@ pub(crate) enum ProtocolError {
     Empty,
 }
 
-impl From<ProtocolError> for String {
-    fn from(e: ProtocolError) -> String {
-        e.to_string()
-    }
+/// A [`ProtocolError`] in a message from node `from`: what the shared
+/// memory's service returns through the node seam
+/// ([`hyfi_core::link::Service::frame`]), so that the transport's error
+/// names the layer, the sender and the violation, and keeps this as its
+/// source.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("shared memory: a message from node {from}: {error}")]
+pub(crate) struct Violation {
+    /// The sender.
+    pub(crate) from: usize,
+    /// What it broke.
+    #[source]
+    pub(crate) error: ProtocolError,
+}
+
+/// Why a release (the end of a phase on several nodes) could not
+/// complete; the phase-end hook hands it to the runtime as its link error.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReleaseError {
+    /// The node had failed (a lost peer, an abort, a violation): that
+    /// failure's text, as every waiter of the node reports it.
+    #[error("{0}")]
+    Failed(String),
+    /// A peer ended its program before its release of this phase came.
+    #[error(
+        "node {me} waits for the release of node {peer} at the end of a phase, but node \
+         {peer} ended its program: every node must run the same phases and fork-join runs (SPMD)"
+    )]
+    PeerEnded { me: usize, peer: usize },
+    /// A release that breaks the protocol.
+    #[error(transparent)]
+    Violation(#[from] Violation),
+    /// A write notice that breaks the protocol (notices are merged, so
+    /// their sender is not known here).
+    #[error(transparent)]
+    Notice(ProtocolError),
 }

@@ -243,7 +243,7 @@ impl Dsm {
                     addr: addr.unwrap_or(0),
                     size,
                     why: match (&reserved, failed == me) {
-                        (Err(why), true) => why.clone(),
+                        (Err(why), true) => why.to_string(),
                         _ => format!("see node {failed}'s output"),
                     },
                 });
@@ -259,7 +259,8 @@ impl Dsm {
             node: me,
             addr: addr.unwrap_or(0),
             size,
-            why,
+            // Text: on several nodes the reason may be another node's.
+            why: why.to_string(),
         })?;
         let core = Arc::new(Core::new(
             me,

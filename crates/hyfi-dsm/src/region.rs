@@ -33,9 +33,31 @@ unsafe impl Send for Region {}
 // SAFETY: as above.
 unsafe impl Sync for Region {}
 
+/// Why the region could not be reserved (the node says it in
+/// [`DsmError::Region`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReserveError {
+    /// `MAP_FIXED_NOREPLACE` found a mapping in the way.
+    #[error("the address range is already in use in this process (one DSM per process at a time)")]
+    InUse,
+    /// The system refuses the address space.
+    #[error("{source} (the system refuses {size} bytes of address space)")]
+    NoAddressSpace {
+        size: usize,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another `mmap` failure.
+    #[error(transparent)]
+    Os(std::io::Error),
+    /// An old kernel that treats `MAP_FIXED_NOREPLACE` as a hint.
+    #[error("the kernel placed it at {at:#x} instead")]
+    Misplaced { at: usize },
+}
+
 impl Region {
     /// Reserves `size` bytes, at `addr` exactly if given.
-    pub(crate) fn reserve(size: usize, addr: Option<usize>) -> Result<Region, String> {
+    pub(crate) fn reserve(size: usize, addr: Option<usize>) -> Result<Region, ReserveError> {
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
         if addr.is_some() {
             flags |= libc::MAP_FIXED_NOREPLACE;
@@ -48,9 +70,9 @@ impl Region {
         if p == libc::MAP_FAILED {
             let e = std::io::Error::last_os_error();
             return Err(match e.raw_os_error() {
-                Some(libc::EEXIST) => "the address range is already in use in this process (one DSM per process at a time)".into(),
-                Some(libc::ENOMEM) => format!("{e} (the system refuses {size} bytes of address space)"),
-                _ => e.to_string(),
+                Some(libc::EEXIST) => ReserveError::InUse,
+                Some(libc::ENOMEM) => ReserveError::NoAddressSpace { size, source: e },
+                _ => ReserveError::Os(e),
             });
         }
         if let Some(a) = addr {
@@ -58,7 +80,7 @@ impl Region {
                 // An old kernel that treats MAP_FIXED_NOREPLACE as a hint.
                 // SAFETY: unmapping exactly what was just mapped.
                 unsafe { libc::munmap(p, size) };
-                return Err(format!("the kernel placed it at {:#x} instead", p as usize));
+                return Err(ReserveError::Misplaced { at: p as usize });
             }
         }
         Ok(Region {
@@ -120,7 +142,8 @@ mod tests {
         let a = Region::reserve(1 << 20, None).unwrap();
         let at = a.base as usize;
         let err = Region::reserve(1 << 20, Some(at)).err().unwrap();
-        assert!(err.contains("already in use"), "{err}");
+        assert!(matches!(err, ReserveError::InUse), "{err}");
+        assert!(err.to_string().contains("already in use"), "{err}");
         drop(a);
         let b = Region::reserve(1 << 20, Some(at)).unwrap();
         assert_eq!(b.base as usize, at);

@@ -31,7 +31,6 @@ pub mod mesh;
 mod refusal;
 pub mod rendezvous;
 pub mod signals;
-mod spmd;
 pub mod wire;
 
 pub use cluster::{Cluster, Report, FAILURE_GRACE};

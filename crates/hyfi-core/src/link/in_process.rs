@@ -39,7 +39,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::spmd::Steps;
-use super::{Class, ClassTraffic, Port, Report, Service, ServiceId, Traffic};
+use super::{Class, ClassTraffic, FrameError, Port, Report, Service, ServiceId, Traffic};
 use crate::node::{LinkError, NodeLink, Step};
 
 /// How long a delivery thread may spend in one message before its peers
@@ -268,11 +268,11 @@ fn handle(
     service: ServiceId,
     from: usize,
     payload: Vec<u8>,
-) -> Result<(), String> {
+) -> Result<(), FrameError> {
     *lock(&mb.busy) = Some((Instant::now(), service, from));
     let r = catch_unwind(AssertUnwindSafe(|| s.frame(from, payload)));
     *lock(&mb.busy) = None;
-    r.unwrap_or_else(|p| Err(format!("its handler panicked: {}", panic_message(&*p))))
+    r.unwrap_or_else(|p| Err(format!("its handler panicked: {}", panic_message(&*p)).into()))
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {

@@ -169,6 +169,16 @@ fn bump(a: &AtomicU64, n: u64) {
     a.fetch_add(n, Ordering::Relaxed);
 }
 
+/// A result for a shipped filament that no filament of this node waits
+/// for: a protocol violation by the node that sent it (or a late result
+/// after a failure, which the receiver expects and ignores).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a result for filament {token}, which nobody waits for")]
+pub struct NobodyWaits {
+    /// The filament's token.
+    pub token: u64,
+}
+
 /// The cluster layer's handle on a node's fork-join state (see
 /// [`Runtime::fj_node`](crate::Runtime::fj_node)). It does not keep the runtime alive; once the
 /// runtime is gone every call does nothing.
@@ -377,16 +387,18 @@ impl FjNode {
 
     /// The outcome of filament `token` shipped from here. `Err` if no such
     /// filament waits (a protocol violation).
-    pub fn complete(&self, token: u64, outcome: Result<Vec<u8>, Failure>) -> Result<(), String> {
+    pub fn complete(
+        &self,
+        token: u64,
+        outcome: Result<Vec<u8>, Failure>,
+    ) -> Result<(), NobodyWaits> {
         let Some(sh) = self.0.upgrade() else {
             return Ok(());
         };
         if sh.fj.complete_pending(token, outcome, sh.link.my_node()) {
             Ok(())
         } else {
-            Err(format!(
-                "a result for filament {token}, which nobody waits for"
-            ))
+            Err(NobodyWaits { token })
         }
     }
 

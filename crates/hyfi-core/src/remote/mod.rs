@@ -136,10 +136,29 @@ impl<A, R> std::fmt::Debug for RemoteFn<A, R> {
     }
 }
 
+/// A shipped filament's argument or result that would not encode or
+/// decode. It reaches the other node as [`Failure::Codec`], whose text it
+/// becomes (a failure travels as data).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CodecError {
+    /// The argument that came would not decode as the function's type.
+    #[error("decoding its argument: {0}")]
+    DecodeArgument(#[source] bincode::Error),
+    /// The function's result would not encode.
+    #[error("encoding its result: {0}")]
+    EncodeResult(#[source] bincode::Error),
+    /// The argument would not encode for shipping.
+    #[error("encoding its argument: {0}")]
+    EncodeArgument(#[source] bincode::Error),
+    /// The job was exported after it ran (a bug in the runtime).
+    #[error("hyfi: exported a job that already ran")]
+    AlreadyRan,
+}
+
 /// What the registry keeps of a [`RemoteFn`]: its function behind bytes.
 trait Erased: Send + Sync {
     /// Decodes the argument, runs the function, encodes the result.
-    fn call_bytes(&self, ctx: &Ctx, args: &[u8]) -> Result<Vec<u8>, String>;
+    fn call_bytes(&self, ctx: &Ctx, args: &[u8]) -> Result<Vec<u8>, CodecError>;
     fn addr(&self) -> *const ();
     /// The `RemoteFn` itself, for a batch to find its typed function.
     fn as_any(&self) -> &(dyn Any + Send + Sync);
@@ -150,10 +169,10 @@ where
     A: Serialize + DeserializeOwned + Send + 'static,
     R: Serialize + DeserializeOwned + Send + 'static,
 {
-    fn call_bytes(&self, ctx: &Ctx, args: &[u8]) -> Result<Vec<u8>, String> {
-        let a: A = bincode::deserialize(args).map_err(|e| format!("decoding its argument: {e}"))?;
+    fn call_bytes(&self, ctx: &Ctx, args: &[u8]) -> Result<Vec<u8>, CodecError> {
+        let a: A = bincode::deserialize(args).map_err(CodecError::DecodeArgument)?;
         let r = ctx.call_inline(|c| (self.f)(c, a));
-        bincode::serialize(&r).map_err(|e| format!("encoding its result: {e}"))
+        bincode::serialize(&r).map_err(CodecError::EncodeResult)
     }
     fn addr(&self) -> *const () {
         self as *const Self as *const ()
@@ -302,7 +321,7 @@ pub(crate) fn run_imported(ctx: &Ctx, name: &str, args: &[u8]) -> Result<Vec<u8>
         Ok(Err(why)) => Err(Failure::Codec {
             node: ctx.node(),
             name: name.to_string(),
-            why,
+            why: why.to_string(),
         }),
         Err(p) => Err(failure_of(ctx.node(), ctx.proc(), p)),
     }

@@ -37,9 +37,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::link::{Class, Port, Service, ServiceId};
+use crate::link::{Class, FrameError, Port, Service, ServiceId};
 use crate::node::LinkError;
-use crate::remote::balance::{Balancer, FjNode, PortableJob};
+use crate::remote::balance::{Balancer, FjNode, NobodyWaits, PortableJob};
 use crate::remote::Failure;
 use crate::runtime::Runtime;
 use crate::Error;
@@ -151,6 +151,25 @@ pub fn install(rt: &Runtime) -> Result<Arc<Stealing>, Error> {
     Ok(s)
 }
 
+/// A fork-join message that breaks the protocol.
+#[derive(Debug, thiserror::Error)]
+enum StealError {
+    /// Bytes that are no fork-join message.
+    #[error("undecodable fork-join message from node {from}: {source}")]
+    Undecodable {
+        from: usize,
+        #[source]
+        source: bincode::Error,
+    },
+    /// A result nobody here waits for.
+    #[error("node {from} sent {why}")]
+    Unexpected {
+        from: usize,
+        #[source]
+        why: NobodyWaits,
+    },
+}
+
 impl Stealing {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
@@ -180,7 +199,7 @@ impl Stealing {
 
     /// Handles one message (with the state locked, so messages of a run
     /// that is just beginning are handled in order).
-    fn handle(&self, st: &mut State, from: usize, msg: FjMsg) -> Result<(), String> {
+    fn handle(&self, st: &mut State, from: usize, msg: FjMsg) -> Result<(), StealError> {
         match msg {
             FjMsg::StealReq { run } => {
                 let jobs = self.node.export_half(run);
@@ -234,7 +253,7 @@ impl Stealing {
                     // After a failure, waiting filaments were completed with
                     // it and their late results are expected.
                     if !st.failed {
-                        return Err(format!("node {} sent {why}", from));
+                        return Err(StealError::Unexpected { from, why });
                     }
                 }
             }
@@ -347,11 +366,11 @@ impl Balancer for Stealing {
 }
 
 impl Service for Stealing {
-    fn frame(&self, from: usize, payload: Vec<u8>) -> Result<(), String> {
+    fn frame(&self, from: usize, payload: Vec<u8>) -> Result<(), FrameError> {
         let msg: FjMsg = bincode::deserialize(&payload)
-            .map_err(|e| format!("undecodable fork-join message from node {from}: {e}"))?;
+            .map_err(|source| StealError::Undecodable { from, source })?;
         let mut st = self.lock();
-        self.handle(&mut st, from, msg)
+        Ok(self.handle(&mut st, from, msg)?)
     }
 
     fn failed(&self, why: &str) {

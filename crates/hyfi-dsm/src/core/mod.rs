@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 
 use crossbeam_utils::CachePadded;
 use hyfi_core::filthread;
-use hyfi_core::link::{Class, Port, Service, ServiceId};
+use hyfi_core::link::{Class, FrameError, Port, Service, ServiceId};
 
 pub(crate) use page_table::{readable, settled_readable, writable, Segment, INVALID, READ, WRITE};
 
@@ -19,7 +19,7 @@ use msg::{PAGES, REL, REQ};
 use page_table::Meta;
 use release::Proto;
 
-use crate::error::ProtocolError;
+use crate::error::{ProtocolError, Violation};
 use crate::region::{Region, PAGE};
 use crate::stats::{AtomicCounters, DsmCounters, DsmStats};
 
@@ -283,7 +283,7 @@ impl Core {
 }
 
 impl Service for Core {
-    fn frame(&self, from: usize, payload: Vec<u8>) -> Result<(), String> {
+    fn frame(&self, from: usize, payload: Vec<u8>) -> Result<(), FrameError> {
         match payload.first().copied() {
             Some(REQ) => self.on_request(from, &payload[1..]),
             Some(PAGES) => self.on_pages(from, &payload[1..]),
@@ -291,7 +291,7 @@ impl Service for Core {
             Some(kind) => Err(ProtocolError::UnknownKind { kind }),
             None => Err(ProtocolError::Empty),
         }
-        .map_err(|why| format!("shared memory: a message from node {from}: {why}"))
+        .map_err(|error| Violation { from, error }.into())
     }
     fn failed(&self, why: &str) {
         self.fail(why);
@@ -337,8 +337,15 @@ mod tests {
     }
 
     fn frame(c: &Core, bytes: &[u8]) -> String {
-        c.frame(1, bytes.to_vec())
-            .expect_err("a message that breaks the protocol")
+        let e = c
+            .frame(1, bytes.to_vec())
+            .expect_err("a message that breaks the protocol");
+        // The layer's own error, through the seam.
+        let v = e
+            .downcast_ref::<Violation>()
+            .expect("a shared-memory violation");
+        assert_eq!(v.from, 1);
+        e.to_string()
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::msg::{Body, Rd, REL};
 use super::page_table::{Segment, FRESH, INVALID, PUSHED, READ, WRITE};
 use super::Core;
 use crate::elem;
-use crate::error::ProtocolError;
+use crate::error::{ProtocolError, ReleaseError, Violation};
 use crate::region::PAGE;
 use crate::stats::DsmCounters;
 
@@ -138,7 +138,7 @@ impl Core {
         Ok(())
     }
 
-    pub(crate) fn release(&self, phase: usize) -> Result<(), String> {
+    pub(crate) fn release(&self, phase: usize) -> Result<(), ReleaseError> {
         let t0 = Instant::now();
         let slot = self.slot();
         if self.nodes > 1 {
@@ -163,7 +163,7 @@ impl Core {
         Ok(())
     }
 
-    fn release_multi(&self, slot: usize) -> Result<(), String> {
+    fn release_multi(&self, slot: usize) -> Result<(), ReleaseError> {
         // The node's phase work is done: no request of it is in flight.
         while self
             .outstanding
@@ -171,7 +171,7 @@ impl Core {
             .any(|o| o.load(Ordering::Acquire) != 0)
         {
             if let Some(f) = self.failure() {
-                return Err(f.clone());
+                return Err(ReleaseError::Failed(f.clone()));
             }
             std::thread::yield_now();
         }
@@ -184,7 +184,8 @@ impl Core {
             let early = std::mem::take(&mut pr.early);
             for (from, e, payload) in early {
                 if e == epoch {
-                    self.apply_release(from, &payload, &mut pr)?;
+                    self.apply_release(from, &payload, &mut pr)
+                        .map_err(|error| Violation { from, error })?;
                 } else {
                     pr.early.push((from, e, payload));
                 }
@@ -376,7 +377,10 @@ impl Core {
     /// 3. Waits for every other node's `REL` of this epoch; returns their
     ///    notices and the pages pushed here.
     #[allow(clippy::type_complexity)]
-    fn await_releases(&self, epoch: u64) -> Result<(Vec<(u64, u32)>, Vec<(u64, Vec<u8>)>), String> {
+    fn await_releases(
+        &self,
+        epoch: u64,
+    ) -> Result<(Vec<(u64, u32)>, Vec<(u64, Vec<u8>)>), ReleaseError> {
         let got = {
             let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
             let _w = hyfi_core::waits::waiting(
@@ -397,15 +401,13 @@ impl Core {
             }
             while pr.got < self.nodes - 1 {
                 if let Some(f) = self.failure() {
-                    return Err(f.clone());
+                    return Err(ReleaseError::Failed(f.clone()));
                 }
                 if let Some(p) = (0..self.nodes).find(|&p| pr.gone[p] && !pr.got_from[p]) {
-                    return Err(format!(
-                        "node {} waits for the release of node {p} at the end of a phase, \
-                         but node {p} ended its program: every node must run the same \
-                         phases and fork-join runs (SPMD)",
-                        self.me
-                    ));
+                    return Err(ReleaseError::PeerEnded {
+                        me: self.me,
+                        peer: p,
+                    });
                 }
                 pr = self
                     .proto_cv
@@ -414,7 +416,7 @@ impl Core {
                     .0;
             }
             if let Some(f) = self.failure() {
-                return Err(f.clone());
+                return Err(ReleaseError::Failed(f.clone()));
             }
             (
                 std::mem::take(&mut pr.notices),
@@ -425,14 +427,19 @@ impl Core {
     }
 
     /// 4. Invalidates the copies others wrote; returns how many.
-    fn invalidate_noticed(&self, notices: &[(u64, u32)], r: &mut Round) -> Result<u64, String> {
+    fn invalidate_noticed(
+        &self,
+        notices: &[(u64, u32)],
+        r: &mut Round,
+    ) -> Result<u64, ReleaseError> {
         let mut invalidated = 0u64;
         for &(start, len) in notices {
             for gp in start..start + len as u64 {
                 let Some((seg, p)) = self.find_cached(gp, &mut r.cache) else {
-                    return Err(format!(
-                        "a write notice for page {gp}, which no shared array holds"
-                    ));
+                    return Err(ReleaseError::Notice(ProtocolError::UnknownPage {
+                        what: "a write notice for",
+                        page: gp,
+                    }));
                 };
                 if seg.homes[p] as usize != self.me
                     && seg.state[p].load(Ordering::Acquire) != INVALID

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::spmd::Steps;
+use hyfi_core::link::{StepError, Steps};
 
 use super::service::Services;
 
@@ -66,10 +66,10 @@ pub(crate) enum WaitError {
 }
 
 /// A peer's `Bye` says it made fewer SPMD steps than this node: the nodes
-/// diverged. The text is `spmd`'s, which says which steps and what to check.
+/// diverged. The step checker's error says which steps and what to check.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub(crate) struct Diverged(pub(crate) String);
+#[error(transparent)]
+pub(crate) struct Diverged(#[from] pub(crate) StepError);
 
 #[derive(Default)]
 pub(super) struct InboxState {
@@ -80,7 +80,7 @@ pub(super) struct InboxState {
     /// Peers that said `Bye`: they send nothing more but answers to
     /// requests, so a wait for anything else from them would never end.
     pub(super) gone: std::collections::HashSet<usize>,
-    /// This node's SPMD steps and its ring predecessor's (see `spmd`).
+    /// This node's SPMD steps and its ring predecessor's (see `hyfi_core::link::spmd`).
     pub(super) steps: Option<Steps>,
     /// Filthreads suspended until something arrives.
     pub(super) waiters: Vec<hyfi_core::filthread::Waker>,

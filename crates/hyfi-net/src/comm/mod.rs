@@ -45,8 +45,8 @@ use hyfi_core::link::{Service, ServiceId};
 
 use crate::error::NetError;
 use crate::mesh::Links;
-use crate::spmd::Steps;
 use crate::wire::Msg;
+use hyfi_core::link::Steps;
 
 use inbox::WaitError;
 use rx::{run, Node};

@@ -179,7 +179,7 @@ pub(super) async fn read_frames(
             .to_string(),
         )
     };
-    let spmd = |why: String| Some(format!("node {me}: {why}"));
+    let spmd = |why: &dyn std::fmt::Display| Some(format!("node {me}: {why}"));
     let step = |w: [u64; 4]| hyfi_core::Step::from_words(w);
     // Buffered: a frame's header and payload usually arrive in one read.
     let mut r = tokio::io::BufReader::with_capacity(64 * 1024, r);
@@ -246,7 +246,7 @@ pub(super) async fn read_frames(
                             }
                         };
                         if let Err(why) = r {
-                            return spmd(why);
+                            return spmd(&why);
                         }
                     }
                     // The peer is going away; whatever follows changes nothing.
@@ -257,7 +257,7 @@ pub(super) async fn read_frames(
                         said_bye = true;
                         let last = if last == [0; 4] { None } else { step(last) };
                         if let Err(why) = inbox.bye(peer, steps, last) {
-                            return spmd(why.to_string());
+                            return spmd(&why);
                         }
                     }
                     Ok(other) => return protocol(format!("unexpected {other:?}")),

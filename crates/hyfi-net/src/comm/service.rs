@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use hyfi_core::link::{Class, Service, ServiceId};
+use hyfi_core::link::{Class, FrameError, Service, ServiceId};
 
 /// Tag bit of bulk frames that go to one of the node's [`Service`]s
 /// instead of the inbox; bits 56..63 name the service ([`ServiceId`]),
@@ -48,13 +48,15 @@ pub(crate) enum ServiceError {
         /// The number in the frame's tag.
         number: u8,
     },
-    /// The service's handler refused a frame; `message` is its own text.
-    #[error("{message}")]
+    /// The service's handler refused a frame: its own error (which names
+    /// the layer and the sender), kept as the source.
+    #[error("{source}")]
     Failed {
         /// The service.
         service: ServiceId,
         /// What its handler said.
-        message: String,
+        #[source]
+        source: FrameError,
     },
     /// A second service under an id already taken.
     #[error("{service} was installed twice on this node")]
@@ -64,8 +66,8 @@ pub(crate) enum ServiceError {
     },
 }
 
-/// Hands one frame to `service`. The one place that knows what
-/// [`Service::frame`] returns: when that changes, only this conversion does.
+/// Hands one frame to `service`: the one place that turns what
+/// [`Service::frame`] returns into this layer's error.
 fn frame_to(
     service: &dyn Service,
     id: ServiceId,
@@ -74,9 +76,9 @@ fn frame_to(
 ) -> Result<(), ServiceError> {
     service
         .frame(from, payload)
-        .map_err(|message| ServiceError::Failed {
+        .map_err(|source| ServiceError::Failed {
             service: id,
-            message,
+            source,
         })
 }
 

@@ -308,7 +308,7 @@ impl Sender {
         }
     }
 
-    /// This node enters its next SPMD step (see `spmd`): compared with the
+    /// This node enters its next SPMD step (see `hyfi_core::link::spmd`): compared with the
     /// ring predecessor's, and sent to the successor.
     pub fn enter_step(&self, step: hyfi_core::Step) -> Result<(), NetError> {
         if self.nodes < 2 {
