@@ -1,0 +1,245 @@
+//! [`DsmMatrix`]: a shared matrix (rows optionally padded to pages), its
+//! checked accessors and its views.
+
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use hyfi_core::Ctx;
+
+use super::*;
+use crate::footprint::{ReadRows, WriteRows};
+
+/// A shared matrix: `rows × cols` elements in row-major order (each row
+/// optionally padded to whole pages), spread over the nodes' pages.
+///
+/// Made collectively with [`crate::Dsm::matrix`].
+pub struct DsmMatrix<T: Pod> {
+    fast: Fast<T>,
+    rows: usize,
+    cols: usize,
+    stride: usize,
+    sh: Arc<Shared<T>>,
+}
+
+// SAFETY: as for DsmVec.
+unsafe impl<T: Pod + Send + Sync> Send for DsmMatrix<T> {}
+// SAFETY: as for DsmVec.
+unsafe impl<T: Pod + Send + Sync> Sync for DsmMatrix<T> {}
+
+impl<T: Pod> Clone for DsmMatrix<T> {
+    fn clone(&self) -> Self {
+        DsmMatrix {
+            fast: self.fast,
+            rows: self.rows,
+            cols: self.cols,
+            stride: self.stride,
+            sh: self.sh.clone(),
+        }
+    }
+}
+
+impl<T: Pod> DsmMatrix<T> {
+    pub(crate) fn new(sh: Arc<Shared<T>>, rows: usize, cols: usize, stride: usize) -> Self {
+        DsmMatrix {
+            fast: Fast::of(&sh),
+            rows,
+            cols,
+            stride,
+            sh,
+        }
+    }
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// Elements from one row's start to the next (≥ `cols`; more if rows
+    /// are padded to pages).
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+    #[inline(always)]
+    fn check(&self, i: usize, j: usize) {
+        if i >= self.rows || j >= self.cols {
+            matrix_oob(i, j, self.rows, self.cols);
+        }
+    }
+    fn check_row(&self, i: usize) {
+        if i >= self.rows {
+            out_of_bounds("matrix row", i.to_string(), format!("{} rows", self.rows));
+        }
+    }
+    /// Element `(i, j)` (fetched first if its page is not here).
+    #[inline]
+    pub fn get(&self, i: usize, j: usize) -> T {
+        self.check(i, j);
+        self.fast.load(&self.sh, i * self.stride + j)
+    }
+    /// Sets element `(i, j)`.
+    #[inline]
+    pub fn set(&self, i: usize, j: usize, v: T) {
+        self.check(i, j);
+        self.fast.store(&self.sh, i * self.stride + j, v)
+    }
+    /// A read view of row `i`, for the filament owning `ctx`.
+    pub fn row<'a>(&'a self, _ctx: &'a Ctx, i: usize) -> View<'a, T> {
+        self.check_row(i);
+        if self.cols > 0 {
+            self.sh.check_read(i * self.stride, self.cols);
+        }
+        View {
+            ptr: self.sh.base.wrapping_add(i * self.stride),
+            len: self.cols,
+            _life: PhantomData,
+        }
+    }
+    /// A writable view of row `i`, for the filament owning `ctx`.
+    pub fn row_mut<'a>(&'a self, _ctx: &'a Ctx, i: usize) -> ViewMut<'a, T> {
+        self.check_row(i);
+        if self.cols > 0 {
+            self.sh.check_write(i * self.stride, self.cols);
+        }
+        ViewMut::new(self.sh.base.wrapping_add(i * self.stride), self.cols)
+    }
+    /// A read view of rows `r`, for the filament owning `ctx`: every
+    /// missing page of the block is requested at once.
+    pub fn rows_view<'a>(&'a self, _ctx: &'a Ctx, r: Range<usize>) -> MatrixView<'a, T> {
+        self.check_rows(&r);
+        self.validate_rows(&r, false);
+        MatrixView {
+            ptr: self.sh.base.wrapping_add(r.start * self.stride),
+            rows: r,
+            cols: self.cols,
+            stride: self.stride,
+            _life: PhantomData,
+        }
+    }
+    /// The rows `r` as a read-only view of plain memory, for the filaments
+    /// of one pool segment (take it in `Program::phase_with`'s bind): every
+    /// missing page of the rows is fetched at once first. The array becomes
+    /// read-only on this node for the rest of the phase: a write to it
+    /// panics, as does a read view of an array already written in the
+    /// phase (see the footprint module's docs for why that makes plain
+    /// reads sound).
+    ///
+    /// ```
+    /// use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime};
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+    /// let dsm = hyfi_dsm::Dsm::new(&rt)?;
+    /// let n = 64;
+    /// let a = dsm.matrix::<f64>(n, n).from_fn(|i, j| (i * n + j) as f64)?;
+    /// let b = dsm.matrix::<f64>(n, n).zeroed()?;
+    /// let total = rt.reduction(0.0f64);
+    /// let mut sum = 0.0;
+    /// let mut prog = Program::new();
+    /// prog.phase_with(
+    ///     // One filament per interior point: b = the 4-neighbour average of a.
+    ///     PoolArray::block_rows(&rt, 1..n - 1, 1..n - 1, 1),
+    ///     |ctx, span| (a.read_rows(ctx, span.rows_with_halo(1, n)), b.write_rows(ctx, span.rows()), total.local(ctx, Op::Sum)),
+    ///     |_ctx, (i, j), (a, b, total)| {
+    ///         let v = (a[(i - 1, j)] + a[(i + 1, j)] + a[(i, j - 1)] + a[(i, j + 1)]) * 0.25;
+    ///         b.set(i, j, v);
+    ///         total.fold(v);
+    ///     },
+    ///     |post| { sum = post.reduce(&total, Op::Sum); Control::Done },
+    /// );
+    /// rt.start(&mut prog)?;
+    /// drop(prog);
+    /// // Each average of a linear function is the point's own value.
+    /// assert_eq!(b.get(5, 7), a.get(5, 7));
+    /// let want: f64 = (1..n - 1).flat_map(|i| (1..n - 1).map(move |j| (i * n + j) as f64)).sum();
+    /// assert!((sum - want).abs() < 1e-6 * want);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn read_rows<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> ReadRows<'a, T> {
+        ReadRows::new(self.rows_frame(ctx, r, false))
+    }
+
+    /// The rows `r` as a write view, for the filaments of one pool segment:
+    /// every page of the rows is made writable here at once (fetched if
+    /// missing, twins taken), and the array is marked written in this
+    /// phase (a read view of it then panics).
+    pub fn write_rows<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> WriteRows<'a, T> {
+        WriteRows::new(self.rows_frame(ctx, r, true))
+    }
+
+    /// The footprint of a view of rows `r`: the mode claimed for this
+    /// access epoch (a write claims it in `check_write`), the pages made
+    /// valid (or writable).
+    fn rows_frame(&self, ctx: &Ctx, r: Range<usize>, write: bool) -> Frame {
+        self.check_rows(&r);
+        if !write {
+            self.sh.seg.note_read_only(ctx.access_epoch(), (r.start, 0));
+        }
+        self.validate_rows(&r, write);
+        // SAFETY: the rows' pages are valid (writable) here and the array's
+        // mode is claimed (above, or by check_write; empty rows are never
+        // accessed).
+        unsafe { Frame::new(&self.sh, r.start, r.len(), self.cols, self.stride) }
+    }
+
+    fn check_rows(&self, r: &Range<usize>) {
+        if r.start > r.end || r.end > self.rows {
+            out_of_bounds(
+                "matrix rows",
+                format!("{r:?}"),
+                format!("{} rows", self.rows),
+            );
+        }
+    }
+
+    /// Makes every page of rows `r` readable (or writable) here.
+    fn validate_rows(&self, r: &Range<usize>, write: bool) {
+        if r.is_empty() || self.cols == 0 {
+            return;
+        }
+        let first = r.start * self.stride;
+        let n = (r.len() - 1) * self.stride + self.cols;
+        if write {
+            self.sh.check_write(first, n);
+        } else {
+            self.sh.check_read(first, n);
+        }
+    }
+
+    /// Copies row `i` into `out` (`cols` long).
+    pub fn read_row(&self, i: usize, out: &mut [T]) {
+        self.check_row(i);
+        assert_eq!(out.len(), self.cols, "hyfi-dsm: read_row length mismatch");
+        self.sh.read_into(i * self.stride, out)
+    }
+    /// Writes `src` (`cols` long) into row `i`.
+    pub fn write_row(&self, i: usize, src: &[T]) {
+        self.check_row(i);
+        assert_eq!(src.len(), self.cols, "hyfi-dsm: write_row length mismatch");
+        self.sh.write_from(i * self.stride, src)
+    }
+    /// The whole matrix, row-major without padding (fetching what is not
+    /// here: all missing pages at once).
+    pub fn to_vec(&self) -> Vec<T> {
+        if self.rows > 0 && self.cols > 0 {
+            self.sh
+                .check_read(0, (self.rows - 1) * self.stride + self.cols);
+        }
+        let mut v = vec![T::zeroed(); self.rows * self.cols];
+        for (i, row) in v.chunks_mut(self.cols.max(1)).enumerate().take(self.rows) {
+            self.sh.read_into(i * self.stride, row);
+        }
+        v
+    }
+    /// The home node of the page holding element `(i, j)`'s first byte.
+    pub fn home_of(&self, i: usize, j: usize) -> usize {
+        self.check(i, j);
+        self.sh.home_of(i * self.stride + j)
+    }
+    /// The home node of row `i`'s first page.
+    pub fn home_of_row(&self, i: usize) -> usize {
+        self.check_row(i);
+        self.sh.home_of(i * self.stride)
+    }
+}

@@ -1,0 +1,266 @@
+//! Shared vectors and matrices, and the checked views filaments take of
+//! them (the footprint views of footprint.rs are the fast path).
+//!
+//! Every checked access tests the per-page state byte: on a hit that is one byte
+//! load and a predictable branch. A miss requests every missing page of
+//! the range at once and suspends the filthread (see core.rs).
+//!
+//! One module per part: this one holds what every array shares (the
+//! segment and the DSM behind it, the hit path, the bounds panics);
+//! `view` the checked views, `vec` and `matrix` the two array types.
+//!
+//! **Soundness.** Elements are read and written with relaxed atomics of
+//! their own width (elem.rs), so concurrent writes of different elements —
+//! even by several processors and the communication thread — are not
+//! undefined behaviour, and no `&`/`&mut` to shared bytes is ever handed
+//! out. A view ([`View`], [`ViewMut`], [`MatrixView`]) is only made from a
+//! filament's `&Ctx` and borrows it: it cannot outlive the filament, so
+//! the release at the phase barrier (which may invalidate its pages) never
+//! races a live view. Views are neither `Send` nor `Sync`.
+
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytemuck::Pod;
+
+mod matrix;
+mod vec;
+mod view;
+
+pub use matrix::DsmMatrix;
+pub use vec::DsmVec;
+pub use view::{MatrixView, View, ViewMut};
+
+use crate::core::{readable, settled_readable, writable, Core, Segment};
+use crate::elem;
+use crate::footprint::{Frame, NONE};
+use crate::region::PAGE;
+
+const SHIFT: u32 = PAGE.trailing_zeros();
+
+/// What an array shares: its segment and the DSM.
+pub(crate) struct Shared<T> {
+    pub(crate) core: Arc<Core>,
+    pub(crate) seg: Arc<Segment>,
+    pub(crate) base: *mut T,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: `base` points into the DSM region, kept alive by `core`; all
+// access to the bytes is atomic (elem.rs) and the page protocol is
+// thread-safe.
+unsafe impl<T: Pod + Send> Send for Shared<T> {}
+// SAFETY: as above.
+unsafe impl<T: Pod + Sync> Sync for Shared<T> {}
+
+impl<T: Pod> Shared<T> {
+    pub(crate) fn new(core: Arc<Core>, seg: Arc<Segment>) -> Self {
+        let base = seg.base.cast::<T>();
+        Shared {
+            core,
+            seg,
+            base,
+            _t: PhantomData,
+        }
+    }
+
+    /// Pages holding elements `e..e+n` (n ≥ 1).
+    #[inline(always)]
+    fn pages_of(e: usize, n: usize) -> (usize, usize) {
+        let s = std::mem::size_of::<T>();
+        ((e * s) >> SHIFT, ((e + n) * s - 1) >> SHIFT)
+    }
+
+    /// Makes elements `e..e+n` readable here.
+    #[inline(always)]
+    pub(crate) fn check_read(&self, e: usize, n: usize) {
+        let (lo, hi) = Self::pages_of(e, n);
+        // SAFETY: callers checked e + n ≤ the array's extent, whose pages
+        // all exist.
+        if lo == hi && readable(unsafe { self.seg.state.get_unchecked(lo) }.load(Ordering::Acquire))
+        {
+            return;
+        }
+        self.slow(lo, hi, false);
+    }
+
+    /// The runtime's access epoch now.
+    #[inline(always)]
+    pub(crate) fn epoch(&self) -> u64 {
+        self.core.epoch.load(Ordering::Relaxed)
+    }
+
+    /// Makes elements `e..e+n` writable here (and the array written in
+    /// this access epoch: see footprint.rs).
+    #[inline(always)]
+    pub(crate) fn check_write(&self, e: usize, n: usize) {
+        self.seg.note_write(self.epoch(), (e, NONE));
+        let (lo, hi) = Self::pages_of(e, n);
+        // SAFETY: as in check_read.
+        if lo == hi && writable(unsafe { self.seg.state.get_unchecked(lo) }.load(Ordering::Acquire))
+        {
+            return;
+        }
+        self.slow(lo, hi, true);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn slow(&self, lo: usize, hi: usize, write: bool) {
+        let ok = |st: u8| if write { writable(st) } else { readable(st) };
+        if (lo..=hi).all(|p| ok(self.seg.state[p].load(Ordering::Acquire))) {
+            return;
+        }
+        self.core.ensure(&self.seg, lo, hi, write);
+    }
+
+    /// Reads element `e`. The caller checked it is in bounds.
+    #[inline(always)]
+    pub(crate) fn load(&self, e: usize) -> T {
+        self.check_read(e, 1);
+        // SAFETY: in bounds, valid here (checked above), read atomically.
+        unsafe { elem::load(self.base.add(e)) }
+    }
+
+    /// Writes element `e`. The caller checked it is in bounds.
+    #[inline(always)]
+    pub(crate) fn store(&self, e: usize, v: T) {
+        self.check_write(e, 1);
+        // SAFETY: in bounds, writable here (checked above), written atomically.
+        unsafe { elem::store(self.base.add(e), v) }
+    }
+
+    /// [`Shared::load`] kept out of line: the miss path of the fast accessors.
+    #[cold]
+    #[inline(never)]
+    fn load_cold(&self, e: usize) -> T {
+        self.load(e)
+    }
+
+    /// [`Shared::store`] kept out of line.
+    #[cold]
+    #[inline(never)]
+    fn store_cold(&self, e: usize, v: T) {
+        self.store(e, v)
+    }
+
+    pub(crate) fn read_into(&self, e: usize, out: &mut [T]) {
+        if out.is_empty() {
+            return;
+        }
+        self.check_read(e, out.len());
+        for (k, o) in out.iter_mut().enumerate() {
+            // SAFETY: in bounds (caller), valid (checked above).
+            *o = unsafe { elem::load(self.base.add(e + k)) };
+        }
+    }
+
+    pub(crate) fn write_from(&self, e: usize, src: &[T]) {
+        if src.is_empty() {
+            return;
+        }
+        self.check_write(e, src.len());
+        for (k, &v) in src.iter().enumerate() {
+            // SAFETY: in bounds (caller), writable (checked above).
+            unsafe { elem::store(self.base.add(e + k), v) };
+        }
+    }
+
+    pub(crate) fn home_of(&self, e: usize) -> usize {
+        self.seg.homes[Self::pages_of(e, 1).0] as usize
+    }
+}
+
+/// The hit path of element access, from pointers kept in the array handle
+/// itself (no pointer chase through the shared state): one byte load and a
+/// branch, then the element. Elements whose size is not a power of two may
+/// straddle two pages and take the general path.
+#[derive(Clone, Copy)]
+pub(crate) struct Fast<T> {
+    base: *mut T,
+    state: *const std::sync::atomic::AtomicU8,
+    /// The array's access mode word and the runtime's access epoch: a
+    /// write checks the array is not read-only now (footprint.rs).
+    seg: *const Segment,
+    now: *const AtomicU64,
+}
+
+impl<T: Pod> Fast<T> {
+    fn of(sh: &Shared<T>) -> Self {
+        Fast {
+            base: sh.base,
+            state: sh.seg.state.as_ptr(),
+            seg: Arc::as_ptr(&sh.seg),
+            now: Arc::as_ptr(&sh.core.epoch),
+        }
+    }
+    const SIMPLE: bool = std::mem::size_of::<T>().is_power_of_two();
+    /// log2 of the elements per page, for power-of-two element sizes.
+    const PER_PAGE_SHIFT: u32 = SHIFT - std::mem::size_of::<T>().trailing_zeros();
+
+    #[inline(always)]
+    fn load(&self, sh: &Shared<T>, e: usize) -> T {
+        if Self::SIMPLE {
+            let page = e >> Self::PER_PAGE_SHIFT;
+            // SAFETY: the caller checked `e` is in bounds, so `page` is one
+            // of the segment's pages; a hit means the page is valid here and
+            // has been since the phase began, so the phase's barrier orders
+            // its bytes before this read and `Relaxed` suffices (see
+            // `core::FRESH`; pages installed since take the slow path).
+            unsafe {
+                if settled_readable((*self.state.add(page)).load(Ordering::Relaxed)) {
+                    return elem::load(self.base.add(e));
+                }
+            }
+        }
+        sh.load_cold(e)
+    }
+
+    #[inline(always)]
+    fn store(&self, sh: &Shared<T>, e: usize, v: T) {
+        // SAFETY: both point into state kept alive by `sh` (the segment
+        // and the core holding the epoch counter).
+        unsafe { (*self.seg).note_write((*self.now).load(Ordering::Relaxed), (e, NONE)) };
+        if Self::SIMPLE {
+            let page = e >> Self::PER_PAGE_SHIFT;
+            // SAFETY: as in load; WRITE means writable here (twin taken).
+            unsafe {
+                if writable((*self.state.add(page)).load(Ordering::Acquire)) {
+                    return elem::store(self.base.add(e), v);
+                }
+            }
+        }
+        sh.store_cold(e, v)
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn out_of_bounds(what: &str, index: String, shape: String) -> ! {
+    panic!("hyfi-dsm: {what} index {index} out of bounds for a shared array of {shape}")
+}
+
+// The hot accessors call these with plain numbers: the formatting stays out
+// of line, so an inlined `get` is a compare and a branch, not a panic's
+// argument set-up.
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn element_oob(i: usize, len: usize) -> ! {
+    out_of_bounds("vector", i.to_string(), format!("{len} elements"))
+}
+
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn view_oob(j: usize, len: usize) -> ! {
+    out_of_bounds("view", j.to_string(), format!("{len} elements"))
+}
+
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn matrix_oob(i: usize, j: usize, rows: usize, cols: usize) -> ! {
+    out_of_bounds("matrix", format!("({i}, {j})"), format!("{rows} × {cols}"))
+}

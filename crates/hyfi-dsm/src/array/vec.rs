@@ -1,0 +1,158 @@
+//! [`DsmVec`]: a shared vector, its checked accessors and its views.
+
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use hyfi_core::Ctx;
+
+use super::*;
+use crate::footprint::{ReadRange, WriteRange};
+
+/// A shared vector: `len` elements spread over the nodes' pages.
+///
+/// Made collectively with [`crate::Dsm::vec`]. Cloning the handle is cheap
+/// (both handles name the same shared elements).
+pub struct DsmVec<T: Pod> {
+    fast: Fast<T>,
+    len: usize,
+    sh: Arc<Shared<T>>,
+}
+
+// SAFETY: the raw pointers in `fast` point into the region and the page
+// table kept alive by `sh`, which is Send + Sync; access through them is
+// atomic (see the module docs).
+unsafe impl<T: Pod + Send + Sync> Send for DsmVec<T> {}
+// SAFETY: as above.
+unsafe impl<T: Pod + Send + Sync> Sync for DsmVec<T> {}
+
+impl<T: Pod> Clone for DsmVec<T> {
+    fn clone(&self) -> Self {
+        DsmVec {
+            fast: self.fast,
+            len: self.len,
+            sh: self.sh.clone(),
+        }
+    }
+}
+
+impl<T: Pod> DsmVec<T> {
+    pub(crate) fn new(sh: Arc<Shared<T>>, len: usize) -> Self {
+        DsmVec {
+            fast: Fast::of(&sh),
+            len,
+            sh,
+        }
+    }
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    #[inline(always)]
+    fn check(&self, i: usize) {
+        if i >= self.len {
+            element_oob(i, self.len);
+        }
+    }
+    fn check_range(&self, r: &Range<usize>) {
+        if r.start > r.end || r.end > self.len {
+            out_of_bounds("vector", format!("{r:?}"), format!("{} elements", self.len));
+        }
+    }
+    /// Element `i` (fetched first if its page is not here).
+    #[inline]
+    pub fn get(&self, i: usize) -> T {
+        self.check(i);
+        self.fast.load(&self.sh, i)
+    }
+    /// Sets element `i`.
+    #[inline]
+    pub fn set(&self, i: usize, v: T) {
+        self.check(i);
+        self.fast.store(&self.sh, i, v)
+    }
+    /// A read view of `r`, for the filament owning `ctx`; every missing page
+    /// of the range is requested at once.
+    pub fn slice<'a>(&'a self, _ctx: &'a Ctx, r: Range<usize>) -> View<'a, T> {
+        self.check_range(&r);
+        if !r.is_empty() {
+            self.sh.check_read(r.start, r.len());
+        }
+        View {
+            // SAFETY (of the arithmetic): r.start ≤ len.
+            ptr: self.sh.base.wrapping_add(r.start),
+            len: r.len(),
+            _life: PhantomData,
+        }
+    }
+    /// A writable view of `r`, for the filament owning `ctx`.
+    pub fn slice_mut<'a>(&'a self, _ctx: &'a Ctx, r: Range<usize>) -> ViewMut<'a, T> {
+        self.check_range(&r);
+        if !r.is_empty() {
+            self.sh.check_write(r.start, r.len());
+        }
+        ViewMut::new(self.sh.base.wrapping_add(r.start), r.len())
+    }
+    /// Elements `r` as a read-only view of plain memory (`view[i]`,
+    /// `view.as_slice()`), for the filaments of one pool segment: see
+    /// [`DsmMatrix::read_rows`], whose rules it follows.
+    pub fn read_range<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> ReadRange<'a, T> {
+        ReadRange::new(self.range_frame(ctx, r, false))
+    }
+
+    /// Elements `r` as a write view (`view.set(i, v)`), for the
+    /// filaments of one pool segment: see [`DsmMatrix::write_rows`].
+    pub fn write_range<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> WriteRange<'a, T> {
+        WriteRange::new(self.range_frame(ctx, r, true))
+    }
+
+    /// The footprint of a vector's view of `r`: the mode claimed for this
+    /// access epoch (a write claims it in `check_write`), the pages made
+    /// valid (or writable).
+    fn range_frame(&self, ctx: &Ctx, r: Range<usize>, write: bool) -> Frame {
+        self.check_range(&r);
+        if !write {
+            self.sh
+                .seg
+                .note_read_only(ctx.access_epoch(), (r.start, NONE));
+        }
+        if !r.is_empty() {
+            if write {
+                self.sh.check_write(r.start, r.len());
+            } else {
+                self.sh.check_read(r.start, r.len());
+            }
+        }
+        // SAFETY: the range's pages are valid (writable) here and the
+        // vector's mode is claimed (above, or by check_write; an empty
+        // range is never accessed). A vector's view has one element a row.
+        unsafe { Frame::new(&self.sh, r.start, r.len(), 1, 1) }
+    }
+
+    /// Copies elements `start..start+out.len()` into `out`.
+    pub fn read(&self, start: usize, out: &mut [T]) {
+        self.check_range(&(start..start + out.len()));
+        self.sh.read_into(start, out)
+    }
+    /// Writes `src` at `start`.
+    pub fn write(&self, start: usize, src: &[T]) {
+        self.check_range(&(start..start + src.len()));
+        self.sh.write_from(start, src)
+    }
+    /// All elements (fetching what is not here).
+    pub fn to_vec(&self) -> Vec<T> {
+        let mut v = vec![T::zeroed(); self.len];
+        self.read(0, &mut v);
+        v
+    }
+    /// The home node of element `i`'s page.
+    pub fn home_of(&self, i: usize) -> usize {
+        self.check(i);
+        self.sh.home_of(i)
+    }
+}
