@@ -123,11 +123,11 @@ impl<I: Index> Pool<I> {
         mut f: impl FnMut(I, &mut V),
     ) {
         for s in &self.segs {
-            let v = bind(&s.span());
             if I::DIMS != 3 && (I::DIMS == 1 || s.col_step == 1) {
+                let v = bind(&s.span());
                 // The hot shape. `v` is a local of this loop whose address
                 // never leaves it, so it lives in registers; the other
-                // shapes take it by value, in a function of their own
+                // shapes bind it in a function of their own
                 // (measured: with `&mut v` passed to an out-of-line loop,
                 // per-point Jacobi kept its accumulator and views on the
                 // stack and ran 2-3x slower).
@@ -138,7 +138,7 @@ impl<I: Index> Pool<I> {
                     }
                 }
             } else {
-                s.run_owning(v, &mut f);
+                s.run_bound(&mut bind, &mut f);
             }
         }
     }
