@@ -96,6 +96,7 @@ mod registry;
 pub mod remote;
 mod runtime;
 mod sched;
+mod seg;
 mod shared;
 pub mod sleep;
 mod stack;
