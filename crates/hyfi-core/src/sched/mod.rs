@@ -22,16 +22,18 @@ use std::time::Instant;
 
 use crossbeam_deque::Worker;
 
-use crate::filthread::{Filthread, Ran};
 use crate::job::{unsafe_execute, JobRef};
 use crate::registry::{Command, Shared};
 use crate::stack;
 
+mod coro;
 mod ctx;
 
+pub use coro::{suspend, Waker};
+use coro::{Filthread, Ran};
 pub use ctx::Ctx;
 use ctx::CTX;
-pub(crate) use ctx::{current_ctx, try_current_ctx};
+pub(crate) use ctx::{current_ctx, locate, try_current_ctx};
 
 /// Filthreads of one server thread that are not running.
 pub(crate) struct Sched {
