@@ -38,9 +38,10 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::crossnode::{CodecError, Encoded, Failure, RemoteFailure, RemoteVTable, Slot};
 use crate::latch::Latch;
-use crate::remote::startup::{self, Slot};
-use crate::remote::{CodecError, Failure, RemoteFailure, RemoteFn};
+use crate::remote::startup;
+use crate::remote::RemoteFn;
 use crate::sched::Ctx;
 
 /// A type-erased pointer to a job and the function that runs it; for a
@@ -101,23 +102,6 @@ impl JobRef {
     pub(crate) unsafe fn execute(self, ctx: &Ctx) {
         (self.exec)(self.ptr, ctx)
     }
-}
-
-/// A shipped filament: its function's name and its encoded argument.
-pub(crate) type Encoded = (&'static str, Vec<u8>);
-
-/// How the cluster layer handles a [`RemoteJob`] behind a type-erased
-/// pointer: one static table per argument and result type.
-pub(crate) struct RemoteVTable {
-    /// The function's name and the encoded argument; the job keeps its
-    /// argument if encoding fails.
-    pub(crate) export: unsafe fn(*const ()) -> Result<Encoded, CodecError>,
-    /// Completes the job with what the node that ran it sent back (the
-    /// last argument is this node, for the error if the result will not
-    /// decode).
-    pub(crate) complete: unsafe fn(*const (), Result<Vec<u8>, Failure>, usize),
-    /// The start-up slot the job carries (see `remote::startup`).
-    pub(crate) startup: unsafe fn(*const ()) -> Option<Slot>,
 }
 
 /// A job that lives in the joining filthread's stack frame.

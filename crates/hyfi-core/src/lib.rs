@@ -80,6 +80,7 @@
 #![warn(missing_docs)]
 
 mod config;
+mod crossnode;
 mod error;
 pub mod exact;
 pub mod filthread;

@@ -112,7 +112,7 @@ pub(crate) struct Shared {
     pub(crate) idle: CachePadded<AtomicUsize>,
     pub(crate) fj_done: AtomicBool,
     /// Fork-join across nodes (see `balance`).
-    pub(crate) fj: crate::remote::balance::NodeState,
+    pub(crate) fj: crate::crossnode::NodeState,
     pub(crate) epoch: AtomicU64,
     /// The *access epoch*: advanced whenever a phase (each execution of
     /// one) or a fork-join run is about to begin on this node, while no

@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::unlikely_path;
+use crate::crossnode::RemoteFailure;
 use crate::job::{JobRef, RemoteJob, StackJob};
 use crate::latch::Latch;
 use crate::registry::WANTED;
@@ -221,7 +222,7 @@ impl Ctx {
     #[inline]
     pub(crate) fn check_abort(&self) {
         if self.shared.fj.abort.load(Ordering::Relaxed) {
-            crate::remote::balance::abort_unwind(self);
+            abort_unwind(self);
         }
     }
 
@@ -322,4 +323,11 @@ impl Ctx {
         }
         (ra, job.into_result())
     }
+}
+
+/// Unwinds the calling filament with the cluster's failure.
+#[cold]
+#[inline(never)]
+fn abort_unwind(ctx: &Ctx) -> ! {
+    resume_unwind(Box::new(RemoteFailure(ctx.shared.fj.failure())))
 }

@@ -19,21 +19,11 @@
 
 use std::sync::atomic::Ordering;
 
-use serde::{Deserialize, Serialize};
-
+use crate::crossnode::Failure;
+pub use crate::crossnode::Slot;
 use crate::job::JobRef;
 use crate::remote::balance::{ship, Taken};
-use crate::remote::Failure;
 use crate::sched::Ctx;
-
-/// A place in the start-up tree: slot `slot`, at depth `depth`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Slot {
-    /// Slot index, `0..nodes × procs`.
-    pub slot: u32,
-    /// How many forks of the tree lie above.
-    pub depth: u32,
-}
 
 /// Runs `f` with `slot` as the calling processor's start-up slot.
 pub(crate) fn with_startup<T>(ctx: &Ctx, slot: Option<Slot>, f: impl FnOnce() -> T) -> T {

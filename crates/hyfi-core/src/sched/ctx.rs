@@ -109,7 +109,7 @@ pub struct Ctx {
     pub(crate) stacks: RefCell<StackPool>,
     pub(crate) stats: LocalStats,
     /// The start-up slot the running filament holds (see `startup`).
-    pub(crate) startup: Cell<Option<crate::remote::startup::Slot>>,
+    pub(crate) startup: Cell<Option<crate::crossnode::Slot>>,
     next_id: Cell<u64>,
     rng: Cell<u64>,
 }

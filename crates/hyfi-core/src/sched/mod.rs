@@ -165,7 +165,7 @@ impl Sched {
             // Nothing on this node: ask another one (paper §3.5). The kick
             // is read first, so a refusal that comes meanwhile is not missed.
             let kick = sh.fj.kick.load(Ordering::SeqCst);
-            let ask_again = crate::remote::balance::idle(ctx);
+            let ask_again = ask_another_node(ctx);
             self.idle_wait_until(
                 ctx,
                 || {
@@ -180,6 +180,18 @@ impl Sched {
             sh.idle.fetch_sub(1, Ordering::SeqCst);
         }
     }
+}
+
+/// An idle processor found no work on its node: asks the cluster layer for
+/// some (through the node's [`Balancer`](crate::Balancer), see `remote`). Returns when to look again if nothing arrives.
+fn ask_another_node(ctx: &Ctx) -> Option<Instant> {
+    let sh = &*ctx.shared;
+    let run = sh.fj.run.load(Ordering::SeqCst);
+    if ctx.nodes == 1 || !sh.fj.active(run) || sh.fj_done.load(Ordering::SeqCst) {
+        return None;
+    }
+    let b = sh.fj.balancer.get()?;
+    b.want_work(run).map(|d| Instant::now() + d)
 }
 
 /// Arguments a server thread starts with.
