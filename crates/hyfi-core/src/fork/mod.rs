@@ -47,15 +47,13 @@
 
 use std::ops::Deref;
 
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-
-use crate::remote::RemoteFn;
 use crate::sched::Ctx;
 use crate::stack::stack_pointer;
 
 mod join;
 mod run;
+
+pub(crate) use join::Branches;
 #[cfg(test)]
 mod test;
 
@@ -111,92 +109,6 @@ pub(crate) const SEQ_TICKS: u64 = 1 << 16;
 /// a message naming the stack-size setting.
 pub(crate) const PRUNED_STACK: usize = 256 * 1024;
 
-/// What filament code forks through: a processor's [`Ctx`], or [`Pruned`],
-/// its view in a subtree that pruning runs as plain calls.
-///
-/// Write a recursive filament generic over it (`ctx: &impl Fork`) and
-/// declare its [`RemoteFn`] [`with_pruned`](RemoteFn::with_pruned): then the
-/// compiler makes two copies of it. The copy for `Ctx` forks (or prunes) at
-/// every join as usual; the copy for `Pruned` is the plain recursion, with no
-/// pruning test, and runs the small subtrees that pruning would have run as
-/// plain calls anyway (a joined branch whose sibling took a few tens of
-/// microseconds). Idle processors find work in the joins of the `Ctx` copy,
-/// above those subtrees.
-///
-/// ```
-/// use hyfi_core::{Config, Fork, RemoteFn, Runtime};
-///
-/// fn fib(ctx: &impl Fork, n: u64) -> u64 {
-///     if n < 2 { return n; }
-///     let (a, b) = ctx.join_remote(|c| fib(c, n - 1), &FIB, n - 2);
-///     a + b
-/// }
-/// static FIB: RemoteFn<u64, u64> = RemoteFn::new("doc::fork_fib", fib).with_pruned(fib);
-///
-/// FIB.register()?;
-/// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
-/// assert_eq!(rt.run_distributed(|ctx| fib(ctx, 25))?, 75025);
-/// # Ok::<(), hyfi_core::Error>(())
-/// ```
-///
-/// The trait is sealed: `Ctx` and `Pruned` are its only implementations.
-pub trait Fork: sealed::Sealed {
-    /// The processor's context (architecture queries, reductions, views).
-    fn ctx(&self) -> &Ctx;
-
-    /// [`Ctx::join`]: runs `a` and `b`, potentially in parallel.
-    fn join<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Self) -> RA + Send,
-        B: FnOnce(&Self) -> RB + Send,
-        RA: Send,
-        RB: Send;
-
-    /// [`Ctx::join_remote`]: runs `a` here and `f(b)` potentially in
-    /// parallel, on this node or another.
-    fn join_remote<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Self) -> RA + Send,
-        RA: Send,
-        B: Serialize + DeserializeOwned + Send + 'static,
-        RB: Serialize + DeserializeOwned + Send + 'static;
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for crate::Ctx {}
-    impl Sealed for super::Pruned {}
-}
-
-impl Fork for Ctx {
-    #[inline(always)]
-    fn ctx(&self) -> &Ctx {
-        self
-    }
-
-    #[inline(always)]
-    fn join<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Self) -> RA + Send,
-        B: FnOnce(&Self) -> RB + Send,
-        RA: Send,
-        RB: Send,
-    {
-        Ctx::join(self, a, b)
-    }
-
-    #[inline(always)]
-    fn join_remote<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Self) -> RA + Send,
-        RA: Send,
-        B: Serialize + DeserializeOwned + Send + 'static,
-        RB: Serialize + DeserializeOwned + Send + 'static,
-    {
-        Ctx::join_remote(self, a, f, b)
-    }
-}
-
 /// A processor's context inside a subtree that pruning runs as plain calls
 /// (see [`Fork`]): its joins are the two calls, with no pruning test.
 ///
@@ -235,19 +147,6 @@ impl Pruned {
     {
         (a(self), b(self))
     }
-
-    /// [`Ctx::join_remote`] where pruning already decided: `a`, then `f(b)`
-    /// (its pruned clone if it has one), here.
-    #[inline(always)]
-    pub fn join_remote<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Pruned) -> RA + Send,
-        RA: Send,
-        B: Serialize + DeserializeOwned + Send + 'static,
-        RB: Serialize + DeserializeOwned + Send + 'static,
-    {
-        (a(self), f.call_pruned(self, b))
-    }
 }
 
 impl Deref for Pruned {
@@ -262,35 +161,6 @@ impl std::fmt::Debug for Pruned {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let c = self.ctx();
         write!(f, "Pruned(node {}, proc {})", c.node, c.proc)
-    }
-}
-
-impl Fork for Pruned {
-    #[inline(always)]
-    fn ctx(&self) -> &Ctx {
-        Pruned::ctx(self)
-    }
-
-    #[inline(always)]
-    fn join<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Self) -> RA + Send,
-        B: FnOnce(&Self) -> RB + Send,
-        RA: Send,
-        RB: Send,
-    {
-        Pruned::join(self, a, b)
-    }
-
-    #[inline(always)]
-    fn join_remote<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Self) -> RA + Send,
-        RA: Send,
-        B: Serialize + DeserializeOwned + Send + 'static,
-        RB: Serialize + DeserializeOwned + Send + 'static,
-    {
-        Pruned::join_remote(self, a, f, b)
     }
 }
 
@@ -341,25 +211,6 @@ impl Ctx {
         RB: Send,
     {
         self.join_with(join::Pair(a, b))
-    }
-
-    /// Runs `a` here and the serializable filament `f(b)` potentially in
-    /// parallel, on this node or on another one, and returns both results:
-    /// [`Ctx::join`] whose forked branch may leave the node.
-    ///
-    /// `f` must be registered on every node ([`RemoteFn::register`]); its
-    /// argument is encoded only if another node takes it. Panics propagate
-    /// as in `join`, from whichever node ran the filament.
-    #[inline]
-    pub fn join_remote<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Ctx) -> RA + Send,
-        RA: Send,
-        B: Serialize + DeserializeOwned + Send + 'static,
-        RB: Serialize + DeserializeOwned + Send + 'static,
-    {
-        // The same pruning test as `join`: a load, a compare and the calls.
-        self.join_with(join::RemotePair { a, f, b })
     }
 
     /// Runs `n` filaments `f(ctx, 0..n)` as fork-join filaments and returns

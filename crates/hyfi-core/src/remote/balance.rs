@@ -46,7 +46,7 @@ use crate::crossnode::{bump, Failure, Pending};
 use crate::job::{HeapJob, JobRef};
 use crate::registry::Shared;
 use crate::remote;
-use crate::remote::startup::with_startup;
+use crate::remote::startup::{with_startup, Slot};
 use crate::sched::Ctx;
 
 /// The seam's data (the job that travels, the cluster layer's side) is
@@ -316,5 +316,36 @@ impl FjNode {
         if let Some(sh) = self.0.upgrade() {
             bump(&sh.fj.counters.steal_requests, 1);
         }
+    }
+}
+
+/// Sends a start-up filament to the processor that owns `slot`.
+pub(crate) fn send_to_slot(ctx: &Ctx, job: JobRef, slot: Slot) {
+    let sh = &*ctx.shared;
+    let nodes = ctx.nodes;
+    let (node, proc) = (slot.slot as usize % nodes, slot.slot as usize / nodes);
+    ctx.stats.forks.set(ctx.stats.forks.get() + 1);
+    let local = |job: JobRef| {
+        let proc = if node == ctx.node { proc } else { ctx.proc };
+        sh.workers[proc].incoming.push(job);
+        sh.workers[proc].notify();
+        sh.notify_idle();
+    };
+    let (Some(b), true) = (sh.fj.balancer.get(), node != ctx.node) else {
+        return local(job);
+    };
+    let run = sh.fj.run.load(Ordering::SeqCst);
+    match ship(sh, job) {
+        Taken::Shipped(pj) => {
+            let token = pj.token;
+            if let Err(e) = b.push(node, proc, run, pj) {
+                // The node failed: complete the job with the failure (unless
+                // `fail` already did).
+                let lost = Failure::Lost { why: e.to_string() };
+                sh.fj.complete_pending(token, Err(lost), ctx.node);
+            }
+        }
+        Taken::Local(job) => local(job),
+        Taken::Consumed => {}
     }
 }

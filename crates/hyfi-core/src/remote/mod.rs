@@ -60,6 +60,7 @@ use crate::fork::Pruned;
 use crate::sched::Ctx;
 
 pub mod balance;
+pub(crate) mod join;
 mod many;
 mod run;
 pub(crate) mod startup;

@@ -17,12 +17,7 @@
 //! [`Ctx::join`] there makes an ordinary local fork instead, and start-up
 //! distribution goes on at the next `join_remote`.
 
-use std::sync::atomic::Ordering;
-
-use crate::crossnode::Failure;
 pub use crate::crossnode::Slot;
-use crate::job::JobRef;
-use crate::remote::balance::{ship, Taken};
 use crate::sched::Ctx;
 
 /// Runs `f` with `slot` as the calling processor's start-up slot.
@@ -62,35 +57,4 @@ pub(crate) fn next_startup_child(ctx: &Ctx) -> Option<Slot> {
         slot: child as u32,
         depth,
     })
-}
-
-/// Sends a start-up filament to the processor that owns `slot`.
-pub(crate) fn send_to_slot(ctx: &Ctx, job: JobRef, slot: Slot) {
-    let sh = &*ctx.shared;
-    let nodes = ctx.nodes;
-    let (node, proc) = (slot.slot as usize % nodes, slot.slot as usize / nodes);
-    ctx.stats.forks.set(ctx.stats.forks.get() + 1);
-    let local = |job: JobRef| {
-        let proc = if node == ctx.node { proc } else { ctx.proc };
-        sh.workers[proc].incoming.push(job);
-        sh.workers[proc].notify();
-        sh.notify_idle();
-    };
-    let (Some(b), true) = (sh.fj.balancer.get(), node != ctx.node) else {
-        return local(job);
-    };
-    let run = sh.fj.run.load(Ordering::SeqCst);
-    match ship(sh, job) {
-        Taken::Shipped(pj) => {
-            let token = pj.token;
-            if let Err(e) = b.push(node, proc, run, pj) {
-                // The node failed: complete the job with the failure (unless
-                // `fail` already did).
-                let lost = Failure::Lost { why: e.to_string() };
-                sh.fj.complete_pending(token, Err(lost), ctx.node);
-            }
-        }
-        Taken::Local(job) => local(job),
-        Taken::Consumed => {}
-    }
 }
