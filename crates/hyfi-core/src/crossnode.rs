@@ -112,7 +112,7 @@ pub(crate) enum CodecError {
 /// A shipped filament: its function's name and its encoded argument.
 pub(crate) type Encoded = (&'static str, Vec<u8>);
 
-/// How the cluster layer handles a [`RemoteJob`] behind a type-erased
+/// How the cluster layer handles a `RemoteJob` (`remote::join`) behind a type-erased
 /// pointer: one static table per argument and result type.
 pub(crate) struct RemoteVTable {
     /// The function's name and the encoded argument; the job keeps its

@@ -5,7 +5,8 @@
 //! runs it (and, for a serializable job, how to ship it to another node).
 //! Erasing the type lets one deque hold every kind of job, and lets a job
 //! live where it is cheapest: in the joining filthread's frame
-//! ([`StackJob`], [`RemoteJob`]) or, for a root or a filament that came from
+//! ([`StackJob`], or `RemoteJob` in `crate::remote::join`, whose shipping
+//! table is a [`RemoteVTable`]) or, for a root or a filament that came from
 //! another node, on the heap ([`HeapJob`]).
 //!
 //! # The job-lifetime invariant

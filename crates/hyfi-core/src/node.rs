@@ -324,7 +324,7 @@ pub struct ClassTraffic {
 }
 
 /// A node's traffic by class, as its link counts it
-/// ([`NodeLink::traffic`](crate::NodeLink::traffic)).
+/// ([`NodeLink::traffic`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Traffic {
     /// Control messages (requests, collectives, the link's own).

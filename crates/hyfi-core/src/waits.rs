@@ -12,7 +12,7 @@
 //! A leaf: every layer, the scheduler's latches included, records its waits
 //! here, so this module names none of them. Which processor and filthread
 //! a caller is, only the scheduler knows: the runtime registers that lookup
-//! at start-up ([`set_locator`]); before any runtime started no caller is on
+//! at start-up (`set_locator`); before any runtime started no caller is on
 //! a server thread, and the wait is the OS thread's.
 //!
 //! ```

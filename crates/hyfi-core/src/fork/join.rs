@@ -1,6 +1,8 @@
 //! The one join path. [`Ctx::join`] and [`Ctx::join_remote`] differ only
 //! in their jobs (a closure in a [`StackJob`], a serializable filament in a
-//! [`RemoteJob`]) and in what their branches do when pruned; the decision
+//! `RemoteJob`) and in what their branches do when pruned ([`Branches`]:
+//! `Pair` here, `RemotePair` with `join_remote` in `crate::remote`, the
+//! layer that ships them, which plugs into this path); the decision
 //! between a plain call, a fresh stack segment and a real fork, the fork,
 //! and taking the forked job back or waiting for it are one code path
 //! ([`Ctx::join_with`], [`Ctx::fork_and_run_a`], [`Ctx::take_back_or_wait`]),

@@ -1,9 +1,11 @@
-//! Fork-join filaments: `join`, `join_remote`, their n-way forms, pruning
-//! and the pruned copy. Their jobs are in [`crate::job`], the latch a
-//! joiner waits on in [`crate::latch`]; the one join path both joins take
-//! is `join`, and how a fork-join run starts and ends is `run`. The
-//! protocol (who waits for whom, the pruning word, the invariants) is in
-//! this directory's `README.md`.
+//! Fork-join filaments: `join`, `join_n`, pruning and the pruned copy. Their
+//! jobs are in [`crate::job`], the latch a joiner waits on in
+//! [`crate::latch`]; the one join path every join takes is `join`, and how
+//! a fork-join run starts and ends is `run`. `join_remote` (its branches,
+//! its job, and the [`Fork`](crate::Fork) trait that names it) belongs to
+//! the layer that ships filaments, `crate::remote` (module `join`), which
+//! plugs its branches into this path. The protocol (who waits for whom, the pruning
+//! word, the invariants) is in this directory's `README.md`.
 //!
 //! `ctx.join(a, b)` puts `b` on this processor's deque, runs `a`, then takes
 //! `b` back and runs it, unless another processor stole it; then the joining
@@ -20,13 +22,13 @@
 //! The slow paths (a real fork, a new stack segment) are out of line and
 //! cold: a pruned join is the test, a counter add and the two calls.
 //!
-//! **The pruned copy** ([`Fork`], [`Pruned`]): the test itself stops the
-//! compiler from turning a recursion's last call into a loop, which the
-//! plain recursion gets (fib's `fib(n - 1) + fib(n - 2)` loses half its
-//! speed to that). A filament written generic over [`Fork`] whose
-//! [`RemoteFn`] names its pruned copy runs small subtrees as that copy, the
-//! plain recursion: a pruned `join_remote` whose first branch took less than
-//! [`SEQ_TICKS`] runs its forked branch so. Idle processors find work at
+//! **The pruned copy** ([`Fork`](crate::Fork), [`Pruned`]): the test itself
+//! stops the compiler from turning a recursion's last call into a loop,
+//! which the plain recursion gets (fib's `fib(n - 1) + fib(n - 2)` loses
+//! half its speed to that). A filament written generic over `Fork` whose
+//! [`RemoteFn`](crate::RemoteFn) names its pruned copy runs small subtrees
+//! as that copy, the plain recursion: a pruned `join_remote` whose first
+//! branch took less than [`SEQ_TICKS`] runs its forked branch so. Idle processors find work at
 //! the joins of the other copy, above those subtrees.
 //!
 //! **Deep recursion**: before running a branch inline, a join checks the free
@@ -95,9 +97,10 @@ pub(crate) fn ticks() -> u64 {
 }
 
 /// A pruned [`Ctx::join_remote`] whose function has a pruned clone
-/// ([`RemoteFn::with_pruned`]) runs the forked branch as that clone, with no
-/// pruning test at all, if its sibling (the first branch) took less than
-/// this many [`ticks`] (about 20–30 µs): siblings are usually of one size,
+/// ([`RemoteFn::with_pruned`](crate::RemoteFn::with_pruned)) runs the forked
+/// branch as that clone, with no pruning test at all, if its sibling (the
+/// first branch) took less than this many [`ticks`] (about 20–30 µs):
+/// siblings are usually of one size,
 /// so a processor that goes idle waits about that long at most before the
 /// busy one reaches a join that can fork for it.
 pub(crate) const SEQ_TICKS: u64 = 1 << 16;
@@ -110,7 +113,7 @@ pub(crate) const SEQ_TICKS: u64 = 1 << 16;
 pub(crate) const PRUNED_STACK: usize = 256 * 1024;
 
 /// A processor's context inside a subtree that pruning runs as plain calls
-/// (see [`Fork`]): its joins are the two calls, with no pruning test.
+/// (see [`Fork`](crate::Fork)): its joins are the two calls, with no pruning test.
 ///
 /// It dereferences to the [`Ctx`], for everything else a filament does.
 /// Its joins count nothing: the subtree counts once, in

@@ -209,8 +209,9 @@ impl Ctx {
     }
 
     /// A pruned join of a function with a pruned copy: `a` here, then `b`
-    /// as the pruned copy if `a` was quick (see [`SEQ_TICKS`]), else as
-    /// this copy, which goes on testing for pruning at its joins.
+    /// as the pruned copy if `a` was quick (see
+    /// [`SEQ_TICKS`](crate::fork::SEQ_TICKS)), else as this copy, which goes
+    /// on testing for pruning at its joins.
     #[inline(always)]
     pub(crate) fn join_remote_then_pruned<A, RA, B, RB>(
         &self,

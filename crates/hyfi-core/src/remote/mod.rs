@@ -43,9 +43,12 @@
 //! (start-up distribution), [`balance`] (what moves: a node's ready
 //! filaments, shipped jobs waiting for results, termination and failure)
 //! and [`steal`] (the messages that move it). The protocol is in this
-//! directory's `README.md`; the serializable job itself is
-//! [`RemoteJob`](crate::job::RemoteJob), joined on the one join path of
-//! [`crate::fork`].
+//! directory's `README.md`; the serializable job itself, `RemoteJob`, and
+//! the branches of [`Ctx::join_remote`] are in `join`, on the one join path
+//! of `crate::fork`. The data the scheduler's core shares with this layer
+//! (the node's cross-node state, start-up slots, [`Failure`], the
+//! [`Balancer`](balance::Balancer) seam) is in the leaf module
+//! `crate::crossnode`.
 
 use std::any::Any;
 use std::collections::HashMap;

@@ -12,7 +12,11 @@
 //! elsewhere become real), and sleeps on its parker until work, a wake-up
 //! or the end of the run arrives ([`crate::sleep`] makes that safe).
 //!
-//! What a filament sees of its processor is [`Ctx`] (module `ctx`).
+//! What a filament sees of its processor is [`Ctx`] (module `ctx`); the
+//! filthreads' coroutines, and suspending one, are module `coro`. The
+//! scheduler's core (this module, `registry`, `job`, `latch`) names no
+//! layer above it: the cross-node layer's state is plain data
+//! (`crate::crossnode`) and its seam a trait object installed at start-up.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -183,7 +187,8 @@ impl Sched {
 }
 
 /// An idle processor found no work on its node: asks the cluster layer for
-/// some (through the node's [`Balancer`](crate::Balancer), see `remote`). Returns when to look again if nothing arrives.
+/// some (through the node's [`Balancer`](crate::Balancer), installed by
+/// the cross-node layer). Returns when to look again if nothing arrives.
 fn ask_another_node(ctx: &Ctx) -> Option<Instant> {
     let sh = &*ctx.shared;
     let run = sh.fj.run.load(Ordering::SeqCst);
