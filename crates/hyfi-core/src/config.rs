@@ -214,7 +214,7 @@ pub(crate) fn share_of(cpus: &[usize], online: usize, index: usize, count: usize
     if count <= 1 || cpus.is_empty() || cpus.len() < online {
         return cpus.to_vec();
     }
-    let b = crate::pool::seg::block(0..cpus.len(), count, index);
+    let b = crate::seg::block(0..cpus.len(), count, index);
     if b.is_empty() {
         vec![cpus[index % cpus.len()]]
     } else {

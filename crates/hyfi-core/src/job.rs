@@ -5,7 +5,8 @@
 //! runs it (and, for a serializable job, how to ship it to another node).
 //! Erasing the type lets one deque hold every kind of job, and lets a job
 //! live where it is cheapest: in the joining filthread's frame
-//! ([`StackJob`], [`RemoteJob`]) or, for a root or a filament that came from
+//! ([`StackJob`], or `RemoteJob` in `crate::remote::join`, whose shipping
+//! table is a [`RemoteVTable`]) or, for a root or a filament that came from
 //! another node, on the heap ([`HeapJob`]).
 //!
 //! # The job-lifetime invariant
@@ -32,15 +33,11 @@
 //!    it on another thread (or node) is allowed.
 
 use std::any::Any;
-use std::cell::{Cell, UnsafeCell};
+use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-
+use crate::crossnode::RemoteVTable;
 use crate::latch::Latch;
-use crate::remote::startup::{self, Slot};
-use crate::remote::{CodecError, Failure, RemoteFailure, RemoteFn};
 use crate::sched::Ctx;
 
 /// A type-erased pointer to a job and the function that runs it; for a
@@ -101,23 +98,6 @@ impl JobRef {
     pub(crate) unsafe fn execute(self, ctx: &Ctx) {
         (self.exec)(self.ptr, ctx)
     }
-}
-
-/// A shipped filament: its function's name and its encoded argument.
-pub(crate) type Encoded = (&'static str, Vec<u8>);
-
-/// How the cluster layer handles a [`RemoteJob`] behind a type-erased
-/// pointer: one static table per argument and result type.
-pub(crate) struct RemoteVTable {
-    /// The function's name and the encoded argument; the job keeps its
-    /// argument if encoding fails.
-    pub(crate) export: unsafe fn(*const ()) -> Result<Encoded, CodecError>,
-    /// Completes the job with what the node that ran it sent back (the
-    /// last argument is this node, for the error if the result will not
-    /// decode).
-    pub(crate) complete: unsafe fn(*const (), Result<Vec<u8>, Failure>, usize),
-    /// The start-up slot the job carries (see `remote::startup`).
-    pub(crate) startup: unsafe fn(*const ()) -> Option<Slot>,
 }
 
 /// A job that lives in the joining filthread's stack frame.
@@ -197,109 +177,6 @@ impl<F: FnOnce(&Ctx) + Send> HeapJob<F> {
     unsafe fn execute(this: *const (), ctx: &Ctx) {
         let b = Box::from_raw(this as *mut Self);
         (b.func)(ctx)
-    }
-}
-
-/// A serializable fork-join job in the joining filthread's frame.
-pub(crate) struct RemoteJob<B: 'static, RB: 'static> {
-    pub(crate) f: &'static RemoteFn<B, RB>,
-    pub(crate) args: UnsafeCell<Option<B>>,
-    pub(crate) result: UnsafeCell<Option<Result<RB, Box<dyn Any + Send>>>>,
-    pub(crate) latch: Latch,
-    /// Set for a start-up job: the slot it takes over.
-    pub(crate) startup: Cell<Option<Slot>>,
-}
-
-impl<B, RB> RemoteJob<B, RB>
-where
-    B: Serialize + DeserializeOwned + Send + 'static,
-    RB: Serialize + DeserializeOwned + Send + 'static,
-{
-    const VTABLE: RemoteVTable = RemoteVTable {
-        export: Self::export,
-        complete: Self::complete,
-        startup: Self::startup_of,
-    };
-
-    pub(crate) fn as_job_ref(&self) -> JobRef {
-        JobRef::remote(
-            self as *const Self as *const (),
-            Self::execute,
-            &Self::VTABLE,
-        )
-    }
-
-    /// Runs the job here (taken from a deque or an incoming list).
-    ///
-    /// # Safety
-    /// `this` points at a live `RemoteJob<B, RB>` the caller owns (the
-    /// job-lifetime invariant, module docs).
-    unsafe fn execute(this: *const (), ctx: &Ctx) {
-        let this = &*(this as *const Self);
-        let a = (*this.args.get())
-            .take()
-            .expect("hyfi: fork-join job executed twice");
-        let slot = this.startup.get();
-        let r = startup::with_startup(ctx, slot, || {
-            catch_unwind(AssertUnwindSafe(|| {
-                ctx.count_filaments(1);
-                ctx.call_inline(|c| (this.f.f)(c, a))
-            }))
-        });
-        *this.result.get() = Some(r);
-        Latch::set(&this.latch);
-    }
-
-    /// Encodes the job's argument for another node.
-    ///
-    /// # Safety
-    /// As for [`Self::execute`]: the caller owns the job until it is
-    /// completed.
-    unsafe fn export(this: *const ()) -> Result<Encoded, CodecError> {
-        let this = &*(this as *const Self);
-        let args = (*this.args.get()).as_ref().ok_or(CodecError::AlreadyRan)?;
-        let bytes = bincode::serialize(args).map_err(CodecError::EncodeArgument)?;
-        // Shipped: the argument now lives in `bytes`.
-        (*this.args.get()).take();
-        Ok((this.f.name, bytes))
-    }
-
-    /// Stores what the node that ran the job sent back and sets the latch.
-    ///
-    /// # Safety
-    /// `this` was exported and removed from the pending table by the
-    /// caller, so this is its only completion (the job-lifetime invariant,
-    /// module docs); nothing touches `this` after the latch is set.
-    unsafe fn complete(this: *const (), outcome: Result<Vec<u8>, Failure>, node: usize) {
-        let this = &*(this as *const Self);
-        let r = match outcome {
-            Ok(bytes) => bincode::deserialize::<RB>(&bytes).map_err(|e| {
-                Box::new(RemoteFailure(Failure::Codec {
-                    node,
-                    name: this.f.name.to_string(),
-                    why: format!("decoding its result: {e}"),
-                })) as Box<dyn Any + Send>
-            }),
-            Err(f) => Err(Box::new(RemoteFailure(f)) as Box<dyn Any + Send>),
-        };
-        *this.result.get() = Some(r);
-        Latch::set(&this.latch);
-    }
-
-    /// The start-up slot the job carries.
-    ///
-    /// # Safety
-    /// As for [`Self::export`].
-    unsafe fn startup_of(this: *const ()) -> Option<Slot> {
-        (*(this as *const Self)).startup.get()
-    }
-
-    pub(crate) fn into_result(self) -> RB {
-        match self.result.into_inner() {
-            Some(Ok(r)) => r,
-            Some(Err(p)) => resume_unwind(p),
-            None => unreachable!("hyfi: joined a job that did not run"),
-        }
     }
 }
 

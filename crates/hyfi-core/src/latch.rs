@@ -12,7 +12,7 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::filthread::{self, Waker};
+use crate::sched::{suspend, Waker};
 
 const UNSET: u8 = 0;
 const WAITING: u8 = 1;
@@ -61,7 +61,7 @@ impl Latch {
             return;
         }
         let _w = crate::waits::waiting(|_| "a stolen child to finish (a join)".into(), [0; 3]);
-        filthread::suspend(|w| {
+        suspend(|w| {
             // SAFETY: only the joiner writes the slot, before publishing
             // WAITING; the setter reads it only after observing WAITING.
             unsafe { *self.waker.get() = Some(w) };

@@ -80,6 +80,7 @@
 #![warn(missing_docs)]
 
 mod config;
+mod crossnode;
 mod error;
 pub mod exact;
 pub mod filthread;
@@ -96,6 +97,7 @@ mod registry;
 pub mod remote;
 mod runtime;
 mod sched;
+mod seg;
 mod shared;
 pub mod sleep;
 mod stack;
@@ -119,12 +121,13 @@ pub use bytemuck;
 pub use config::{parse_size, Config, DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
 pub use error::Error;
 pub use exact::{ExactAccumulator, ExactLocal, ExactSum};
-pub use fork::{Fork, Pruned};
+pub use fork::Pruned;
 pub use node::{LinkError, NodeLink, PhaseEnd, SingleNode, Step};
 pub use phase::{Control, PostPhase, Program};
 pub use pool::{block, Index, Pool, PoolArray, Span};
 pub use progress::Progress;
 pub use reduce::{Arith, Local, Op, Reduction};
+pub use remote::join::Fork;
 pub use remote::startup::Slot;
 pub use remote::{is_registered, Failure, RemoteFn};
 pub use runtime::{Runtime, StatsHandle, FORK_JOIN_PHASE};

@@ -26,9 +26,9 @@ use std::ops::Range;
 
 use crate::runtime::Runtime;
 
-pub(crate) mod seg;
-
-pub use seg::{block, Index, Seg, Span};
+// Segments and the block distribution are plain data (a leaf module), which
+// the configuration's CPU shares use too.
+pub use crate::seg::{block, Index, Seg, Span};
 
 /// One pool: the filaments one filthread runs, in the order they were added.
 #[derive(Clone, Debug)]

@@ -111,8 +111,9 @@ pub(crate) struct Shared {
     /// Server threads looking for fork-join work.
     pub(crate) idle: CachePadded<AtomicUsize>,
     pub(crate) fj_done: AtomicBool,
-    /// Fork-join across nodes (see `balance`).
-    pub(crate) fj: crate::remote::balance::NodeState,
+    /// Fork-join across nodes (see `crate::crossnode`; the layer that
+    /// fills it in is `remote::balance`).
+    pub(crate) fj: crate::crossnode::NodeState,
     pub(crate) epoch: AtomicU64,
     /// The *access epoch*: advanced whenever a phase (each execution of
     /// one) or a fork-join run is about to begin on this node, while no

@@ -94,6 +94,8 @@ impl Runtime {
             }
         }
         crate::stack::install_overflow_handler(cfg.get_stack_size());
+        // The wait table (a leaf) learns from the scheduler who waits.
+        crate::waits::set_locator(sched::locate);
         let deques: Vec<Worker<JobRef>> = (0..procs).map(|_| Worker::new_lifo()).collect();
         let shared = Arc::new(Shared::new(
             NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),

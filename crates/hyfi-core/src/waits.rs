@@ -9,6 +9,12 @@
 //! per wait is cheap next to them; recording one allocates nothing once the
 //! table has grown to the number of concurrent waits.
 //!
+//! A leaf: every layer, the scheduler's latches included, records its waits
+//! here, so this module names none of them. Which processor and filthread
+//! a caller is, only the scheduler knows: the runtime registers that lookup
+//! at start-up (`set_locator`); before any runtime started no caller is on
+//! a server thread, and the wait is the OS thread's.
+//!
 //! ```
 //! let w = hyfi_core::waits::waiting(|a| format!("page {} from node {}", a[0], a[1]), [7, 1, 0]);
 //! assert!(hyfi_core::waits::report().contains("page 7 from node 1"));
@@ -20,8 +26,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
-
-use crate::sched::try_current_ctx;
 
 /// Describes a wait from its three numbers (no allocation until printed).
 pub type Describe = fn(&[u64; 3]) -> String;
@@ -51,6 +55,19 @@ fn table() -> &'static Mutex<HashMap<u64, Entry>> {
 
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
+/// Where the caller runs, as the scheduler knows it: `Some((processor,
+/// filthread))` on a server thread (`filthread` is `None` on the server
+/// thread's own stack), `None` elsewhere.
+pub(crate) type Locate = fn() -> Option<(usize, Option<u64>)>;
+
+static LOCATE: OnceLock<Locate> = OnceLock::new();
+
+/// Registers the scheduler's lookup (the runtime does, at start-up; the
+/// first registration stays: there is one scheduler).
+pub(crate) fn set_locator(locate: Locate) {
+    let _ = LOCATE.set(locate);
+}
+
 /// A wait in progress; ends when dropped.
 #[must_use = "the wait is recorded only while the guard lives"]
 pub struct Waiting(u64);
@@ -58,11 +75,8 @@ pub struct Waiting(u64);
 /// Records that the calling filthread (or thread) waits for what
 /// `what(&args)` says, until the guard is dropped.
 pub fn waiting(what: Describe, args: [u64; 3]) -> Waiting {
-    let who = match try_current_ctx() {
-        Some(c) => Who::Filament {
-            proc: c.proc(),
-            filthread: crate::filthread::in_filthread().then(|| c.current.get()),
-        },
+    let who = match LOCATE.get().and_then(|locate| locate()) {
+        Some((proc, filthread)) => Who::Filament { proc, filthread },
         None => Who::Thread(std::thread::current()),
     };
     let id = NEXT.fetch_add(1, Ordering::Relaxed);

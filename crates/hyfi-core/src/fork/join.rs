@@ -1,25 +1,22 @@
 //! The one join path. [`Ctx::join`] and [`Ctx::join_remote`] differ only
 //! in their jobs (a closure in a [`StackJob`], a serializable filament in a
-//! [`RemoteJob`]) and in what their branches do when pruned; the decision
+//! `RemoteJob`) and in what their branches do when pruned ([`Branches`]:
+//! `Pair` here, `RemotePair` with `join_remote` in `crate::remote`, the
+//! layer that ships them, which plugs into this path); the decision
 //! between a plain call, a fresh stack segment and a real fork, the fork,
 //! and taking the forked job back or waiting for it are one code path
 //! ([`Ctx::join_with`], [`Ctx::fork_and_run_a`], [`Ctx::take_back_or_wait`]),
 //! described in this directory's `README.md`.
 
 use std::any::Any;
-use std::cell::{Cell, UnsafeCell};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-
 use super::unlikely_path;
-use crate::job::{JobRef, RemoteJob, StackJob};
+use crate::crossnode::RemoteFailure;
+use crate::job::{JobRef, StackJob};
 use crate::latch::Latch;
 use crate::registry::WANTED;
-use crate::remote::startup;
-use crate::remote::RemoteFn;
 use crate::sched::Ctx;
 use crate::stack::stack_pointer;
 
@@ -56,39 +53,6 @@ where
     fn fork(self, ctx: &Ctx) -> (RA, RB) {
         let Pair(a, b) = self;
         ctx.join_real(a, b)
-    }
-}
-
-/// The branches of [`Ctx::join_remote`]: a closure, and a serializable
-/// filament `f(b)`.
-pub(crate) struct RemotePair<A, B: 'static, RB: 'static> {
-    pub(crate) a: A,
-    pub(crate) f: &'static RemoteFn<B, RB>,
-    pub(crate) b: B,
-}
-
-impl<A, RA, B, RB> Branches for RemotePair<A, B, RB>
-where
-    A: FnOnce(&Ctx) -> RA + Send,
-    RA: Send,
-    B: Serialize + DeserializeOwned + Send + 'static,
-    RB: Serialize + DeserializeOwned + Send + 'static,
-{
-    type Out = (RA, RB);
-
-    #[inline(always)]
-    fn plain(self, ctx: &Ctx) -> (RA, RB) {
-        let RemotePair { a, f, b } = self;
-        if f.pruned.is_some() {
-            return ctx.join_remote_then_pruned(a, f, b);
-        }
-        (a(ctx), (f.f)(ctx, b))
-    }
-
-    #[inline(always)]
-    fn fork(self, ctx: &Ctx) -> (RA, RB) {
-        let RemotePair { a, f, b } = self;
-        ctx.join_remote_real(a, f, b)
     }
 }
 
@@ -221,105 +185,14 @@ impl Ctx {
     #[inline]
     pub(crate) fn check_abort(&self) {
         if self.shared.fj.abort.load(Ordering::Relaxed) {
-            crate::remote::balance::abort_unwind(self);
+            abort_unwind(self);
         }
     }
+}
 
-    /// A pruned join of a function with a pruned copy: `a` here, then `b`
-    /// as the pruned copy if `a` was quick (see [`SEQ_TICKS`]), else as
-    /// this copy, which goes on testing for pruning at its joins.
-    #[inline(always)]
-    pub(crate) fn join_remote_then_pruned<A, RA, B, RB>(
-        &self,
-        a: A,
-        f: &'static RemoteFn<B, RB>,
-        b: B,
-    ) -> (RA, RB)
-    where
-        A: FnOnce(&Ctx) -> RA + Send,
-    {
-        let since = self.mark();
-        let ra = a(self);
-        if self.sibling_may_run_pruned(since) {
-            (ra, self.run_pruned(|p| f.call_pruned(p, b)))
-        } else {
-            (ra, (f.f)(self, b))
-        }
-    }
-
-    #[inline]
-    pub(crate) fn join_remote_real<A, RA, B, RB>(
-        &self,
-        a: A,
-        f: &'static RemoteFn<B, RB>,
-        b: B,
-    ) -> (RA, RB)
-    where
-        A: FnOnce(&Ctx) -> RA + Send,
-        RA: Send,
-        B: Serialize + DeserializeOwned + Send + 'static,
-        RB: Serialize + DeserializeOwned + Send + 'static,
-    {
-        let job = RemoteJob {
-            f,
-            args: UnsafeCell::new(Some(b)),
-            result: UnsafeCell::new(None),
-            latch: Latch::new(),
-            startup: Cell::new(None),
-        };
-        // Start-up distribution: the first forks go to their slots of the
-        // logical tree, not to this deque.
-        if let Some(child) = startup::next_startup_child(self) {
-            job.startup.set(Some(child));
-            startup::send_to_slot(self, job.as_job_ref(), child);
-            self.count_filaments(1);
-            let ra = catch_unwind(AssertUnwindSafe(|| self.call_inline(a)));
-            // The job points into this frame: wait for it even if `a` panicked.
-            job.latch.wait();
-            return match ra {
-                Ok(ra) => (ra, job.into_result()),
-                Err(p) => resume_unwind(p),
-            };
-        }
-        let job_ref = job.as_job_ref();
-        // Whether `b`, taken back, may run as the pruned copy: only if `a`
-        // was quick, and never with pruning off (every join forks then).
-        let copy = f.pruned.is_some() && self.prune;
-        let since = if copy {
-            // `fork_and_run_a` counts `a` as a filament before it runs it.
-            let (t, n) = self.mark();
-            (t, n + 1)
-        } else {
-            (0, 0)
-        };
-        let ra = self.fork_and_run_a(job_ref, a);
-        let quick = copy && self.sibling_may_run_pruned(since);
-        // Take b back, or wait for whoever stole it (here or on another node).
-        let got_back = self.take_back_or_wait(job_ref, &job.latch);
-        let ra = match ra {
-            Ok(v) => v,
-            Err(p) => {
-                if got_back {
-                    // SAFETY: we own the job again; nobody else touches it.
-                    unsafe { (*job.args.get()).take() };
-                } else {
-                    drop(job);
-                }
-                resume_unwind(p)
-            }
-        };
-        if got_back {
-            // SAFETY: popped back from our own deque: we own the job again.
-            let b = unsafe { (*job.args.get()).take() }.expect("hyfi: own job already taken");
-            self.count_filaments(1);
-            if quick {
-                return (
-                    ra,
-                    self.call_inline(|c| c.run_pruned(|p| f.call_pruned(p, b))),
-                );
-            }
-            return (ra, self.call_inline(|c| (f.f)(c, b)));
-        }
-        (ra, job.into_result())
-    }
+/// Unwinds the calling filament with the cluster's failure.
+#[cold]
+#[inline(never)]
+fn abort_unwind(ctx: &Ctx) -> ! {
+    resume_unwind(Box::new(RemoteFailure(ctx.shared.fj.failure())))
 }

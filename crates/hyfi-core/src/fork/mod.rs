@@ -1,9 +1,11 @@
-//! Fork-join filaments: `join`, `join_remote`, their n-way forms, pruning
-//! and the pruned copy. Their jobs are in [`crate::job`], the latch a
-//! joiner waits on in [`crate::latch`]; the one join path both joins take
-//! is `join`, and how a fork-join run starts and ends is `run`. The
-//! protocol (who waits for whom, the pruning word, the invariants) is in
-//! this directory's `README.md`.
+//! Fork-join filaments: `join`, `join_n`, pruning and the pruned copy. Their
+//! jobs are in [`crate::job`], the latch a joiner waits on in
+//! [`crate::latch`]; the one join path every join takes is `join`, and how
+//! a fork-join run starts and ends is `run`. `join_remote` (its branches,
+//! its job, and the [`Fork`](crate::Fork) trait that names it) belongs to
+//! the layer that ships filaments, `crate::remote` (module `join`), which
+//! plugs its branches into this path. The protocol (who waits for whom, the pruning
+//! word, the invariants) is in this directory's `README.md`.
 //!
 //! `ctx.join(a, b)` puts `b` on this processor's deque, runs `a`, then takes
 //! `b` back and runs it, unless another processor stole it; then the joining
@@ -20,13 +22,13 @@
 //! The slow paths (a real fork, a new stack segment) are out of line and
 //! cold: a pruned join is the test, a counter add and the two calls.
 //!
-//! **The pruned copy** ([`Fork`], [`Pruned`]): the test itself stops the
-//! compiler from turning a recursion's last call into a loop, which the
-//! plain recursion gets (fib's `fib(n - 1) + fib(n - 2)` loses half its
-//! speed to that). A filament written generic over [`Fork`] whose
-//! [`RemoteFn`] names its pruned copy runs small subtrees as that copy, the
-//! plain recursion: a pruned `join_remote` whose first branch took less than
-//! [`SEQ_TICKS`] runs its forked branch so. Idle processors find work at
+//! **The pruned copy** ([`Fork`](crate::Fork), [`Pruned`]): the test itself
+//! stops the compiler from turning a recursion's last call into a loop,
+//! which the plain recursion gets (fib's `fib(n - 1) + fib(n - 2)` loses
+//! half its speed to that). A filament written generic over `Fork` whose
+//! [`RemoteFn`](crate::RemoteFn) names its pruned copy runs small subtrees
+//! as that copy, the plain recursion: a pruned `join_remote` whose first
+//! branch took less than [`SEQ_TICKS`] runs its forked branch so. Idle processors find work at
 //! the joins of the other copy, above those subtrees.
 //!
 //! **Deep recursion**: before running a branch inline, a join checks the free
@@ -47,15 +49,13 @@
 
 use std::ops::Deref;
 
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-
-use crate::remote::RemoteFn;
 use crate::sched::Ctx;
 use crate::stack::stack_pointer;
 
 mod join;
 mod run;
+
+pub(crate) use join::Branches;
 #[cfg(test)]
 mod test;
 
@@ -97,9 +97,10 @@ pub(crate) fn ticks() -> u64 {
 }
 
 /// A pruned [`Ctx::join_remote`] whose function has a pruned clone
-/// ([`RemoteFn::with_pruned`]) runs the forked branch as that clone, with no
-/// pruning test at all, if its sibling (the first branch) took less than
-/// this many [`ticks`] (about 20–30 µs): siblings are usually of one size,
+/// ([`RemoteFn::with_pruned`](crate::RemoteFn::with_pruned)) runs the forked
+/// branch as that clone, with no pruning test at all, if its sibling (the
+/// first branch) took less than this many [`ticks`] (about 20–30 µs):
+/// siblings are usually of one size,
 /// so a processor that goes idle waits about that long at most before the
 /// busy one reaches a join that can fork for it.
 pub(crate) const SEQ_TICKS: u64 = 1 << 16;
@@ -111,94 +112,8 @@ pub(crate) const SEQ_TICKS: u64 = 1 << 16;
 /// a message naming the stack-size setting.
 pub(crate) const PRUNED_STACK: usize = 256 * 1024;
 
-/// What filament code forks through: a processor's [`Ctx`], or [`Pruned`],
-/// its view in a subtree that pruning runs as plain calls.
-///
-/// Write a recursive filament generic over it (`ctx: &impl Fork`) and
-/// declare its [`RemoteFn`] [`with_pruned`](RemoteFn::with_pruned): then the
-/// compiler makes two copies of it. The copy for `Ctx` forks (or prunes) at
-/// every join as usual; the copy for `Pruned` is the plain recursion, with no
-/// pruning test, and runs the small subtrees that pruning would have run as
-/// plain calls anyway (a joined branch whose sibling took a few tens of
-/// microseconds). Idle processors find work in the joins of the `Ctx` copy,
-/// above those subtrees.
-///
-/// ```
-/// use hyfi_core::{Config, Fork, RemoteFn, Runtime};
-///
-/// fn fib(ctx: &impl Fork, n: u64) -> u64 {
-///     if n < 2 { return n; }
-///     let (a, b) = ctx.join_remote(|c| fib(c, n - 1), &FIB, n - 2);
-///     a + b
-/// }
-/// static FIB: RemoteFn<u64, u64> = RemoteFn::new("doc::fork_fib", fib).with_pruned(fib);
-///
-/// FIB.register()?;
-/// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
-/// assert_eq!(rt.run_distributed(|ctx| fib(ctx, 25))?, 75025);
-/// # Ok::<(), hyfi_core::Error>(())
-/// ```
-///
-/// The trait is sealed: `Ctx` and `Pruned` are its only implementations.
-pub trait Fork: sealed::Sealed {
-    /// The processor's context (architecture queries, reductions, views).
-    fn ctx(&self) -> &Ctx;
-
-    /// [`Ctx::join`]: runs `a` and `b`, potentially in parallel.
-    fn join<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Self) -> RA + Send,
-        B: FnOnce(&Self) -> RB + Send,
-        RA: Send,
-        RB: Send;
-
-    /// [`Ctx::join_remote`]: runs `a` here and `f(b)` potentially in
-    /// parallel, on this node or another.
-    fn join_remote<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Self) -> RA + Send,
-        RA: Send,
-        B: Serialize + DeserializeOwned + Send + 'static,
-        RB: Serialize + DeserializeOwned + Send + 'static;
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for crate::Ctx {}
-    impl Sealed for super::Pruned {}
-}
-
-impl Fork for Ctx {
-    #[inline(always)]
-    fn ctx(&self) -> &Ctx {
-        self
-    }
-
-    #[inline(always)]
-    fn join<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Self) -> RA + Send,
-        B: FnOnce(&Self) -> RB + Send,
-        RA: Send,
-        RB: Send,
-    {
-        Ctx::join(self, a, b)
-    }
-
-    #[inline(always)]
-    fn join_remote<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Self) -> RA + Send,
-        RA: Send,
-        B: Serialize + DeserializeOwned + Send + 'static,
-        RB: Serialize + DeserializeOwned + Send + 'static,
-    {
-        Ctx::join_remote(self, a, f, b)
-    }
-}
-
 /// A processor's context inside a subtree that pruning runs as plain calls
-/// (see [`Fork`]): its joins are the two calls, with no pruning test.
+/// (see [`Fork`](crate::Fork)): its joins are the two calls, with no pruning test.
 ///
 /// It dereferences to the [`Ctx`], for everything else a filament does.
 /// Its joins count nothing: the subtree counts once, in
@@ -235,19 +150,6 @@ impl Pruned {
     {
         (a(self), b(self))
     }
-
-    /// [`Ctx::join_remote`] where pruning already decided: `a`, then `f(b)`
-    /// (its pruned clone if it has one), here.
-    #[inline(always)]
-    pub fn join_remote<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Pruned) -> RA + Send,
-        RA: Send,
-        B: Serialize + DeserializeOwned + Send + 'static,
-        RB: Serialize + DeserializeOwned + Send + 'static,
-    {
-        (a(self), f.call_pruned(self, b))
-    }
 }
 
 impl Deref for Pruned {
@@ -262,35 +164,6 @@ impl std::fmt::Debug for Pruned {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let c = self.ctx();
         write!(f, "Pruned(node {}, proc {})", c.node, c.proc)
-    }
-}
-
-impl Fork for Pruned {
-    #[inline(always)]
-    fn ctx(&self) -> &Ctx {
-        Pruned::ctx(self)
-    }
-
-    #[inline(always)]
-    fn join<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Self) -> RA + Send,
-        B: FnOnce(&Self) -> RB + Send,
-        RA: Send,
-        RB: Send,
-    {
-        Pruned::join(self, a, b)
-    }
-
-    #[inline(always)]
-    fn join_remote<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Self) -> RA + Send,
-        RA: Send,
-        B: Serialize + DeserializeOwned + Send + 'static,
-        RB: Serialize + DeserializeOwned + Send + 'static,
-    {
-        Pruned::join_remote(self, a, f, b)
     }
 }
 
@@ -341,25 +214,6 @@ impl Ctx {
         RB: Send,
     {
         self.join_with(join::Pair(a, b))
-    }
-
-    /// Runs `a` here and the serializable filament `f(b)` potentially in
-    /// parallel, on this node or on another one, and returns both results:
-    /// [`Ctx::join`] whose forked branch may leave the node.
-    ///
-    /// `f` must be registered on every node ([`RemoteFn::register`]); its
-    /// argument is encoded only if another node takes it. Panics propagate
-    /// as in `join`, from whichever node ran the filament.
-    #[inline]
-    pub fn join_remote<A, RA, B, RB>(&self, a: A, f: &'static RemoteFn<B, RB>, b: B) -> (RA, RB)
-    where
-        A: FnOnce(&Ctx) -> RA + Send,
-        RA: Send,
-        B: Serialize + DeserializeOwned + Send + 'static,
-        RB: Serialize + DeserializeOwned + Send + 'static,
-    {
-        // The same pruning test as `join`: a load, a compare and the calls.
-        self.join_with(join::RemotePair { a, f, b })
     }
 
     /// Runs `n` filaments `f(ctx, 0..n)` as fork-join filaments and returns

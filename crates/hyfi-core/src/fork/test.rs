@@ -1,6 +1,6 @@
 //! Tests of the pruned copy ([`super::Fork`], [`super::Pruned`]).
 
-use super::Fork;
+use crate::Fork;
 use crate::{Config, RemoteFn, Runtime};
 
 /// A binary tree of joins whose forked branch has a pruned copy.

@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::Step;
+use crate::node::Step;
 
 /// How many of its own past steps a node keeps to compare late messages
 /// with (a neighbour is at most one step behind when the ring is sound).

@@ -36,138 +36,23 @@
 //! with the error, every later join unwinds at once, and `run_distributed`
 //! returns [`Error::Link`](crate::Error::Link) on every surviving node.
 
-use std::collections::HashMap;
-use std::panic::resume_unwind;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::sync::Weak;
+use std::time::Duration;
 
 use crossbeam_deque::Steal;
-use serde::{Deserialize, Serialize};
 
-use crate::job::RemoteVTable;
+use crate::crossnode::{bump, Failure, Pending};
 use crate::job::{HeapJob, JobRef};
-use crate::node::LinkError;
 use crate::registry::Shared;
+use crate::remote;
 use crate::remote::startup::{with_startup, Slot};
-use crate::remote::{self, Failure, RemoteFailure};
 use crate::sched::Ctx;
-use crate::stats::RemoteStats;
 
-/// A filament on its way to another node: its function's name and encoded
-/// argument, and the token its home node completes it by.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct PortableJob {
-    /// Identifies the waiting parent on the home node.
-    pub token: u64,
-    /// The [`RemoteFn`](crate::RemoteFn)'s name.
-    pub name: String,
-    /// The bincode-encoded argument.
-    pub args: Vec<u8>,
-    /// The start-up slot it takes over, if it is a start-up filament.
-    pub startup: Option<Slot>,
-}
-
-/// What the cluster layer does for fork-join across nodes. Installed with
-/// [`Runtime::set_balancer`](crate::Runtime::set_balancer); implemented by hyfi-net over its messages.
-/// No method may block.
-pub trait Balancer: Send + Sync + 'static {
-    /// Distributed run `run` begins on this node (runs are numbered 1, 2, ...
-    /// in the same order on every node). Messages of this run that came
-    /// early are to be handed over now.
-    fn begin(&self, run: u64);
-    /// Run `run` ended on this node.
-    fn end(&self, run: u64);
-    /// A processor of this node is idle and found no work on the node: ask
-    /// another node, unless a request is already out. Returns how long to
-    /// wait before asking again if nothing arrives (`None`: the answer
-    /// will wake the processor).
-    fn want_work(&self, run: u64) -> Option<Duration>;
-    /// Start-up distribution: `job` is for processor `proc` of `node`.
-    fn push(&self, node: usize, proc: usize, run: u64, job: PortableJob) -> Result<(), LinkError>;
-    /// The outcome of a filament that came from `node`, back to it.
-    fn send_result(&self, node: usize, run: u64, token: u64, outcome: Result<Vec<u8>, Failure>);
-    /// The root returned (node 0): tell every other node, with the encoded result.
-    fn finish(&self, run: u64, outcome: &Result<Vec<u8>, Failure>);
-}
-
-/// A filament shipped from this node, waiting for its result.
-struct Pending {
-    ptr: *const (),
-    vtable: &'static RemoteVTable,
-}
-// SAFETY: the pointee is a RemoteJob whose argument and result types are
-// Send; its joiner waits for `complete` before freeing it, and the table
-// hands each entry to exactly one completer.
-unsafe impl Send for Pending {}
-
-/// The cross-node fork-join state of one node.
-#[derive(Default)]
-pub(crate) struct NodeState {
-    pub(crate) balancer: OnceLock<Arc<dyn Balancer>>,
-    /// The distributed run in progress, 0 if none.
-    pub(crate) run: AtomicU64,
-    pub(crate) next_run: AtomicU64,
-    /// Set when the cluster failed: every join unwinds.
-    pub(crate) abort: AtomicBool,
-    failure: Mutex<Option<Failure>>,
-    /// The root's outcome, as node 0 sent it (other nodes).
-    pub(crate) outcome: Mutex<Option<Result<Vec<u8>, Failure>>>,
-    pending: Mutex<HashMap<u64, Pending>>,
-    next_token: AtomicU64,
-    /// Where the next received filament goes (spreading round-robin).
-    spread: AtomicUsize,
-    /// Where the next export starts taking (round-robin over processors).
-    take_from: AtomicUsize,
-    /// Bumped when idle processors should look again (a refused request):
-    /// an idle processor waits for work, the run's end, or a change here.
-    pub(crate) kick: AtomicU64,
-    pub(crate) counters: Counters,
-}
-
-/// [`RemoteStats`] as atomics (the communication thread updates them).
-#[derive(Default)]
-pub(crate) struct Counters {
-    steal_requests: AtomicU64,
-    steals: AtomicU64,
-    filaments_in: AtomicU64,
-    filaments_out: AtomicU64,
-    requests_served: AtomicU64,
-    requests_refused: AtomicU64,
-    steal_wait_ns: AtomicU64,
-}
-
-impl Counters {
-    pub(crate) fn get(&self) -> RemoteStats {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        RemoteStats {
-            steal_requests: g(&self.steal_requests),
-            steals: g(&self.steals),
-            filaments_in: g(&self.filaments_in),
-            filaments_out: g(&self.filaments_out),
-            requests_served: g(&self.requests_served),
-            requests_refused: g(&self.requests_refused),
-            steal_wait_ns: g(&self.steal_wait_ns),
-        }
-    }
-    pub(crate) fn reset(&self) {
-        for a in [
-            &self.steal_requests,
-            &self.steals,
-            &self.filaments_in,
-            &self.filaments_out,
-            &self.requests_served,
-            &self.requests_refused,
-            &self.steal_wait_ns,
-        ] {
-            a.store(0, Ordering::Relaxed);
-        }
-    }
-}
-
-fn bump(a: &AtomicU64, n: u64) {
-    a.fetch_add(n, Ordering::Relaxed);
-}
+/// The seam's data (the job that travels, the cluster layer's side) is
+/// shared with the scheduler's core, which holds the node's cross-node
+/// state: it lives in a leaf module; these are its public paths.
+pub use crate::crossnode::{Balancer, PortableJob};
 
 /// A result for a shipped filament that no filament of this node waits
 /// for: a protocol violation by the node that sent it (or a late result
@@ -236,46 +121,6 @@ pub(crate) fn ship(sh: &Shared, job: JobRef) -> Taken {
         args,
         startup,
     })
-}
-
-impl NodeState {
-    /// Completes shipped filament `token` with `outcome` (`me` is this
-    /// node); `false` if no such filament waits (already completed by the
-    /// failure path, or never shipped).
-    pub(crate) fn complete_pending(
-        &self,
-        token: u64,
-        outcome: Result<Vec<u8>, Failure>,
-        me: usize,
-    ) -> bool {
-        let p = self
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&token);
-        match p {
-            Some(p) => {
-                // SAFETY: removed from the table, so this is the only
-                // completer; the joiner is still waiting for the latch.
-                unsafe { (p.vtable.complete)(p.ptr, outcome, me) };
-                true
-            }
-            None => false,
-        }
-    }
-
-    pub(crate) fn failure(&self) -> Failure {
-        self.failure
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .unwrap_or(Failure::Lost {
-                why: "the cluster failed".into(),
-            })
-    }
-    fn active(&self, run: u64) -> bool {
-        run != 0 && self.run.load(Ordering::SeqCst) == run && !self.abort.load(Ordering::SeqCst)
-    }
 }
 
 impl FjNode {
@@ -474,33 +319,33 @@ impl FjNode {
     }
 }
 
-impl NodeState {
-    fn failure_or_stale(&self, run: u64) -> Failure {
-        if self.abort.load(Ordering::SeqCst) {
-            self.failure()
-        } else {
-            Failure::Lost {
-                why: format!("a filament of fork-join run {run} arrived after that run ended"),
+/// Sends a start-up filament to the processor that owns `slot`.
+pub(crate) fn send_to_slot(ctx: &Ctx, job: JobRef, slot: Slot) {
+    let sh = &*ctx.shared;
+    let nodes = ctx.nodes;
+    let (node, proc) = (slot.slot as usize % nodes, slot.slot as usize / nodes);
+    ctx.stats.forks.set(ctx.stats.forks.get() + 1);
+    let local = |job: JobRef| {
+        let proc = if node == ctx.node { proc } else { ctx.proc };
+        sh.workers[proc].incoming.push(job);
+        sh.workers[proc].notify();
+        sh.notify_idle();
+    };
+    let (Some(b), true) = (sh.fj.balancer.get(), node != ctx.node) else {
+        return local(job);
+    };
+    let run = sh.fj.run.load(Ordering::SeqCst);
+    match ship(sh, job) {
+        Taken::Shipped(pj) => {
+            let token = pj.token;
+            if let Err(e) = b.push(node, proc, run, pj) {
+                // The node failed: complete the job with the failure (unless
+                // `fail` already did).
+                let lost = Failure::Lost { why: e.to_string() };
+                sh.fj.complete_pending(token, Err(lost), ctx.node);
             }
         }
+        Taken::Local(job) => local(job),
+        Taken::Consumed => {}
     }
-}
-
-/// An idle processor found no work on its node: asks the cluster layer for
-/// some. Returns when to look again if nothing arrives.
-pub(crate) fn idle(ctx: &Ctx) -> Option<Instant> {
-    let sh = &*ctx.shared;
-    let run = sh.fj.run.load(Ordering::SeqCst);
-    if ctx.nodes == 1 || !sh.fj.active(run) || sh.fj_done.load(Ordering::SeqCst) {
-        return None;
-    }
-    let b = sh.fj.balancer.get()?;
-    b.want_work(run).map(|d| Instant::now() + d)
-}
-
-/// Unwinds the calling filament with the cluster's failure.
-#[cold]
-#[inline(never)]
-pub(crate) fn abort_unwind(ctx: &Ctx) -> ! {
-    resume_unwind(Box::new(RemoteFailure(ctx.shared.fj.failure())))
 }

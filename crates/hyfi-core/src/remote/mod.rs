@@ -43,9 +43,12 @@
 //! (start-up distribution), [`balance`] (what moves: a node's ready
 //! filaments, shipped jobs waiting for results, termination and failure)
 //! and [`steal`] (the messages that move it). The protocol is in this
-//! directory's `README.md`; the serializable job itself is
-//! [`RemoteJob`](crate::job::RemoteJob), joined on the one join path of
-//! [`crate::fork`].
+//! directory's `README.md`; the serializable job itself, `RemoteJob`, and
+//! the branches of [`Ctx::join_remote`] are in `join`, on the one join path
+//! of `crate::fork`. The data the scheduler's core shares with this layer
+//! (the node's cross-node state, start-up slots, [`Failure`], the
+//! [`Balancer`](balance::Balancer) seam) is in the leaf module
+//! `crate::crossnode`.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -53,17 +56,23 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::RwLock;
 
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::error::{panic_message, Error};
 use crate::fork::Pruned;
 use crate::sched::Ctx;
 
 pub mod balance;
+pub(crate) mod join;
 mod many;
 mod run;
 pub(crate) mod startup;
 pub mod steal;
+
+/// Shared with the scheduler's core (a leaf module, `crossnode`); this is
+/// its public path.
+pub use crate::crossnode::Failure;
+pub(crate) use crate::crossnode::{CodecError, RemoteFailure};
 
 /// A fork-join filament function that may run on any node: a stable name
 /// and a plain function of a serializable argument.
@@ -134,25 +143,6 @@ impl<A, R> std::fmt::Debug for RemoteFn<A, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "RemoteFn({:?})", self.name)
     }
-}
-
-/// A shipped filament's argument or result that would not encode or
-/// decode. It reaches the other node as [`Failure::Codec`], whose text it
-/// becomes (a failure travels as data).
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum CodecError {
-    /// The argument that came would not decode as the function's type.
-    #[error("decoding its argument: {0}")]
-    DecodeArgument(#[source] bincode::Error),
-    /// The function's result would not encode.
-    #[error("encoding its result: {0}")]
-    EncodeResult(#[source] bincode::Error),
-    /// The argument would not encode for shipping.
-    #[error("encoding its argument: {0}")]
-    EncodeArgument(#[source] bincode::Error),
-    /// The job was exported after it ran (a bug in the runtime).
-    #[error("hyfi: exported a job that already ran")]
-    AlreadyRan,
 }
 
 /// What the registry keeps of a [`RemoteFn`]: its function behind bytes.
@@ -233,67 +223,6 @@ fn lookup(name: &str) -> Option<&'static dyn Erased> {
         .as_ref()
         .and_then(|m| m.get(name).copied())
 }
-
-/// Why a shipped filament (or the run it belongs to) failed, in a form that
-/// travels between nodes. Converted to [`Error`] where the run returns.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Failure {
-    /// The filament (or one it joined) panicked.
-    Panic {
-        /// Node it ran on.
-        node: usize,
-        /// Processor it ran on.
-        proc: usize,
-        /// The panic message.
-        message: String,
-    },
-    /// A node received a filament whose function it has not registered.
-    Unknown {
-        /// The node that received it.
-        node: usize,
-        /// The function's name.
-        name: String,
-    },
-    /// An argument or a result could not be encoded or decoded.
-    Codec {
-        /// The node that failed.
-        node: usize,
-        /// The function's name.
-        name: String,
-        /// What failed.
-        why: String,
-    },
-    /// The cluster failed (a lost node, an abort) during the run.
-    Lost {
-        /// What the cluster layer reported.
-        why: String,
-    },
-}
-
-impl From<Failure> for Error {
-    fn from(f: Failure) -> Error {
-        match f {
-            Failure::Panic {
-                node,
-                proc,
-                message,
-            } => Error::FilamentPanic {
-                node,
-                proc,
-                during: "fork-join".into(),
-                message,
-            },
-            Failure::Unknown { node, name } => Error::UnknownFilament { node, name },
-            Failure::Codec { node, name, why } => Error::FilamentCodec { node, name, why },
-            Failure::Lost { why } => Error::Link(why.into()),
-        }
-    }
-}
-
-/// The panic payload that carries a [`Failure`] up through joins, so the
-/// root reports the original node's error, not "a join panicked".
-pub(crate) struct RemoteFailure(pub(crate) Failure);
 
 /// The [`Failure`] for a panic payload caught on `node`, processor `proc`.
 pub(crate) fn failure_of(node: usize, proc: usize, p: Box<dyn Any + Send>) -> Failure {

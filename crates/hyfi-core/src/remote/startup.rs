@@ -17,23 +17,8 @@
 //! [`Ctx::join`] there makes an ordinary local fork instead, and start-up
 //! distribution goes on at the next `join_remote`.
 
-use std::sync::atomic::Ordering;
-
-use serde::{Deserialize, Serialize};
-
-use crate::job::JobRef;
-use crate::remote::balance::{ship, Taken};
-use crate::remote::Failure;
+pub use crate::crossnode::Slot;
 use crate::sched::Ctx;
-
-/// A place in the start-up tree: slot `slot`, at depth `depth`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Slot {
-    /// Slot index, `0..nodes × procs`.
-    pub slot: u32,
-    /// How many forks of the tree lie above.
-    pub depth: u32,
-}
 
 /// Runs `f` with `slot` as the calling processor's start-up slot.
 pub(crate) fn with_startup<T>(ctx: &Ctx, slot: Option<Slot>, f: impl FnOnce() -> T) -> T {
@@ -72,35 +57,4 @@ pub(crate) fn next_startup_child(ctx: &Ctx) -> Option<Slot> {
         slot: child as u32,
         depth,
     })
-}
-
-/// Sends a start-up filament to the processor that owns `slot`.
-pub(crate) fn send_to_slot(ctx: &Ctx, job: JobRef, slot: Slot) {
-    let sh = &*ctx.shared;
-    let nodes = ctx.nodes;
-    let (node, proc) = (slot.slot as usize % nodes, slot.slot as usize / nodes);
-    ctx.stats.forks.set(ctx.stats.forks.get() + 1);
-    let local = |job: JobRef| {
-        let proc = if node == ctx.node { proc } else { ctx.proc };
-        sh.workers[proc].incoming.push(job);
-        sh.workers[proc].notify();
-        sh.notify_idle();
-    };
-    let (Some(b), true) = (sh.fj.balancer.get(), node != ctx.node) else {
-        return local(job);
-    };
-    let run = sh.fj.run.load(Ordering::SeqCst);
-    match ship(sh, job) {
-        Taken::Shipped(pj) => {
-            let token = pj.token;
-            if let Err(e) = b.push(node, proc, run, pj) {
-                // The node failed: complete the job with the failure (unless
-                // `fail` already did).
-                let lost = Failure::Lost { why: e.to_string() };
-                sh.fj.complete_pending(token, Err(lost), ctx.node);
-            }
-        }
-        Taken::Local(job) => local(job),
-        Taken::Consumed => {}
-    }
 }

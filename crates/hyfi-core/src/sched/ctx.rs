@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crossbeam_deque::{Steal, Worker};
 
-use crate::filthread::Yld;
+use super::coro::Yld;
 use crate::job::JobRef;
 use crate::registry::{Shared, WorkerShared, WANTED};
 use crate::stack::{enter_guard, stack_pointer, StackBounds, StackPool};
@@ -36,6 +36,17 @@ pub(crate) fn try_current_ctx() -> Option<&'static Ctx> {
     // that could call this runs on the thread; it is cleared before the box
     // is dropped.
     (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// Where the caller runs, for [`crate::waits`] (registered with it at
+/// start-up): its processor and, on a filthread, the filthread's id.
+pub(crate) fn locate() -> Option<(usize, Option<u64>)> {
+    try_current_ctx().map(|c| {
+        (
+            c.proc,
+            (!c.yielder.get().is_null()).then(|| c.current.get()),
+        )
+    })
 }
 
 /// What a filament sees of the processor running it: the architecture
@@ -98,7 +109,7 @@ pub struct Ctx {
     pub(crate) stacks: RefCell<StackPool>,
     pub(crate) stats: LocalStats,
     /// The start-up slot the running filament holds (see `startup`).
-    pub(crate) startup: Cell<Option<crate::remote::startup::Slot>>,
+    pub(crate) startup: Cell<Option<crate::crossnode::Slot>>,
     next_id: Cell<u64>,
     rng: Cell<u64>,
 }

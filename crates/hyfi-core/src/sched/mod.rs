@@ -12,7 +12,11 @@
 //! elsewhere become real), and sleeps on its parker until work, a wake-up
 //! or the end of the run arrives ([`crate::sleep`] makes that safe).
 //!
-//! What a filament sees of its processor is [`Ctx`] (module `ctx`).
+//! What a filament sees of its processor is [`Ctx`] (module `ctx`); the
+//! filthreads' coroutines, and suspending one, are module `coro`. The
+//! scheduler's core (this module, `registry`, `job`, `latch`) names no
+//! layer above it: the cross-node layer's state is plain data
+//! (`crate::crossnode`) and its seam a trait object installed at start-up.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -22,16 +26,18 @@ use std::time::Instant;
 
 use crossbeam_deque::Worker;
 
-use crate::filthread::{Filthread, Ran};
 use crate::job::{unsafe_execute, JobRef};
 use crate::registry::{Command, Shared};
 use crate::stack;
 
+mod coro;
 mod ctx;
 
+pub use coro::{suspend, Waker};
+use coro::{Filthread, Ran};
 pub use ctx::Ctx;
 use ctx::CTX;
-pub(crate) use ctx::{current_ctx, try_current_ctx};
+pub(crate) use ctx::{current_ctx, locate, try_current_ctx};
 
 /// Filthreads of one server thread that are not running.
 pub(crate) struct Sched {
@@ -163,7 +169,7 @@ impl Sched {
             // Nothing on this node: ask another one (paper §3.5). The kick
             // is read first, so a refusal that comes meanwhile is not missed.
             let kick = sh.fj.kick.load(Ordering::SeqCst);
-            let ask_again = crate::remote::balance::idle(ctx);
+            let ask_again = ask_another_node(ctx);
             self.idle_wait_until(
                 ctx,
                 || {
@@ -178,6 +184,19 @@ impl Sched {
             sh.idle.fetch_sub(1, Ordering::SeqCst);
         }
     }
+}
+
+/// An idle processor found no work on its node: asks the cluster layer for
+/// some (through the node's [`Balancer`](crate::Balancer), installed by
+/// the cross-node layer). Returns when to look again if nothing arrives.
+fn ask_another_node(ctx: &Ctx) -> Option<Instant> {
+    let sh = &*ctx.shared;
+    let run = sh.fj.run.load(Ordering::SeqCst);
+    if ctx.nodes == 1 || !sh.fj.active(run) || sh.fj_done.load(Ordering::SeqCst) {
+        return None;
+    }
+    let b = sh.fj.balancer.get()?;
+    b.want_work(run).map(|d| Instant::now() + d)
 }
 
 /// Arguments a server thread starts with.

@@ -7,6 +7,9 @@
 //! three. Pushing filaments one by one extends the last segment whenever
 //! the new ones continue it in order, so a loop of pushes costs a few
 //! segments, also for strided orderings such as red-black.
+//!
+//! Plain data with no dependency in the crate: `crate::pool` stores
+//! segments, and the configuration splits CPUs with [`block`].
 
 use std::ops::Range;
 
