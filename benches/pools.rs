@@ -7,6 +7,10 @@
 //!   pool, one segment per pool), writing a second matrix.
 //! * `hyfi_red_black_phases`: a red phase then a black phase over pools
 //!   from `PoolArray::block_rows_red_black` (one segment per row).
+//! * `seq_red_black_sweep_residual` / `hyfi_red_black_views_residual`: the
+//!   same sweep keeping its largest change, sequentially and in place on a
+//!   DSM matrix through write views (`Program::phase_with`, one view of a
+//!   row and its neighbours per segment, a register accumulator).
 //!
 //! Throughput is interior points per sweep, so the three read as a cost
 //! per point.
@@ -16,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use hyfi::{Config, Control, PoolArray, Program, Runtime};
+use hyfi::{Config, Control, Dsm, Op, PoolArray, Program, Runtime};
 // hyfi-core's node-local matrix (not in the facade: programs use the DSM's
 // arrays): these benchmarks measure the pools and phases alone.
 use hyfi_core::SharedMatrix;
@@ -103,6 +107,78 @@ fn red_black(c: &mut Criterion) {
         })
     });
     drop(rb);
+
+    // In place through the DSM's write views (rows and their neighbours,
+    // validated once per segment), with the sweep's largest change kept in
+    // a register accumulator: the shape a user writes for SOR with a
+    // convergence test. Its sequential counterpart computes the same change.
+    let mut u2: Vec<f64> = (0..N * N).map(|x| init(x / N, x % N)).collect();
+    g.bench_function("seq_red_black_sweep_residual", |b| {
+        b.iter(|| {
+            let mut m = 0.0f64;
+            for colour in 0..2 {
+                for i in 1..N - 1 {
+                    let first = 1 + (colour + i + 1) % 2;
+                    for j in (first..N - 1).step_by(2) {
+                        let old = u2[i * N + j];
+                        let v = sor(|a, b| u2[a * N + b], i, j);
+                        u2[i * N + j] = v;
+                        let d = (v - old).abs();
+                        if d > m {
+                            m = d
+                        }
+                    }
+                }
+            }
+            black_box((&u2, m));
+        })
+    });
+    let dsm = Dsm::new(&rt).expect("dsm");
+    let w = dsm
+        .matrix::<f64>(N, N)
+        .pad_rows()
+        .from_fn(init)
+        .expect("matrix");
+    let change = rt.reduction(0.0f64);
+    let bind = |ctx: &hyfi::Ctx, span: &hyfi::Span| {
+        let r = span.rows();
+        (
+            w.write_rows(ctx, r.start - 1..r.end + 1),
+            change.local(ctx, Op::Max),
+        )
+    };
+    let point = |_: &hyfi::Ctx, (i, j): (usize, usize), (v, m): &mut (hyfi::WriteRows<'_, f64>, hyfi::Local<'_, f64>)| {
+        let old = v.get(i, j);
+        let x = sor(|a, b| v.get(a, b), i, j);
+        v.set(i, j, x);
+        m.fold((x - old).abs());
+    };
+    let mut rbv = Program::new();
+    rbv.phase_with(
+        PoolArray::block_rows_red_black(&rt, 1..N - 1, 1..N - 1, 0, 1),
+        bind,
+        point,
+        |_| Control::Continue,
+    );
+    rbv.phase_with(
+        PoolArray::block_rows_red_black(&rt, 1..N - 1, 1..N - 1, 1, 1),
+        bind,
+        point,
+        |post| {
+            black_box(post.reduce(&change, Op::Max));
+            post.set(&change, 0.0);
+            until(post)
+        },
+    );
+    g.bench_function("hyfi_red_black_views_residual", |b| {
+        b.iter_custom(|iters| {
+            sweeps.store(iters, Relaxed);
+            let t = Instant::now();
+            rt.start(&mut rbv).unwrap();
+            t.elapsed()
+        })
+    });
+    drop(rbv);
     g.finish();
 }
 

@@ -24,7 +24,7 @@
 //! exact zero is `+0.0` (as `Op::Sum` from `0.0` gives).
 //!
 //! Used as a reduction ([`Runtime::exact_sum`](crate::Runtime::exact_sum)),
-//! it has the semantics of [`Reduction`](crate::Reduction) with `Op::Sum`:
+//! it has the semantics of [`Reduction`] with `Op::Sum`:
 //! each pool of each processor has a private copy that filaments
 //! [`fold`](ExactSum::fold) into; [`PostPhase::reduce_exact`] combines all
 //! copies on all nodes, stores the total in every copy and returns it

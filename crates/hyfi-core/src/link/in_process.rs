@@ -314,7 +314,7 @@ fn watch(hub: Arc<Hub>) {
 }
 
 /// One node of an in-process job: a [`NodeLink`] whose peers are other
-/// runtimes of this process. See the [module docs](self).
+/// runtimes of this process. See the [module docs](crate::link::InProcess) of `link::in_process`.
 ///
 /// ```
 /// use hyfi_core::link::InProcess;

@@ -174,7 +174,7 @@ impl<'a> Program<'a> {
     /// segment's [`Span`] and returns what they work with: views of the
     /// shared arrays the segment reads and writes (validated and, on
     /// several nodes, fetched once for the whole segment), segment-local
-    /// reduction accumulators ([`Reduction::local`]), anything else. Each
+    /// reduction accumulators ([`Reduction::local`](crate::Reduction::local)), anything else. Each
     /// filament then gets `&mut` of it: `filament(ctx, index, &mut bound)`.
     /// What `bind` returned is dropped at the segment's end (a local
     /// accumulator folds into the processor's copy then).
