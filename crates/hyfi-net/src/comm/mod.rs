@@ -64,7 +64,7 @@ use hyfi_core::link::Steps;
 use inbox::WaitError;
 use rx::{run, Node};
 use service::ServiceError;
-use tx::{PeerTx, TxState, Waker};
+use tx::{PeerTx, Waker};
 
 /// How long a node whose program ended serves its peers before it says
 /// so on stderr (it goes on serving them).
@@ -102,16 +102,11 @@ impl Comm {
         let mut txs = Vec::with_capacity(nodes);
         for p in &links.peers {
             txs.push(match p {
-                Some(sock) => Some(PeerTx {
-                    st: Mutex::new(TxState {
-                        sock: Some(
-                            sock.try_clone()
-                                .map_err(|e| NetError::io("cloning a link for writing", e))?,
-                        ),
-                        backlog: Default::default(),
-                        head_off: 0,
-                    }),
-                }),
+                Some(sock) => {
+                    Some(PeerTx::new(sock.try_clone().map_err(|e| {
+                        NetError::io("cloning a link for writing", e)
+                    })?))
+                }
                 None => None,
             });
         }
@@ -329,8 +324,10 @@ impl Comm {
                     if let Some(sock) = st.sock.take() {
                         let _ = sock.shutdown(std::net::Shutdown::Write);
                     }
+                    tx.note(&st);
                     break;
                 }
+                tx.note(&st);
                 drop(st);
                 std::thread::sleep(Duration::from_micros(200));
             }

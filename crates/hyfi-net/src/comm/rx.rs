@@ -411,7 +411,7 @@ impl Loop {
                 let mut events = if link.reading { libc::POLLIN } else { 0 };
                 if self.node.sender.tx[link.peer]
                     .as_ref()
-                    .is_some_and(|tx| tx.st.lock().unwrap_or_else(|e| e.into_inner()).wants_out())
+                    .is_some_and(|tx| tx.out.load(Ordering::SeqCst))
                 {
                     events |= libc::POLLOUT;
                 }
@@ -490,9 +490,13 @@ impl Loop {
             return;
         };
         let mut st = tx.st.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = st.flush() {
+        let flushed = st.flush();
+        if flushed.is_err() {
             st.backlog.clear();
-            drop(st);
+        }
+        tx.note(&st);
+        drop(st);
+        if let Err(e) = flushed {
             self.node.fail(
                 NetError::LostNode {
                     me: self.me,

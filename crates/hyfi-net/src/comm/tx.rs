@@ -25,6 +25,30 @@ use super::stats::NetStats;
 /// other's requests could otherwise deadlock with both receive buffers full.
 pub(super) struct PeerTx {
     pub(super) st: Mutex<TxState>,
+    /// [`TxState::wants_out`] as of the last change under the lock: read
+    /// by the event loop at every turn without taking the lock (taking it
+    /// would make the loop wait for a sender's `write`, and that sender
+    /// wake it afterwards: a context switch on every round trip).
+    pub(super) out: AtomicBool,
+}
+
+impl PeerTx {
+    pub(super) fn new(sock: std::net::TcpStream) -> PeerTx {
+        PeerTx {
+            st: Mutex::new(TxState {
+                sock: Some(sock),
+                backlog: Default::default(),
+                head_off: 0,
+            }),
+            out: AtomicBool::new(false),
+        }
+    }
+
+    /// Publishes whether `st` (this link's state, locked) has a backlog
+    /// to write. Called after every change to the backlog or the socket.
+    pub(super) fn note(&self, st: &TxState) {
+        self.out.store(st.wants_out(), Ordering::SeqCst);
+    }
 }
 
 pub(super) struct TxState {
@@ -183,6 +207,7 @@ impl Sender {
             }
             st.backlog.push_back(frame);
             st.head_off = n;
+            tx.note(st);
             drop(guard);
             // The backlog was empty: the loop does not watch this socket
             // for room yet. (A longer backlog is watched already.)
