@@ -63,7 +63,6 @@ pub(super) struct TxState {
 /// blocking flag is the socket's, shared with the event loop's reading
 /// handle). Returns how many bytes were written.
 pub(super) fn write_some(s: &mut std::net::TcpStream, buf: &[u8]) -> std::io::Result<usize> {
-    use std::io::Write;
     let mut done = 0;
     while done < buf.len() {
         match s.write(&buf[done..]) {
