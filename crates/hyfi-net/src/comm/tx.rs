@@ -146,8 +146,8 @@ impl Waker {
     }
 }
 
-/// What sending needs: the links' writing halves and the event loop's waker. Shared
-/// by [`Comm`] and every [`Sender`] handed out.
+/// What sending needs: the links' writing halves and the event loop's
+/// waker. Shared by [`Comm`](super::Comm) and every [`Sender`] handed out.
 pub struct SenderInner {
     pub(super) rank: usize,
     pub(super) nodes: usize,
@@ -157,9 +157,10 @@ pub struct SenderInner {
     pub(super) stats: Arc<NetStats>,
 }
 
-/// A handle for sending to the peers, independent of the [`Comm`]'s own
-/// lifetime: a [`Service`] keeps one to answer requests while its node
-/// closes (the node serves its peers until each has said `Bye`).
+/// A handle for sending to the peers, independent of the
+/// [`Comm`](super::Comm)'s own lifetime: a
+/// [`Service`](hyfi_core::link::Service) keeps one to answer requests while
+/// its node closes (the node serves its peers until each has said `Bye`).
 #[derive(Clone)]
 pub struct Sender(pub(super) Arc<SenderInner>);
 
