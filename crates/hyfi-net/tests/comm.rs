@@ -238,3 +238,58 @@ fn a_runtime_over_four_nodes_reduces_across_all_of_them() {
         assert_eq!(h.join().unwrap(), vec![499_500; 3]);
     }
 }
+
+/// Both nodes send each other a burst of frames of every size (empty, a
+/// few bytes, more than the loop's 64 KiB read buffer, more than a socket
+/// buffer) with control messages between them, before either reads: the
+/// senders must not block (the rest waits in the backlogs, which the loops
+/// write out as the sockets drain), and every frame must arrive whole, in
+/// order, across however many partial reads and writes it took.
+#[test]
+fn bursts_of_every_frame_size_arrive_whole_and_in_order() {
+    use hyfi_net::comm::Dir;
+    use hyfi_net::wire::Msg;
+    const SIZES: [usize; 7] = [0, 1, 15, 4096, 65_537, 300_000, 3 << 20];
+    const FRAMES: u64 = 60;
+    let byte = |i: u64, j: usize| (i as usize * 31 + j * 7) as u8;
+    let cs = comms(2);
+    let hs: Vec<_> = cs
+        .iter()
+        .map(|c| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let (me, peer) = (c.rank(), 1 - c.rank());
+                for i in 0..FRAMES {
+                    let len = SIZES[i as usize % SIZES.len()];
+                    let data: Vec<u8> = (0..len).map(|j| byte(i, j)).collect();
+                    c.send_bulk(peer, i, &data).unwrap();
+                    if i % 5 == 0 {
+                        let up = Msg::Up {
+                            seq: i,
+                            data: vec![me as u8; 9],
+                        };
+                        c.send(peer, &up).unwrap();
+                    }
+                }
+                for i in 0..FRAMES {
+                    let (tag, data) = c.recv_bulk(peer).unwrap();
+                    assert_eq!(tag, i, "bulk frames out of order");
+                    let len = SIZES[i as usize % SIZES.len()];
+                    assert_eq!(data.len(), len, "frame {i}'s length");
+                    assert!(
+                        data.iter().enumerate().all(|(j, b)| *b == byte(i, j)),
+                        "frame {i}'s bytes"
+                    );
+                    if i % 5 == 0 {
+                        let got = c.recv_coll(peer, i, Dir::Up).unwrap();
+                        assert_eq!(got, vec![peer as u8; 9]);
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    close(cs);
+}

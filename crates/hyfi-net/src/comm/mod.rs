@@ -1,23 +1,36 @@
-//! The communication thread: one per node, running a single-threaded tokio
-//! runtime that reads every link.
+//! The message substrate: one I/O model, non-blocking sockets, one
+//! `poll(2)` event loop per node on its communication thread. The link
+//! protocol and the loop are described beside the code, in `README.md`.
 //!
-//! **Sending** does not go through it: the calling thread writes its frame
-//! to the socket itself, under a per-link lock (frames never interleave; a
-//! control frame waits at most for one frame already being written). This
-//! departs from the design card's "workers hand messages to the
-//! communication thread through lock-free queues": that hand-off cost a
-//! wake-up of the communication thread per message, which measured 5–7×
-//! a raw TCP round trip; writing directly removed it (see BENCHMARKS.md).
-//! **Receiving**: one reader task per link decodes frames and files them in
+//! **Sending** does not go through the loop: the calling thread writes its
+//! frame to the non-blocking socket itself, one `write` under a per-link
+//! lock (frames never interleave; a control frame waits at most for one
+//! frame already being written). This departs from the design card's
+//! "workers hand messages to the communication thread through lock-free
+//! queues": that hand-off cost a wake-up of the communication thread per
+//! message, which measured 5–7× a raw TCP round trip; writing directly
+//! removed it (see BENCHMARKS.md). Only what the socket does not take waits
+//! in the link's backlog, and the loop (woken through a socket pair in its
+//! poll set) writes it out when the socket drains: nothing ever blocks on a
+//! full socket, not even the communication thread, which answers service
+//! requests itself.
+//!
+//! **Receiving**: the loop reads every link with an incremental frame
+//! decoder (header, then payload, across partial reads) and files frames in
 //! the [`Inbox`], where waiting threads poll briefly and then sleep, and
 //! waiting filthreads suspend (the hyfi-core seam) so their processor runs
-//! other work.
+//! other work; frames for a service go to its handler. The same loop sends
+//! heartbeats and judges silent peers (its `poll` timeout is the next
+//! deadline), and accepts and refuses strays on the listeners. Before, reads
+//! ran on a tokio runtime and backlogs on a separate flusher thread with its
+//! own `poll`: two I/O models and one more thread for the same sockets.
 //!
 //! One module per part: `inbox` (where frames wait for their takers),
 //! `service` (the table of the node's hyfi-core services, and how frames
-//! tagged for one reach it), `tx` (the sending side and its flusher), `rx`
-//! (the communication thread's tasks: readers, heartbeats, strays), `stats`
-//! (counters by class); this one holds [`Comm`], which ties them to a node.
+//! tagged for one reach it), `tx` (the sending side: direct writes,
+//! backlogs, the loop's waker), `rx` (the event loop: links read and
+//! flushed, heartbeats, strays), `stats` (counters by class); this one
+//! holds [`Comm`], which ties them to a node.
 //!
 //! **Failure detection.** A link that closes or breaks before its peer said
 //! `Bye`, or an `Abort` from a peer, fails the node: every waiter in the
@@ -37,7 +50,7 @@ pub use stats::NetStats;
 pub use tx::{Sender, SenderInner};
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -51,7 +64,7 @@ use hyfi_core::link::Steps;
 use inbox::WaitError;
 use rx::{run, Node};
 use service::ServiceError;
-use tx::{flusher_loop, Flusher, PeerTx, TxState};
+use tx::{PeerTx, Waker};
 
 /// How long a node whose program ended serves its peers before it says
 /// so on stderr (it goes on serving them).
@@ -60,9 +73,7 @@ const CLOSE_NOTICE: Duration = Duration::from_secs(10);
 /// A node's communication thread and the handles to talk through it.
 pub struct Comm {
     sender: Sender,
-    flusher_thread: Mutex<Option<JoinHandle<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    shutdown: Arc<tokio::sync::Notify>,
 }
 
 impl std::ops::Deref for Comm {
@@ -91,16 +102,11 @@ impl Comm {
         let mut txs = Vec::with_capacity(nodes);
         for p in &links.peers {
             txs.push(match p {
-                Some(sock) => Some(PeerTx {
-                    st: Mutex::new(TxState {
-                        sock: Some(
-                            sock.try_clone()
-                                .map_err(|e| NetError::io("cloning a link for writing", e))?,
-                        ),
-                        backlog: Default::default(),
-                        head_off: 0,
-                    }),
-                }),
+                Some(sock) => {
+                    Some(PeerTx::new(sock.try_clone().map_err(|e| {
+                        NetError::io("cloning a link for writing", e)
+                    })?))
+                }
                 None => None,
             });
         }
@@ -113,16 +119,13 @@ impl Comm {
             l.set_nonblocking(true)
                 .map_err(|e| NetError::io("set_nonblocking", e))?;
         }
-        let flusher = Arc::new(Flusher {
-            pending: Mutex::new(false),
-            cv: Condvar::new(),
-            stop: Default::default(),
-        });
+        let waker =
+            Arc::new(Waker::new().map_err(|e| NetError::io("creating the loop's waker", e))?);
         let sender = Sender(Arc::new(SenderInner {
             rank,
             nodes,
-            tx: txs.clone(),
-            flusher: flusher.clone(),
+            tx: txs,
+            waker: waker.clone(),
             inbox,
             stats,
         }));
@@ -130,46 +133,30 @@ impl Comm {
             sender: sender.clone(),
             hook: on_failure,
         };
-        let flusher_thread = {
-            let (f, t, node) = (flusher.clone(), txs.clone(), node.clone());
-            std::thread::Builder::new()
-                .name("hyfi-flush".into())
-                .spawn(move || {
-                    flusher_loop(f, t, |peer, e| {
-                        node.fail(
-                            NetError::LostNode {
-                                me: rank,
-                                lost: peer,
-                                why: format!("writing to it failed: {e}"),
-                            }
-                            .to_string(),
-                        )
-                    })
-                })
-                .map_err(|e| NetError::io("spawning the flusher thread", e))?
-        };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| NetError::io("starting the communication thread's runtime", e))?;
-        let shutdown = Arc::new(tokio::sync::Notify::new());
-        let stop = shutdown.clone();
         let thread = std::thread::Builder::new()
             .name("hyfi-comm".into())
             .spawn(move || {
-                rt.block_on(async move {
-                    tokio::select! {
-                        _ = run(links, node, heartbeat) => {}
-                        _ = stop.notified() => {}
-                    }
-                })
+                // A service handler that panics (it runs on this thread)
+                // must not leave the node's waits hanging: the node fails.
+                let on_panic = node.clone();
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run(links, node, heartbeat, waker)
+                }));
+                if let Err(p) = ran {
+                    let what = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "(a non-string payload)".into());
+                    on_panic.fail(format!(
+                        "node {rank}: its communication thread panicked: {what}"
+                    ));
+                }
             })
             .map_err(|e| NetError::io("spawning the communication thread", e))?;
         Ok(Comm {
             sender,
-            flusher_thread: Mutex::new(Some(flusher_thread)),
             thread: Mutex::new(Some(thread)),
-            shutdown,
         })
     }
 
@@ -327,7 +314,7 @@ impl Comm {
             }
         }
         // Every peer is done asking: write out what is left, then close our
-        // sending halves (the peers' readers see a clean end after our Bye).
+        // sending halves (the peers' loops see a clean end after our Bye).
         let flush_until = Instant::now() + Duration::from_secs(5);
         for tx in self.tx.iter().flatten() {
             loop {
@@ -337,25 +324,18 @@ impl Comm {
                     if let Some(sock) = st.sock.take() {
                         let _ = sock.shutdown(std::net::Shutdown::Write);
                     }
+                    tx.note(&st);
                     break;
                 }
+                tx.note(&st);
                 drop(st);
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
-        self.flusher.stop.store(true, Ordering::SeqCst);
-        self.flusher.kick();
-        if let Some(h) = self
-            .flusher_thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            let _ = h.join();
-        }
-        // Whatever the peers did, the thread ends now: its remaining tasks
-        // (readers of peers that never closed) are dropped with the runtime.
-        self.shutdown.notify_one();
+        // Whatever the peers did, the loop ends now (links of peers that
+        // never closed are dropped with it).
+        self.waker.stop.store(true, Ordering::SeqCst);
+        self.waker.wake();
         if let Some(h) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = h.join();
         }

@@ -1,27 +1,29 @@
-//! The communication thread's tasks: a reader per link, heartbeats,
-//! strays refused.
+//! The communication thread's event loop: one `poll(2)` over every link (an
+//! incremental frame decoder each), the links' backlogs (written when their
+//! sockets drain), the listeners (strays accepted and refused), and the
+//! [`Waker`]; heartbeats and deadlines are its timeout. See `README.md`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::io::{ErrorKind, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use tokio::io::AsyncReadExt;
-use tokio::sync::mpsc::unbounded_channel;
 
 use hyfi_core::link::Class;
 
 use crate::error::NetError;
 use crate::mesh::Links;
+use crate::refusal::RefusalLog;
 use crate::wire::{self, Header, Kind, Msg, HANDSHAKE_LEN, HEADER_LEN};
 
 use super::inbox::Dir;
 use super::service::{split_service_tag, SERVICE_TAG};
-use super::stats::NetStats;
-use super::tx::Sender;
+use super::tx::{Sender, Waker};
 use super::FailureHook;
 
-/// What the communication thread's tasks share: the node's sending side
-/// (and through it the inbox) and its failure hook.
+/// What the communication thread shares with the failure path: the node's
+/// sending side (and through it the inbox) and its failure hook.
 #[derive(Clone)]
 pub(super) struct Node {
     pub(super) sender: Sender,
@@ -38,173 +40,176 @@ impl Node {
     }
 }
 
-/// Milliseconds since `t0`, for the last-heard stamps.
-pub(super) fn millis(t0: Instant) -> u64 {
-    t0.elapsed().as_millis() as u64
+/// A link's read buffer: a frame's header and payload usually arrive in one
+/// read.
+const READ_BUF: usize = 64 * 1024;
+/// Reads of one link per turn of the loop, so that a flooding peer does not
+/// starve the others (`poll` is level-triggered: the rest is read next turn).
+const READS_PER_TURN: usize = 16;
+/// How long the listeners rest after `accept` failed (out of descriptors
+/// under a flood, say).
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+
+/// How a link's reading ended.
+enum Ended {
+    /// End of stream after the peer's `Bye`.
+    Cleanly,
+    /// The node fails with this text.
+    Failed(String),
 }
 
-pub(super) async fn run(links: Links, node: Node, heartbeat: Duration) {
-    let me = links.rank;
-    let nodes = links.nodes;
-    let (done_tx, mut done_rx) = unbounded_channel::<()>();
-    let t0 = Instant::now();
-    // When each peer was last heard from, and whether its link is still
-    // read (a link that ended cleanly is not expected to talk).
-    let heard: Arc<Vec<AtomicU64>> = Arc::new((0..nodes).map(|_| AtomicU64::new(0)).collect());
-    let open: Arc<Vec<std::sync::atomic::AtomicBool>> = Arc::new(
-        (0..nodes)
-            .map(|p| std::sync::atomic::AtomicBool::new(p != me))
-            .collect(),
-    );
-    let mut tasks = 0usize;
-    for (peer, stream) in links.peers.into_iter().enumerate() {
-        let Some(stream) = stream else { continue };
-        let stream = match tokio::net::TcpStream::from_std(stream) {
-            Ok(s) => s,
-            Err(e) => {
-                node.fail(format!("node {me}: link to node {peer} unusable: {e}"));
-                continue;
-            }
-        };
-        // Writes go through the std clone in PeerTx; the reader task gets
-        // the whole stream (not a split half: dropping tokio's write half
-        // would shut our sending side down).
-        tasks += 1;
-        let (d, n, h, o) = (done_tx.clone(), node.clone(), heard.clone(), open.clone());
-        tokio::spawn(async move {
-            if let Some(why) = read_frames(me, peer, stream, &n, &h[peer], t0).await {
-                n.fail(why);
-            }
-            o[peer].store(false, Ordering::SeqCst);
-            let _ = d.send(());
-        });
-    }
-    for l in links.listeners {
-        if let Ok(l) = tokio::net::TcpListener::from_std(l) {
-            let st = node.sender.stats.clone();
-            tokio::spawn(refuse_strays(me, l, st));
-        }
-    }
-    tokio::spawn(heartbeats(me, node.clone(), heard, open, t0, heartbeat));
-    drop(done_tx);
-    for _ in 0..tasks {
-        if done_rx.recv().await.is_none() {
-            break;
-        }
-    }
+/// A frame whose payload is still arriving.
+struct Partial {
+    header: Header,
+    payload: Vec<u8>,
+    filled: usize,
 }
 
-/// Sends a heartbeat to every peer at a quarter of the limit, and fails
-/// the node when a peer whose link is open has been silent past it.
-pub(super) async fn heartbeats(
-    me: usize,
-    node: Node,
-    heard: Arc<Vec<AtomicU64>>,
-    open: Arc<Vec<std::sync::atomic::AtomicBool>>,
-    t0: Instant,
-    limit: Duration,
-) {
-    let every = (limit / 4).max(Duration::from_millis(10));
-    let frame = wire::control_frame(&Msg::Heartbeat);
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_tick = millis(t0);
-    loop {
-        tick.tick().await;
-        if node.sender.inbox.failure().is_some() {
-            return;
-        }
-        let now = millis(t0);
-        // If this thread itself did not run for a while (the process was
-        // stopped, or starved), the peers' heartbeats wait unread in the
-        // sockets: let the readers take them before judging anyone.
-        let late = now.saturating_sub(last_tick) > 2 * every.as_millis() as u64;
-        last_tick = now;
-        for peer in 0..heard.len() {
-            if !open[peer].load(Ordering::SeqCst) {
-                continue;
-            }
-            // Not counted as traffic: it is the link's own upkeep.
-            let _ = node.sender.push(peer, frame.clone(), true);
-            let silent = now.saturating_sub(heard[peer].load(Ordering::Relaxed));
-            if silent > limit.as_millis() as u64 && !late {
-                node.fail(
-                    NetError::LostNode {
-                        me,
-                        lost: peer,
-                        why: format!(
-                            "it stopped answering: nothing, not even a heartbeat, for {:.1} s \
-                             (HYFI_HEARTBEAT={}): it is hung, stopped (SIGSTOP) or cut off \
-                             from this node",
-                            silent as f64 / 1000.0,
-                            limit.as_secs_f64()
-                        ),
-                    }
-                    .to_string(),
-                );
-                return;
-            }
-        }
-    }
-}
-
-/// Reads one link's frames into the inbox until the link ends. Returns why
-/// it ended as a failure, or `None` if the peer said `Bye` first.
-pub(super) async fn read_frames(
+/// The receiving side of one link.
+struct Link {
     me: usize,
     peer: usize,
-    r: tokio::net::TcpStream,
-    node: &Node,
-    heard: &AtomicU64,
-    t0: Instant,
-) -> Option<String> {
-    let (inbox, stats) = (&*node.sender.inbox, &*node.sender.stats);
-    let lost = |why: String| {
-        Some(
+    /// The loop's handle of the socket (the senders write through a clone
+    /// of it, see [`super::tx::PeerTx`]).
+    sock: TcpStream,
+    /// Bytes read and not yet decoded are `buf[lo..hi]`: between reads,
+    /// less than a header.
+    buf: Box<[u8]>,
+    lo: usize,
+    hi: usize,
+    frame: Option<Partial>,
+    said_bye: bool,
+    /// Still read (a link whose reading ended is not expected to talk).
+    reading: bool,
+    /// When bytes last came.
+    heard: Instant,
+}
+
+impl Link {
+    fn lost(&self, why: String) -> Ended {
+        Ended::Failed(
             NetError::LostNode {
-                me,
-                lost: peer,
+                me: self.me,
+                lost: self.peer,
                 why,
             }
             .to_string(),
         )
-    };
-    let protocol = |why: String| {
-        Some(
+    }
+
+    fn protocol(&self, why: String) -> Ended {
+        Ended::Failed(
             NetError::Protocol {
-                me,
-                from: peer,
+                me: self.me,
+                from: self.peer,
                 why,
             }
             .to_string(),
         )
-    };
-    let spmd = |why: &dyn std::fmt::Display| Some(format!("node {me}: {why}"));
-    let step = |w: [u64; 4]| hyfi_core::Step::from_words(w);
-    // Buffered: a frame's header and payload usually arrive in one read.
-    let mut r = tokio::io::BufReader::with_capacity(64 * 1024, r);
-    let mut said_bye = false;
-    loop {
-        heard.store(millis(t0), Ordering::Relaxed);
-        let mut h = [0u8; HEADER_LEN];
-        if let Err(e) = r.read_exact(&mut h).await {
-            if said_bye {
-                return None;
+    }
+
+    /// Reads what the socket has (up to [`READS_PER_TURN`] reads) and
+    /// decodes and delivers every frame completed. `Err` when the link ends.
+    fn on_readable(&mut self, node: &Node, now: Instant) -> Result<(), Ended> {
+        for _ in 0..READS_PER_TURN {
+            let (sock, buf) = (&self.sock, &mut self.buf);
+            let (read, asked) = match self.frame.as_mut() {
+                // A payload's rest goes straight into it.
+                Some(f) if self.lo == self.hi => {
+                    let asked = f.payload.len() - f.filled;
+                    let read = (&*sock).read(&mut f.payload[f.filled..]);
+                    (read.inspect(|n| f.filled += n), asked)
+                }
+                _ => {
+                    let asked = buf.len() - self.hi;
+                    let read = (&*sock).read(&mut buf[self.hi..]);
+                    (read.inspect(|n| self.hi += n), asked)
+                }
+            };
+            match read {
+                Ok(0) => {
+                    return Err(if self.frame.is_some() {
+                        self.lost("in the middle of a frame: early eof".to_string())
+                    } else if self.said_bye {
+                        Ended::Cleanly
+                    } else {
+                        self.lost("its connection closed".to_string())
+                    });
+                }
+                Ok(n) => {
+                    self.heard = now;
+                    self.decode(node)?;
+                    // A short read took all there was: no second read to
+                    // hear `EAGAIN` (one syscall per message saved; the
+                    // level-triggered `poll` says when more comes).
+                    if n < asked {
+                        return Ok(());
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if self.frame.is_some() => {
+                    return Err(self.lost(format!("in the middle of a frame: {e}")))
+                }
+                Err(_) if self.said_bye => return Err(Ended::Cleanly),
+                Err(e) => return Err(self.lost(e.to_string())),
             }
-            return lost(if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                "its connection closed".to_string()
+        }
+        Ok(())
+    }
+
+    /// Delivers every complete frame in the buffer: header, then payload,
+    /// across as many reads as they take.
+    fn decode(&mut self, node: &Node) -> Result<(), Ended> {
+        loop {
+            if let Some(f) = self.frame.as_mut() {
+                let take = (f.payload.len() - f.filled).min(self.hi - self.lo);
+                f.payload[f.filled..f.filled + take]
+                    .copy_from_slice(&self.buf[self.lo..self.lo + take]);
+                f.filled += take;
+                self.lo += take;
+                if f.filled < f.payload.len() {
+                    break;
+                }
+                let Some(f) = self.frame.take() else { break };
+                self.deliver(node, f.header, f.payload)?;
+                continue;
+            }
+            if self.hi - self.lo < HEADER_LEN {
+                break;
+            }
+            let raw: &[u8; HEADER_LEN] = self.buf[self.lo..self.lo + HEADER_LEN]
+                .try_into()
+                .expect("HEADER_LEN bytes");
+            let header = Header::decode(raw).map_err(|why| self.protocol(why.to_string()))?;
+            self.lo += HEADER_LEN;
+            let len = header.len as usize;
+            if self.hi - self.lo >= len {
+                let payload = self.buf[self.lo..self.lo + len].to_vec();
+                self.lo += len;
+                self.deliver(node, header, payload)?;
             } else {
-                e.to_string()
-            });
+                self.frame = Some(Partial {
+                    header,
+                    payload: vec![0; len],
+                    filled: 0,
+                });
+            }
         }
-        let h = match Header::decode(&h) {
-            Ok(h) => h,
-            Err(why) => return protocol(why.to_string()),
-        };
-        let mut payload = vec![0u8; h.len as usize];
-        if let Err(e) = r.read_exact(&mut payload).await {
-            return lost(format!("in the middle of a frame: {e}"));
-        }
+        // Less than a header is left: to the front, for the next read.
+        self.buf.copy_within(self.lo..self.hi, 0);
+        self.hi -= self.lo;
+        self.lo = 0;
+        Ok(())
+    }
+
+    /// Files one frame in the inbox, hands it to its service, or acts on
+    /// the control message.
+    fn deliver(&mut self, node: &Node, h: Header, payload: Vec<u8>) -> Result<(), Ended> {
+        let (me, peer) = (self.me, self.peer);
+        let (inbox, stats) = (&*node.sender.inbox, &*node.sender.stats);
+        let spmd = |why: &dyn std::fmt::Display| Ended::Failed(format!("node {me}: {why}"));
+        let step = |w: [u64; 4]| hyfi_core::Step::from_words(w);
         let bytes = (HEADER_LEN + payload.len()) as u64;
         match h.kind {
             Kind::Bulk => {
@@ -216,7 +221,7 @@ pub(super) async fn read_frames(
                 stats.count_received(class, bytes);
                 if h.tag & SERVICE_TAG != 0 {
                     if let Err(why) = inbox.services.to_service(peer, h.tag, payload) {
-                        return protocol(why.to_string());
+                        return Err(self.protocol(why.to_string()));
                     }
                 } else {
                     inbox.put_bulk(peer, h.tag, payload);
@@ -236,7 +241,7 @@ pub(super) async fn read_frames(
                     Ok(Msg::Heartbeat) => {}
                     Ok(Msg::Step { n, step: w }) => {
                         let Some(theirs) = step(w) else {
-                            return protocol(format!("a step {w:?} that is none"));
+                            return Err(self.protocol(format!("a step {w:?} that is none")));
                         };
                         let r = {
                             let mut s = inbox.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -246,71 +251,376 @@ pub(super) async fn read_frames(
                             }
                         };
                         if let Err(why) = r {
-                            return spmd(&why);
+                            return Err(spmd(&why));
                         }
                     }
                     // The peer is going away; whatever follows changes nothing.
                     Ok(Msg::Abort { cause }) => {
-                        return Some(format!("node {peer} aborted the job: {cause}"))
+                        return Err(Ended::Failed(format!(
+                            "node {peer} aborted the job: {cause}"
+                        )))
                     }
                     Ok(Msg::Bye { steps, last }) => {
-                        said_bye = true;
+                        self.said_bye = true;
                         let last = if last == [0; 4] { None } else { step(last) };
                         if let Err(why) = inbox.bye(peer, steps, last) {
-                            return spmd(&why);
+                            return Err(spmd(&why));
                         }
                     }
-                    Ok(other) => return protocol(format!("unexpected {other:?}")),
-                    Err(why) => return protocol(why.to_string()),
+                    Ok(other) => return Err(self.protocol(format!("unexpected {other:?}"))),
+                    Err(why) => return Err(self.protocol(why.to_string())),
                 }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A connection accepted after setup: a stray (a port scan, a node of
+/// another job, garbage). What it says is read, for the refusal's line,
+/// until it has said a handshake's worth or its deadline passes.
+struct Stray {
+    sock: TcpStream,
+    from: SocketAddr,
+    said: [u8; HANDSHAKE_LEN],
+    got: usize,
+    deadline: Instant,
+    /// Why it is refused, once known.
+    why: Option<String>,
+}
+
+impl Stray {
+    fn on_readable(&mut self) {
+        while self.why.is_none() {
+            match (&self.sock).read(&mut self.said[self.got..]) {
+                Ok(0) => self.why = Some("no handshake: early eof".to_string()),
+                Ok(n) => {
+                    self.got += n;
+                    if self.got == HANDSHAKE_LEN {
+                        self.why = Some(match wire::Handshake::decode(&self.said) {
+                            Ok(h) => format!(
+                                "a handshake from rank {} of job {} after setup ended",
+                                h.rank, h.job
+                            ),
+                            Err(why) => why.to_string(),
+                        });
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) => self.why = Some(format!("no handshake: {e}")),
             }
         }
     }
 }
 
-/// After setup, any connection to our listeners is a stray (a port scan,
-/// a node of another job, garbage): read what it says, log it (rate-limited:
-/// a flood costs a few lines and a count), drop it.
-pub(super) async fn refuse_strays(me: usize, l: tokio::net::TcpListener, stats: Arc<NetStats>) {
-    let log = Arc::new(crate::refusal::RefusalLog::new(me));
-    let wait = crate::mesh::HANDSHAKE_WAIT;
-    loop {
-        let (mut s, from) = match l.accept().await {
-            Ok(c) => c,
-            // Out of descriptors under a flood, say: refusing must go on.
-            Err(e) => {
-                if let Some(after) = log.refuse("(accept)", e) {
-                    let log = log.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(after).await;
-                        log.tick();
-                    });
+/// What an entry of the poll set stands for.
+#[derive(Clone, Copy)]
+enum Slot {
+    Wake,
+    Link(usize),
+    Listener(usize),
+    Stray(usize),
+}
+
+/// The event loop's state.
+struct Loop {
+    me: usize,
+    node: Node,
+    waker: Arc<Waker>,
+    links: Vec<Link>,
+    listeners: Vec<TcpListener>,
+    /// The listeners rest until then after `accept` failed.
+    listen_after: Option<Instant>,
+    strays: Vec<Stray>,
+    log: RefusalLog,
+    /// When the refusal log's held-back lines are to be summed up.
+    tick_at: Option<Instant>,
+    limit: Duration,
+    every: Duration,
+    /// The next heartbeat (`None` once the node failed).
+    next_beat: Option<Instant>,
+    last_beat: Instant,
+}
+
+/// The communication thread: runs the event loop until [`Waker::stop`].
+pub(super) fn run(links: Links, node: Node, limit: Duration, waker: Arc<Waker>) {
+    let me = links.rank;
+    let now = Instant::now();
+    let every = (limit / 4).max(Duration::from_millis(10));
+    let mut l = Loop {
+        me,
+        links: links
+            .peers
+            .into_iter()
+            .enumerate()
+            .filter_map(|(peer, s)| {
+                Some(Link {
+                    me,
+                    peer,
+                    sock: s?,
+                    buf: vec![0; READ_BUF].into_boxed_slice(),
+                    lo: 0,
+                    hi: 0,
+                    frame: None,
+                    said_bye: false,
+                    reading: true,
+                    heard: now,
+                })
+            })
+            .collect(),
+        listeners: links.listeners,
+        listen_after: None,
+        strays: Vec::new(),
+        log: RefusalLog::new(me),
+        tick_at: None,
+        node,
+        waker,
+        limit,
+        every,
+        next_beat: Some(now),
+        last_beat: now,
+    };
+    l.run();
+}
+
+/// Milliseconds from `now` until `t`, rounded up (`poll`'s timeout).
+fn millis_until(t: Instant, now: Instant) -> i32 {
+    let us = t.saturating_duration_since(now).as_micros();
+    us.div_ceil(1000).min(i32::MAX as u128) as i32
+}
+
+impl Loop {
+    fn run(&mut self) {
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        let mut slots: Vec<Slot> = Vec::new();
+        while !self.waker.stop.load(Ordering::SeqCst) {
+            let now = Instant::now();
+            fds.clear();
+            slots.clear();
+            let mut add = |fd, events, slot| {
+                fds.push(libc::pollfd {
+                    fd,
+                    events,
+                    revents: 0,
+                });
+                slots.push(slot);
+            };
+            add(self.waker.rx.as_raw_fd(), libc::POLLIN, Slot::Wake);
+            for (i, link) in self.links.iter().enumerate() {
+                let mut events = if link.reading { libc::POLLIN } else { 0 };
+                if self.node.sender.tx[link.peer]
+                    .as_ref()
+                    .is_some_and(|tx| tx.out.load(Ordering::SeqCst))
+                {
+                    events |= libc::POLLOUT;
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // (Never an entry without events: a hung-up socket would
+                // report POLLHUP at every turn.)
+                if events != 0 {
+                    add(link.sock.as_raw_fd(), events, Slot::Link(i));
+                }
+            }
+            if self.listen_after.is_some_and(|t| now >= t) {
+                self.listen_after = None;
+            }
+            if self.listen_after.is_none() {
+                for (i, l) in self.listeners.iter().enumerate() {
+                    add(l.as_raw_fd(), libc::POLLIN, Slot::Listener(i));
+                }
+            }
+            for (i, s) in self.strays.iter().enumerate() {
+                add(s.sock.as_raw_fd(), libc::POLLIN, Slot::Stray(i));
+            }
+            let timeout = [self.next_beat, self.tick_at, self.listen_after]
+                .into_iter()
+                .flatten()
+                .chain(self.strays.iter().map(|s| s.deadline))
+                .min()
+                .map_or(-1, |t| millis_until(t, now));
+            // SAFETY: `fds` is a valid, initialised array of `fds.len()`
+            // pollfds, and `poll` writes only their `revents`. Every fd in
+            // it is owned by `self` (the waker, links, listeners, strays),
+            // none of which is dropped before `poll` returns.
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != ErrorKind::Interrupted {
+                    tracing::warn!("hyfi-net communication thread: poll failed: {e}");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 continue;
             }
+            let now = Instant::now();
+            for (fd, slot) in fds.iter().zip(&slots) {
+                if fd.revents != 0 {
+                    self.on_event(*slot, fd.revents, now);
+                }
+            }
+            self.on_time(now);
+        }
+    }
+
+    fn on_event(&mut self, slot: Slot, revents: libc::c_short, now: Instant) {
+        let gone = libc::POLLHUP | libc::POLLERR;
+        match slot {
+            Slot::Wake => self.waker.drain(),
+            Slot::Link(i) => {
+                let link = &mut self.links[i];
+                if link.reading && revents & (libc::POLLIN | gone) != 0 {
+                    if let Err(ended) = link.on_readable(&self.node, now) {
+                        link.reading = false;
+                        if let Ended::Failed(why) = ended {
+                            self.node.fail(why);
+                        }
+                    }
+                }
+                if revents & (libc::POLLOUT | gone) != 0 {
+                    self.flush(self.links[i].peer);
+                }
+            }
+            Slot::Listener(i) => self.accept(i, now),
+            Slot::Stray(i) => self.strays[i].on_readable(),
+        }
+    }
+
+    /// Writes `peer`'s backlog as far as its socket takes it.
+    fn flush(&self, peer: usize) {
+        let Some(Some(tx)) = self.node.sender.tx.get(peer) else {
+            return;
         };
-        stats.refused.fetch_add(1, Ordering::Relaxed);
-        let log = log.clone();
-        tokio::spawn(async move {
-            let mut b = [0u8; HANDSHAKE_LEN];
-            let why = match tokio::time::timeout(wait, s.read_exact(&mut b)).await {
-                Ok(Ok(_)) => match wire::Handshake::decode(&b) {
-                    Ok(h) => format!(
-                        "a handshake from rank {} of job {} after setup ended",
-                        h.rank, h.job
-                    ),
-                    Err(why) => why.to_string(),
-                },
-                Ok(Err(e)) => format!("no handshake: {e}"),
-                Err(_) => format!("no handshake within {} s", wait.as_secs()),
-            };
-            drop(s);
-            // The held-back lines are summed up even if no stray follows.
-            if let Some(after) = log.refuse(from, why) {
-                tokio::time::sleep(after).await;
-                log.tick();
+        let mut st = tx.st.lock().unwrap_or_else(|e| e.into_inner());
+        let flushed = st.flush();
+        if flushed.is_err() {
+            st.backlog.clear();
+        }
+        tx.note(&st);
+        drop(st);
+        if let Err(e) = flushed {
+            self.node.fail(
+                NetError::LostNode {
+                    me: self.me,
+                    lost: peer,
+                    why: format!("writing to it failed: {e}"),
+                }
+                .to_string(),
+            );
+        }
+    }
+
+    /// After setup, any connection to our listeners is a stray: accepted,
+    /// read for what it says (at most [`crate::mesh::HANDSHAKE_WAIT`]),
+    /// refused with a line (rate-limited: a flood costs a few lines and a
+    /// count).
+    fn accept(&mut self, i: usize, now: Instant) {
+        loop {
+            match self.listeners[i].accept() {
+                Ok((sock, from)) => {
+                    self.node
+                        .sender
+                        .stats
+                        .refused
+                        .fetch_add(1, Ordering::Relaxed);
+                    let why = sock
+                        .set_nonblocking(true)
+                        .err()
+                        .map(|e| format!("no handshake: {e}"));
+                    self.strays.push(Stray {
+                        sock,
+                        from,
+                        said: [0; HANDSHAKE_LEN],
+                        got: 0,
+                        deadline: now + crate::mesh::HANDSHAKE_WAIT,
+                        why,
+                    });
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                // Out of descriptors under a flood, say: refusing must go on.
+                Err(e) => {
+                    let after = self.log.refuse("(accept)", e);
+                    self.summary_in(after, now);
+                    self.listen_after = Some(now + ACCEPT_PAUSE);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The held-back refusal lines are summed up after `after`, even if no
+    /// stray follows.
+    fn summary_in(&mut self, after: Option<Duration>, now: Instant) {
+        if let Some(after) = after {
+            let t = now + after;
+            self.tick_at = Some(self.tick_at.map_or(t, |u| u.min(t)));
+        }
+    }
+
+    /// Deadlines: strays refused, the refusal summary, heartbeats.
+    fn on_time(&mut self, now: Instant) {
+        let wait = crate::mesh::HANDSHAKE_WAIT;
+        let mut refused = Vec::new();
+        self.strays.retain_mut(|s| {
+            if s.why.is_none() && now >= s.deadline {
+                s.why = Some(format!("no handshake within {} s", wait.as_secs()));
+            }
+            match s.why.take() {
+                Some(why) => {
+                    refused.push((s.from, why));
+                    false
+                }
+                None => true,
             }
         });
+        for (from, why) in refused {
+            let after = self.log.refuse(from, why);
+            self.summary_in(after, now);
+        }
+        if self.tick_at.is_some_and(|t| now >= t) {
+            self.tick_at = None;
+            self.log.tick();
+        }
+        if self.next_beat.is_some_and(|t| now >= t) {
+            self.heartbeat(now);
+        }
+    }
+
+    /// Sends a heartbeat to every peer at a quarter of the limit, and fails
+    /// the node when a peer whose link is read has been silent past it.
+    fn heartbeat(&mut self, now: Instant) {
+        if self.node.sender.inbox.failure().is_some() {
+            self.next_beat = None;
+            return;
+        }
+        self.next_beat = Some(now + self.every);
+        // If this thread itself did not run for a while (the process was
+        // stopped, or starved), the peers' heartbeats waited unread in the
+        // sockets: they were read this turn, but judge nobody yet.
+        let late = now.saturating_duration_since(self.last_beat) > 2 * self.every;
+        self.last_beat = now;
+        let frame = wire::control_frame(&Msg::Heartbeat);
+        for link in self.links.iter().filter(|l| l.reading) {
+            // Not counted as traffic: it is the link's own upkeep.
+            let _ = self.node.sender.push(link.peer, frame.clone(), true);
+            let silent = now.saturating_duration_since(link.heard);
+            if silent > self.limit && !late {
+                self.next_beat = None;
+                self.node.fail(
+                    NetError::LostNode {
+                        me: self.me,
+                        lost: link.peer,
+                        why: format!(
+                            "it stopped answering: nothing, not even a heartbeat, for {:.1} s \
+                             (HYFI_HEARTBEAT={}): it is hung, stopped (SIGSTOP) or cut off \
+                             from this node",
+                            silent.as_secs_f64(),
+                            self.limit.as_secs_f64()
+                        ),
+                    }
+                    .to_string(),
+                );
+                return;
+            }
+        }
     }
 }

@@ -1,9 +1,12 @@
 //! The sending side: frames written by the calling thread under a
-//! per-link lock, the rest flushed by the flusher thread.
+//! per-link lock; what a socket does not take waits in the link's backlog,
+//! which the communication thread's event loop writes out when the socket
+//! drains (the [`Waker`] tells it there is a backlog).
 
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use hyfi_core::link::{Class, ServiceId};
 
@@ -16,12 +19,36 @@ use super::stats::NetStats;
 
 /// The sending side of one link. Every frame is written without blocking:
 /// what the socket does not take at once waits in `backlog`, in order, and
-/// the flusher thread writes it as the socket drains. So the communication
-/// thread may answer requests itself (a page, a steal) without ever
-/// blocking on a full socket — two nodes answering each other's requests
-/// could otherwise deadlock with both receive buffers full.
+/// the communication thread's event loop writes it as the socket drains. So
+/// the communication thread may answer requests itself (a page, a steal)
+/// without ever blocking on a full socket — two nodes answering each
+/// other's requests could otherwise deadlock with both receive buffers full.
 pub(super) struct PeerTx {
     pub(super) st: Mutex<TxState>,
+    /// [`TxState::wants_out`] as of the last change under the lock: read
+    /// by the event loop at every turn without taking the lock (taking it
+    /// would make the loop wait for a sender's `write`, and that sender
+    /// wake it afterwards: a context switch on every round trip).
+    pub(super) out: AtomicBool,
+}
+
+impl PeerTx {
+    pub(super) fn new(sock: std::net::TcpStream) -> PeerTx {
+        PeerTx {
+            st: Mutex::new(TxState {
+                sock: Some(sock),
+                backlog: Default::default(),
+                head_off: 0,
+            }),
+            out: AtomicBool::new(false),
+        }
+    }
+
+    /// Publishes whether `st` (this link's state, locked) has a backlog
+    /// to write. Called after every change to the backlog or the socket.
+    pub(super) fn note(&self, st: &TxState) {
+        self.out.store(st.wants_out(), Ordering::SeqCst);
+    }
 }
 
 pub(super) struct TxState {
@@ -32,11 +59,10 @@ pub(super) struct TxState {
     pub(super) head_off: usize,
 }
 
-/// Writes as much of `buf` as the non-blocking socket takes now (tokio owns
-/// the reading side, and the blocking flag is shared by both). Returns how
-/// many bytes were written.
+/// Writes as much of `buf` as the non-blocking socket takes now (the
+/// blocking flag is the socket's, shared with the event loop's reading
+/// handle). Returns how many bytes were written.
 pub(super) fn write_some(s: &mut std::net::TcpStream, buf: &[u8]) -> std::io::Result<usize> {
-    use std::io::Write;
     let mut done = 0;
     while done < buf.len() {
         match s.write(&buf[done..]) {
@@ -68,95 +94,73 @@ impl TxState {
         }
         Ok(true)
     }
-}
 
-/// The thread that writes backlogged frames when their sockets drain.
-pub(super) struct Flusher {
-    pub(super) pending: Mutex<bool>,
-    pub(super) cv: Condvar,
-    pub(super) stop: std::sync::atomic::AtomicBool,
-}
-
-impl Flusher {
-    pub(super) fn kick(&self) {
-        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        self.cv.notify_one();
+    /// Whether the event loop should wait for this link's socket to drain.
+    pub(super) fn wants_out(&self) -> bool {
+        self.sock.is_some() && !self.backlog.is_empty()
     }
 }
 
-pub(super) fn flusher_loop(
-    flusher: Arc<Flusher>,
-    txs: Arc<Vec<Option<PeerTx>>>,
-    on_error: impl Fn(usize, std::io::Error),
-) {
-    use std::os::fd::AsRawFd;
-    loop {
-        {
-            let mut p = flusher.pending.lock().unwrap_or_else(|e| e.into_inner());
-            while !*p && !flusher.stop.load(Ordering::SeqCst) {
-                p = flusher.cv.wait(p).unwrap_or_else(|e| e.into_inner());
-            }
-            *p = false;
+/// Wakes the communication thread's event loop out of its `poll`: a byte
+/// down a socket pair whose other end is in the poll set. A sender wakes it
+/// when a link's backlog goes from empty to not (the loop then waits for
+/// that socket to drain as well), and [`super::Comm::close`] when it stops.
+pub(super) struct Waker {
+    /// The end the loop polls and drains.
+    pub(super) rx: UnixStream,
+    tx: UnixStream,
+    /// A byte is on its way and not yet drained: later wakes need not write.
+    pending: AtomicBool,
+    /// The loop ends at its next turn.
+    pub(super) stop: AtomicBool,
+}
+
+impl Waker {
+    pub(super) fn new() -> std::io::Result<Waker> {
+        let (rx, tx) = UnixStream::pair()?;
+        rx.set_nonblocking(true)?;
+        tx.set_nonblocking(true)?;
+        Ok(Waker {
+            rx,
+            tx,
+            pending: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    /// Makes the loop's current or next `poll` return.
+    pub(super) fn wake(&self) {
+        if !self.pending.swap(true, Ordering::SeqCst) {
+            // A full pipe (it cannot be: one byte is pending at most) or
+            // an interrupted write would still leave a byte to read.
+            let _ = (&self.tx).write(&[1]);
         }
-        if flusher.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        // Until every backlog is empty: wait for room, then write.
-        loop {
-            let mut fds = Vec::new();
-            for (peer, tx) in txs.iter().enumerate() {
-                let Some(tx) = tx else { continue };
-                let mut st = tx.st.lock().unwrap_or_else(|e| e.into_inner());
-                match st.flush() {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        if let Some(s) = st.sock.as_ref() {
-                            fds.push(libc::pollfd {
-                                fd: s.as_raw_fd(),
-                                events: libc::POLLOUT,
-                                revents: 0,
-                            });
-                        }
-                    }
-                    Err(e) => {
-                        st.backlog.clear();
-                        drop(st);
-                        on_error(peer, e);
-                    }
-                }
-            }
-            if fds.is_empty() || flusher.stop.load(Ordering::SeqCst) {
-                break;
-            }
-            // SAFETY: `fds` is a valid array of pollfds for sockets held open
-            // by `txs` (a closed socket's fd may be reused meanwhile; a
-            // spurious POLLOUT only costs one more non-blocking write try).
-            let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
-            if r < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    tracing::warn!("hyfi-net flusher: poll failed: {e}");
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        }
+    }
+
+    /// Called by the loop when `rx` is readable, before it looks at the
+    /// backlogs: a wake after this writes a byte again.
+    pub(super) fn drain(&self) {
+        self.pending.store(false, Ordering::SeqCst);
+        let mut b = [0u8; 64];
+        while matches!((&self.rx).read(&mut b), Ok(n) if n > 0) {}
     }
 }
 
-/// What sending needs: the links' writing halves and the flusher. Shared
-/// by [`Comm`] and every [`Sender`] handed out.
+/// What sending needs: the links' writing halves and the event loop's
+/// waker. Shared by [`Comm`](super::Comm) and every [`Sender`] handed out.
 pub struct SenderInner {
     pub(super) rank: usize,
     pub(super) nodes: usize,
     pub(super) tx: Arc<Vec<Option<PeerTx>>>,
-    pub(super) flusher: Arc<Flusher>,
+    pub(super) waker: Arc<Waker>,
     pub(super) inbox: Arc<Inbox>,
     pub(super) stats: Arc<NetStats>,
 }
 
-/// A handle for sending to the peers, independent of the [`Comm`]'s own
-/// lifetime: a [`Service`] keeps one to answer requests while its node
-/// closes (the node serves its peers until each has said `Bye`).
+/// A handle for sending to the peers, independent of the
+/// [`Comm`](super::Comm)'s own lifetime: a
+/// [`Service`](hyfi_core::link::Service) keeps one to answer requests while
+/// its node closes (the node serves its peers until each has said `Bye`).
 #[derive(Clone)]
 pub struct Sender(pub(super) Arc<SenderInner>);
 
@@ -183,7 +187,7 @@ impl Sender {
     /// Writes a frame to `peer` from the calling thread (no hand-off to the
     /// communication thread, whose wake-up would cost more than the write),
     /// never blocking: what the socket does not take now is backlogged for
-    /// the flusher thread. A control frame overtakes backlogged frames that
+    /// the event loop to write when the socket drains. A control frame overtakes backlogged frames that
     /// have not started, so control traffic waits at most for one frame
     /// being written.
     pub(crate) fn push(&self, peer: usize, frame: Vec<u8>, control: bool) -> Result<(), NetError> {
@@ -203,6 +207,12 @@ impl Sender {
             }
             st.backlog.push_back(frame);
             st.head_off = n;
+            tx.note(st);
+            drop(guard);
+            // The backlog was empty: the loop does not watch this socket
+            // for room yet. (A longer backlog is watched already.)
+            self.waker.wake();
+            return Ok(());
         } else if control {
             // Behind the frame being written, ahead of those not started.
             let at = if st.head_off > 0 { 1 } else { 0 };
@@ -210,8 +220,6 @@ impl Sender {
         } else {
             st.backlog.push_back(frame);
         }
-        drop(guard);
-        self.flusher.kick();
         Ok(())
     }
 
