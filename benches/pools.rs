@@ -147,7 +147,9 @@ fn red_black(c: &mut Criterion) {
             change.local(ctx, Op::Max),
         )
     };
-    let point = |_: &hyfi::Ctx, (i, j): (usize, usize), (v, m): &mut (hyfi::WriteRows<'_, f64>, hyfi::Local<'_, f64>)| {
+    let point = |_: &hyfi::Ctx,
+                 (i, j): (usize, usize),
+                 (v, m): &mut (hyfi::WriteRows<'_, f64>, hyfi::Local<'_, f64>)| {
         let old = v.get(i, j);
         let x = sor(|a, b| v.get(a, b), i, j);
         v.set(i, j, x);

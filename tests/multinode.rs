@@ -789,7 +789,7 @@ fn local_nodes_share_the_cpus(what: &str, mut cmd: Command, lines_whole: bool) {
         let pid: u32 = line.rsplit("pid ").next().unwrap().trim().parse().unwrap();
         job.track(pid);
         per_node.push(server_thread_cpus(pid));
-        // The node's other threads (communication, flusher, main) stay on
+        // The node's other threads (communication, main) stay on
         // the node's CPUs (with the default processor count, its server
         // threads' CPUs), off the other node's.
         let share: Vec<usize> = per_node[rank].iter().flatten().copied().collect();

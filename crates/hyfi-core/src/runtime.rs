@@ -83,7 +83,7 @@ impl Runtime {
         }
         if cfg.get_pin() && cfg.get_cpu_share().is_some_and(|(_, nodes)| nodes > 1) {
             // Several nodes on this host: the node's other threads (its
-            // communication and flusher threads, `main`) stay on the node's
+            // communication thread, `main`) stay on the node's
             // CPUs too, as a launcher's binding would keep them, instead of
             // preempting another node's server threads. Server threads are
             // then pinned one CPU each within this set.

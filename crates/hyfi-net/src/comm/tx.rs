@@ -200,8 +200,13 @@ impl Sender {
             return Err(self.failed_error(format!("link to node {peer} is closed")));
         };
         if st.backlog.is_empty() {
-            let n = write_some(sock, &frame)
-                .map_err(|e| self.failed_error(format!("writing to node {peer}: {e}")))?;
+            let n = match write_some(sock, &frame) {
+                Ok(n) => n,
+                Err(e) => {
+                    drop(guard);
+                    return Err(self.write_failed(peer, e));
+                }
+            };
             if n == frame.len() {
                 return Ok(());
             }
@@ -269,6 +274,32 @@ impl Sender {
         self.stats.count_sent(class, bytes);
         self.push(peer, frame, class == Class::Control)?;
         Ok(bytes)
+    }
+
+    /// A direct write to `peer` failed: its end of the link is gone (reset,
+    /// closed). The event loop, which reads the same socket, names the lost
+    /// node and fails this one with the failure hook; this waits briefly
+    /// for it (woken at once) so that the caller reports what the job
+    /// reports ("lost node 1: …"), not the socket's errno. A peer that said
+    /// `Bye` is not lost: the error is then only the write's.
+    #[cold]
+    fn write_failed(&self, peer: usize, e: std::io::Error) -> NetError {
+        let fallback = format!("writing to node {peer}: {e}");
+        let said_bye = self
+            .inbox
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .gone
+            .contains(&peer);
+        if !said_bye {
+            self.waker.wake();
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            while self.inbox.failure().is_none() && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        self.failed_error(fallback)
     }
 
     pub(crate) fn failed_error(&self, fallback: String) -> NetError {

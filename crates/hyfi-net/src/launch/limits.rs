@@ -6,7 +6,7 @@
 //! its own threads start. A count the host cannot hold would otherwise fail
 //! half-way with `EAGAIN` from `fork`, after thousands of processes were
 //! started and had to be stopped again, or exhaust the user's processes for
-//! everything else they run. So [`check`] refuses, before any node starts:
+//! everything else they run. So `check` refuses, before any node starts:
 //!
 //! - more than [`MAX_LOCAL_NODES`] nodes (`HYFI_MAX_LOCAL_NODES` changes the
 //!   bound, for a host that can hold more);

@@ -9,14 +9,14 @@
 //! - a list of ascending numbers (`1, 2, 3, …, 99, 999`) is written as ranges
 //!   (`1-99, 999`), and a line is cut at [`MAX_LINE`] bytes;
 //! - a line that [`REPEATS_SHOWN`] nodes already wrote (the same text, up to
-//!   each node's own rank) is not copied again but counted; [`Stderr::summary`]
+//!   each node's own rank) is not copied again but counted; `Stderr::summary`
 //!   prints it once at the end with the count and the ranks that wrote it.
 //!
 //! Stdout is the program's result and is copied as it is.
 //!
 //! Progress lines on stderr (`hyfi_core::progress::LINE_PREFIX`) are never
-//! copied: they go to the job's [`Status`] line. Every line copied goes
-//! through [`Status::print`], which erases the status line first.
+//! copied: they go to the job's `Status` line. Every line copied goes
+//! through `Status::print`, which erases the status line first.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

@@ -2,18 +2,18 @@
 //! terminal, rewritten in place.
 //!
 //! Nodes write progress as lines on stderr (`hyfi_core::progress`); the
-//! forwarders never copy those, they hand them to [`Status::update`]. When
+//! forwarders never copy those, they hand them to `Status::update`. When
 //! the launcher renders (its stderr a terminal, or `HYFI_PROGRESS=force`),
-//! the supervising loop's [`Status::tick`] draws one line, at most every
+//! the supervising loop's `Status::tick` draws one line, at most every
 //! [`REDRAW`]:
 //!
 //! ```text
 //! hyfi 12 s | nodes 0-2: 1234 sweeps, maxdiff 1.2e-3 | node 3: 1233 sweeps, …
 //! ```
 //!
-//! Any other output line goes through [`Status::print`], which erases the
+//! Any other output line goes through `Status::print`, which erases the
 //! status line first (it is drawn again at the next tick), so the two never
-//! share a line; [`Status::clear`] erases it for good at the end.
+//! share a line; `Status::clear` erases it for good at the end.
 //!
 //! Lock order: the status, then stdout or stderr.
 

@@ -27,7 +27,7 @@
 //! **Strangers cannot hijack it.** Nothing keyed by the token, and not the
 //! address table, goes to a connection before it proved it knows the token;
 //! a connection that fails is logged (rate-limited, see
-//! [`crate::refusal`]) and dropped, and setup goes on. Only a node that
+//! `crate::refusal`) and dropped, and setup goes on. Only a node that
 //! proved itself can end setup with an error: a node count that disagrees
 //! with node 0's, or a rank claimed twice, ends setup on every node with an
 //! error that says what to check.
