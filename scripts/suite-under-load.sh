@@ -43,5 +43,10 @@ for i in $(seq "$RUNS"); do
   pass=$(grep "test result" "$log" | awk '{s+=$4} END {print s}')
   fail=$(grep "test result" "$log" | awk '{s+=$6} END {print s}')
   echo "run $i: rc=$rc passed=$pass failed=$fail secs=$(( $(date +%s) - s )) load=$(cut -d' ' -f1-3 /proc/loadavg)"
-  [ "$rc" -eq 0 ] || grep -E "^test .* FAILED" "$log"
+  if [ "$rc" -ne 0 ]; then
+    grep -E "^test .* FAILED" "$log"
+    # Kept: the clone's directory goes at exit.
+    keep="${TMPDIR:-/tmp}/hyfi-suite-failed-$(date +%s)-$i.log"
+    cp "$log" "$keep" && echo "  the run's output: $keep"
+  fi
 done
