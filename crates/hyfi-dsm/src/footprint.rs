@@ -89,7 +89,6 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use bytemuck::Pod;
 
-use crate::array::Shared;
 use crate::core::{Core, Segment};
 use crate::elem;
 
@@ -259,21 +258,23 @@ impl Frame {
     /// view), and the array's mode for this access epoch was claimed
     /// (read-only for a read view, written for a write view).
     pub(crate) unsafe fn new<T: Pod>(
-        sh: &Shared<T>,
+        core: &Core,
+        seg: &Segment,
+        base: *mut T,
         first: usize,
         rows: usize,
         cols: usize,
         stride: usize,
     ) -> Frame {
-        sh.core.live_views.fetch_add(1, Relaxed);
+        core.live_views.fetch_add(1, Relaxed);
         Frame {
-            ptr: sh.base.wrapping_add(first * stride).cast(),
+            ptr: base.wrapping_add(first * stride).cast(),
             first,
             rows,
             cols,
             stride,
-            live: &sh.core.live_views,
-            seq: sh.seg.seq,
+            live: &core.live_views,
+            seq: seg.seq,
         }
     }
     /// Offset of element `(i, j)` from `ptr`, in elements; panics outside.

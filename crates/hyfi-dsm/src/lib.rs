@@ -108,6 +108,7 @@ mod core;
 mod elem;
 mod error;
 mod footprint;
+mod hook;
 mod region;
 mod stats;
 
@@ -124,7 +125,8 @@ pub use footprint::{ReadRange, ReadRows, RowWriter, WriteRange, WriteRows};
 pub use region::{DEFAULT_ADDR, DEFAULT_SIZE, PAGE};
 pub use stats::{DsmCounters, DsmStats};
 
-use crate::core::{Core, Hook, INVALID, READ, WRITE};
+use crate::core::{Core, INVALID, READ, WRITE};
+use crate::hook::Hook;
 
 /// Which node is the home of each page of an array.
 #[derive(Clone)]

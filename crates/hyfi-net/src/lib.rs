@@ -31,6 +31,7 @@ pub mod mesh;
 mod refusal;
 pub mod rendezvous;
 pub mod signals;
+mod token;
 pub mod wire;
 
 pub use cluster::{Cluster, Report, FAILURE_GRACE};

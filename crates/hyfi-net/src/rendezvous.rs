@@ -22,8 +22,8 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::bootstrap::{parse_token, token_hex, Token};
 use crate::error::NetError;
+use crate::token::{parse_token, token_hex, Token};
 
 /// This process's effective user id.
 pub(crate) fn euid() -> u32 {

@@ -49,7 +49,7 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use crate::bootstrap::Token;
+use crate::token::Token;
 
 /// Protocol version; a peer speaking another is refused. Version 2 replaced
 /// the token in the handshake with a nonce and a challenge–response.
@@ -407,6 +407,93 @@ pub fn read_msg(r: &mut impl Read) -> io::Result<Msg> {
     let mut body = vec![0u8; h.len as usize];
     r.read_exact(&mut body)?;
     decode_msg(&body).map_err(io::Error::other)
+}
+
+/// Why a handshake failed, on either side: the acceptor refuses the
+/// connection (and logs why); the connector tries again until setup's
+/// deadline, then reports the last failure ([`NetError::Rejected`]).
+///
+/// [`NetError::Rejected`]: crate::NetError::Rejected
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandshakeError {
+    // --- the acceptor's side ---
+    /// The connection sent no (whole) handshake in time.
+    #[error("no handshake: {0}")]
+    NoHandshake(#[source] std::io::Error),
+    /// The bytes are not a handshake this build speaks.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// A handshake for another job.
+    #[error("a handshake of another job ({job})")]
+    OtherJob {
+        /// The job it names.
+        job: u64,
+    },
+    /// A handshake for another purpose than this listener's.
+    #[error("a {theirs:?} handshake where a {expected:?} was expected")]
+    WrongPurpose {
+        /// The purpose it names.
+        theirs: Purpose,
+        /// This listener's.
+        expected: Purpose,
+    },
+    /// A mesh link from a node that is not to link to this one (node *i*
+    /// accepts from nodes above *i* only).
+    #[error("claims to be node {rank}, which does not link to node {me}")]
+    NotALink {
+        /// The rank it claims.
+        rank: u32,
+        /// This node.
+        me: usize,
+    },
+    /// Writing our challenge failed.
+    #[error("sending the challenge: {0}")]
+    SendingChallenge(#[source] std::io::Error),
+    /// The peer did not answer our challenge in time.
+    #[error("no answer to the challenge: {0}")]
+    NoAnswer(#[source] std::io::Error),
+    /// The peer's proof is wrong: it does not know the job's token.
+    #[error(
+        "claims to be node {rank} but does not know the job's token (check that every node \
+         has the same HYFI_TOKEN)"
+    )]
+    NoToken {
+        /// The rank it claims.
+        rank: u32,
+    },
+    /// Setting the socket's timeout for the hello failed.
+    #[error("{0}")]
+    Socket(#[source] std::io::Error),
+    /// A node reporting to node 0 sent something else than its hello.
+    #[error("sent {0:?} instead of its hello")]
+    NotHello(Msg),
+    /// A node reporting to node 0 sent no hello.
+    #[error("sent no hello: {0}")]
+    NoHello(#[source] std::io::Error),
+
+    // --- both sides ---
+    /// Writing our proof failed.
+    #[error("sending our proof: {0}")]
+    SendingProof(#[source] std::io::Error),
+
+    // --- the connector's side ---
+    /// Writing the handshake failed.
+    #[error("sending the handshake: {0}")]
+    SendingHandshake(#[source] std::io::Error),
+    /// The acceptor sent no challenge.
+    #[error("no challenge: {0}")]
+    NoChallenge(#[source] std::io::Error),
+    /// The acceptor closed the connection after our proof: it did not
+    /// accept it.
+    #[error("it refused our proof of the job's token (a different token?)")]
+    ProofRefused(#[source] std::io::Error),
+    /// The acceptor sent no proof of its own in time.
+    #[error("no proof from it: {0}")]
+    NoProof(#[source] std::io::Error),
+    /// The acceptor's proof is wrong.
+    #[error("its proof of the job's token is wrong: not a node of this job")]
+    WrongProof,
 }
 
 #[cfg(test)]

@@ -180,7 +180,17 @@ impl<T: Pod> DsmMatrix<T> {
         // SAFETY: the rows' pages are valid (writable) here and the array's
         // mode is claimed (above, or by check_write; empty rows are never
         // accessed).
-        unsafe { Frame::new(&self.sh, r.start, r.len(), self.cols, self.stride) }
+        unsafe {
+            Frame::new(
+                &self.sh.core,
+                &self.sh.seg,
+                self.sh.base,
+                r.start,
+                r.len(),
+                self.cols,
+                self.stride,
+            )
+        }
     }
 
     fn check_rows(&self, r: &Range<usize>) {

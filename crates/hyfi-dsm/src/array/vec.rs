@@ -131,7 +131,17 @@ impl<T: Pod> DsmVec<T> {
         // SAFETY: the range's pages are valid (writable) here and the
         // vector's mode is claimed (above, or by check_write; an empty
         // range is never accessed). A vector's view has one element a row.
-        unsafe { Frame::new(&self.sh, r.start, r.len(), 1, 1) }
+        unsafe {
+            Frame::new(
+                &self.sh.core,
+                &self.sh.seg,
+                self.sh.base,
+                r.start,
+                r.len(),
+                1,
+                1,
+            )
+        }
     }
 
     /// Copies elements `start..start+out.len()` into `out`.

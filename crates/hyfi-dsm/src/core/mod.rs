@@ -303,25 +303,6 @@ impl Service for Core {
     }
 }
 
-/// The release as hyfi-core's phase-end hook.
-pub(crate) struct Hook(pub(crate) Arc<Core>);
-
-impl hyfi_core::PhaseEnd for Hook {
-    fn end_phase(
-        &self,
-        phase: usize,
-        _link: &dyn hyfi_core::NodeLink,
-    ) -> Result<(), hyfi_core::LinkError> {
-        self.0.release(phase).map_err(|e| e.into())
-    }
-    fn access_epoch_ended(&self) {
-        crate::footprint::check_no_live_views(&self.0);
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -64,10 +64,9 @@
 use std::path::PathBuf;
 
 mod hostlist;
-mod token;
 
+pub use crate::token::{parse_token, random_token, random_u64, token_hex, Token};
 use hostlist::first_host;
-pub use token::{parse_token, random_token, random_u64, token_hex, Token};
 
 use crate::NetError;
 

@@ -1,8 +1,8 @@
 //! The rules of [`detect`](super::detect), one launcher at a time, over
 //! made-up environments.
 
-use super::token::fallback_random;
 use super::*;
+use crate::token::fallback_random;
 
 fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
     move |k| {

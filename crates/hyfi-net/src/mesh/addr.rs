@@ -5,9 +5,10 @@
 
 use std::net::{IpAddr, TcpListener, ToSocketAddrs};
 
-use crate::bootstrap::{JobSpec, Rendezvous, Token};
+use crate::bootstrap::{JobSpec, Rendezvous};
 use crate::error::NetError;
 use crate::rendezvous::{self, Published};
+use crate::token::Token;
 
 /// The host name other nodes should use to reach this one.
 fn advertised_host() -> String {

@@ -7,10 +7,11 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::bootstrap::{JobSpec, Rendezvous, Token};
+use crate::bootstrap::{JobSpec, Rendezvous};
 use crate::error::NetError;
 use crate::refusal::RefusalLog;
 use crate::rendezvous::{self, EntryError};
+use crate::token::Token;
 use crate::wire::{self, Msg, Purpose};
 
 use super::accept::Acceptor;

@@ -56,9 +56,10 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::bootstrap::{JobSpec, Token};
+use crate::bootstrap::JobSpec;
 use crate::error::NetError;
 use crate::refusal::RefusalLog;
+use crate::token::Token;
 
 /// The established mesh.
 pub struct Links {

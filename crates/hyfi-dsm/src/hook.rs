@@ -1,0 +1,27 @@
+//! The shared memory as hyfi-core's phase-end hook: the release at every
+//! phase's end, and the check at every access epoch's end that no
+//! footprint view outlived it. Apart from `core` so that the protocol does
+//! not depend on the views built on top of it.
+
+use std::sync::Arc;
+
+use crate::core::Core;
+
+/// The release as hyfi-core's phase-end hook.
+pub(crate) struct Hook(pub(crate) Arc<Core>);
+
+impl hyfi_core::PhaseEnd for Hook {
+    fn end_phase(
+        &self,
+        phase: usize,
+        _link: &dyn hyfi_core::NodeLink,
+    ) -> Result<(), hyfi_core::LinkError> {
+        self.0.release(phase).map_err(|e| e.into())
+    }
+    fn access_epoch_ended(&self) {
+        crate::footprint::check_no_live_views(&self.0);
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
