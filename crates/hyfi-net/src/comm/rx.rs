@@ -459,6 +459,10 @@ impl Loop {
             }
             self.on_time(now);
         }
+        // The node is closing: the lines held back in the current window
+        // are summed up now, not lost with the loop (a flood that ends the
+        // job's last second would otherwise leave no summary).
+        self.log.flush();
     }
 
     fn on_event(&mut self, slot: Slot, revents: libc::c_short, now: Instant) {
