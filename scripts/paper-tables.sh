@@ -20,8 +20,8 @@
 #   MPI 2  C MPI, 2 ranks over TCP (benches/baselines/jacobi_mpi.c), Jacobi
 #          only: mpirun -n 2 --mca btl tcp,self
 #
-# Everything runs at default settings (no HYFI_* variable or --no-pin is
-# set; the script warns if the environment sets one). On fewer than 4 CPUs,
+# Everything runs at default settings: the script passes no option or
+# environment variable of hyfi's, and warns if the environment sets one. On fewer than 4 CPUs,
 # 4x1 shares them out round-robin (two nodes pinned to each CPU: the
 # default placement, marked * as oversubscribed), and 2x2 is not run: with
 # the default pinning a node may not run more processors than its share of

@@ -192,27 +192,28 @@ impl Seg {
     /// the plain nested range loops.
     #[inline(always)]
     pub(super) fn run<I: Index>(&self, f: &mut impl FnMut(I)) {
-        if I::DIMS == 3 {
-            self.run_3d(f);
-        } else if I::DIMS == 1 || self.col_step == 1 {
+        if I::DIMS != 3 && (I::DIMS == 1 || self.col_step == 1) {
             // The hot shape: the only loop nest the filament is inlined
-            // into here. The others live in functions of their own, so a
-            // second and third copy of a large filament cannot tip LLVM
-            // into calling it out of line in this one (measured: per-point
-            // Jacobi ran 3x slower when all three nests were inline here).
+            // into here. The others live in a function of their own
+            // (`run_bound`), so a second copy of a large filament cannot
+            // tip LLVM into calling it out of line in this one (measured:
+            // per-point Jacobi ran 3x slower when all the nests were
+            // inline here).
             for i in self.rows.clone().step_by(self.step) {
                 for j in self.cols.clone() {
                     f(I::at(i, j, 0));
                 }
             }
         } else {
-            self.run_col_strided(f);
+            self.run_bound(&mut |_| (), &mut |i, _: &mut ()| f(i));
         }
     }
 
     /// Binds the segment's values with `bind` and runs `f(index, &mut v)`
-    /// on every filament of a segment of a shape other than the dense one,
-    /// then drops `v` (out of line: see `Pool::for_each_segment`).
+    /// on every filament of a segment of a shape other than the dense one
+    /// (column-strided or 3-D), then drops `v`: out of line (see
+    /// [`run`](Self::run) and `Pool::for_each_segment`), for phases with
+    /// bound values and (with `()`) without.
     ///
     /// `v` is made here, a local whose address never leaves this function,
     /// and `f` is called from one loop nest only (`I::DIMS` is a constant),
@@ -239,28 +240,6 @@ impl Seg {
             for i in self.rows.clone().step_by(self.step) {
                 for j in self.cols.clone().step_by(self.col_step) {
                     f(I::at(i, j, 0), &mut v);
-                }
-            }
-        }
-    }
-
-    /// A 2-D segment with a column step (red-black orderings).
-    #[inline(never)]
-    fn run_col_strided<I: Index>(&self, f: &mut impl FnMut(I)) {
-        for i in self.rows.clone().step_by(self.step) {
-            for j in self.cols.clone().step_by(self.col_step) {
-                f(I::at(i, j, 0));
-            }
-        }
-    }
-
-    /// A 3-D segment.
-    #[inline(never)]
-    fn run_3d<I: Index>(&self, f: &mut impl FnMut(I)) {
-        for i in self.rows.clone().step_by(self.step) {
-            for j in self.cols.clone().step_by(self.col_step) {
-                for k in self.depth.clone() {
-                    f(I::at(i, j, k));
                 }
             }
         }

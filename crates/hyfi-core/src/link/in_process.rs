@@ -135,8 +135,13 @@ struct State {
     result: Vec<u8>,
     failed: Option<String>,
     left: Vec<bool>,
-    /// Every node has left: the watchdog ends.
-    done: bool,
+}
+
+impl State {
+    /// Every node has left: the delivery threads stop, the watchdog ends.
+    fn all_left(&self) -> bool {
+        self.left.iter().all(|l| *l)
+    }
 }
 
 struct Hub {
@@ -288,7 +293,7 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 fn watch(hub: Arc<Hub>) {
     let tick = hub.limit / 4;
     let mut st = lock(&hub.st);
-    while !st.done && st.failed.is_none() {
+    while !st.all_left() && st.failed.is_none() {
         st = hub
             .cv
             .wait_timeout(st, tick)
@@ -419,7 +424,6 @@ impl InProcess {
                 result: Vec::new(),
                 failed: None,
                 left: vec![false; n],
-                done: false,
             }),
             cv: Condvar::new(),
             limit,
@@ -610,9 +614,8 @@ impl Drop for InProcess {
         let last = {
             let mut st = lock(&self.hub.st);
             st.left[me] = true;
-            st.done = st.left.iter().all(|l| *l);
             self.hub.cv.notify_all();
-            st.done
+            st.all_left()
         };
         if !last {
             return;

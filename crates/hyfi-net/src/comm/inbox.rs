@@ -65,12 +65,6 @@ pub(crate) enum WaitError {
     },
 }
 
-/// A peer's `Bye` says it made fewer SPMD steps than this node: the nodes
-/// diverged. The step checker's error says which steps and what to check.
-#[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-pub(crate) struct Diverged(#[from] pub(crate) StepError);
-
 #[derive(Default)]
 pub(super) struct InboxState {
     pub(super) coll: HashMap<(usize, u64, Dir), Vec<u8>>,
@@ -141,13 +135,13 @@ impl Inbox {
         from: usize,
         steps: u64,
         last: Option<hyfi_core::Step>,
-    ) -> Result<(), Diverged> {
+    ) -> Result<(), StepError> {
         let mut r = Ok(());
         self.put(|s| {
             s.byes += 1;
             s.gone.insert(from);
             if let Some(st) = s.steps.as_mut() {
-                r = st.on_bye(from, steps, last).map_err(Diverged);
+                r = st.on_bye(from, steps, last);
             }
         });
         // A wrong goodbye fails the node (which wakes the services with
