@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
 use hyfi_net::bootstrap::{random_token, JobSpec, Launcher, Rendezvous};
-use hyfi_net::comm::Comm;
+use hyfi_net::comm::{Comm, FailureHook};
 use hyfi_net::Cluster;
 
 fn free_port() -> u16 {
@@ -64,12 +64,20 @@ fn nodes(n: usize) -> Vec<Arc<Cluster>> {
 /// thread, no `Cluster` around them), as threads; returns them in rank
 /// order.
 fn comms(n: usize) -> Vec<Arc<Comm>> {
-    let hs: Vec<_> = specs(n)
+    comms_with_hooks(
+        (0..n).map(|_| -> FailureHook { Box::new(|why: &str| eprintln!("comm test: {why}")) }),
+    )
+}
+
+/// [`comms`] with a failure hook of the caller's per node.
+fn comms_with_hooks(hooks: impl Iterator<Item = FailureHook>) -> Vec<Arc<Comm>> {
+    let hooks: Vec<_> = hooks.collect();
+    let hs: Vec<_> = specs(hooks.len())
         .into_iter()
-        .map(|spec| {
+        .zip(hooks)
+        .map(|(spec, hook)| {
             std::thread::spawn(move || {
                 let links = hyfi_net::mesh::connect(&spec, Duration::from_secs(20)).unwrap();
-                let hook = Box::new(|why: &str| eprintln!("comm test: {why}"));
                 Arc::new(Comm::start(links, hook, hyfi_net::DEFAULT_HEARTBEAT).unwrap())
             })
         })
@@ -291,5 +299,38 @@ fn bursts_of_every_frame_size_arrive_whole_and_in_order() {
     for h in hs {
         h.join().unwrap();
     }
+    close(cs);
+}
+
+/// The failure hook (which prints the node's "hyfi: node 1: …" line) runs
+/// before any waiter sees the failure: a program that gets the error may
+/// print it and exit at once, and the node's own line must be out by then
+/// (a loaded machine once lost it, in tests/dsm.rs). The hook here is slow
+/// on purpose, so the old order (waiters first) fails every time.
+#[test]
+fn the_failure_hook_runs_before_a_waiter_sees_the_failure() {
+    let announced = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&announced);
+    let hooks: Vec<FailureHook> = vec![
+        Box::new(|why: &str| eprintln!("comm test: {why}")),
+        Box::new(move |why: &str| {
+            std::thread::sleep(Duration::from_millis(300));
+            eprintln!("comm test, node 1: {why}");
+            seen.store(true, Ordering::SeqCst);
+        }),
+    ];
+    let cs = comms_with_hooks(hooks.into_iter());
+    let waiter = {
+        let c = cs[1].clone();
+        std::thread::spawn(move || c.recv_bulk(0))
+    };
+    cs[0].abort("a test's abort");
+    let got = waiter.join().unwrap();
+    let err = got.expect_err("node 0 aborted: the wait must fail");
+    assert!(
+        announced.load(Ordering::SeqCst),
+        "the waiter saw the failure ({err}) before the failure hook had run"
+    );
+    assert!(err.to_string().contains("a test's abort"), "{err}");
     close(cs);
 }

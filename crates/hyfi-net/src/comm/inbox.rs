@@ -70,6 +70,9 @@ pub(super) struct InboxState {
     pub(super) coll: HashMap<(usize, u64, Dir), Vec<u8>>,
     pub(super) bulk: HashMap<usize, std::collections::VecDeque<(u64, Vec<u8>)>>,
     pub(super) failed: Option<String>,
+    /// A failure is being announced (see [`Inbox::fail_announced`]): later
+    /// failures are not the first, though `failed` is not yet set.
+    pub(super) claimed: bool,
     pub(super) byes: usize,
     /// Peers that said `Bye`: they send nothing more but answers to
     /// requests, so a wait for anything else from them would never end.
@@ -110,23 +113,34 @@ impl Inbox {
     }
     /// Records the first failure; returns true if it was the first.
     pub(super) fn fail(&self, why: String) -> bool {
+        self.fail_announced(why, |_| {})
+    }
+
+    /// Records the first failure, running `announce` with its text before
+    /// any waiter can see it; returns true if it was the first.
+    ///
+    /// Announced first because a waiter that sees the failure returns its
+    /// error to the program, which may print it and exit at once: the
+    /// node's own line ("hyfi: node 0: lost node 1 …", the failure hook's)
+    /// must already be out by then, or a loaded machine loses it.
+    pub(super) fn fail_announced(&self, why: String, announce: impl FnOnce(&str)) -> bool {
         if self.exiting.load(Ordering::SeqCst) {
             return false;
         }
-        let mut first = false;
-        let text = why.clone();
-        self.put(|s| {
-            first = s.failed.is_none();
-            if first {
-                s.failed = Some(why);
+        {
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if s.failed.is_some() || s.claimed {
+                return false;
             }
-        });
-        if first {
-            for s in self.services.ready() {
-                s.failed(&text);
-            }
+            s.claimed = true;
         }
-        first
+        announce(&why);
+        let text = why.clone();
+        self.put(|s| s.failed = Some(why));
+        for s in self.services.ready() {
+            s.failed(&text);
+        }
+        true
     }
     /// Peer `from` said `Bye` after `steps` steps: an error if this node
     /// already went further.

@@ -33,10 +33,10 @@
 //! holds [`Comm`], which ties them to a node.
 //!
 //! **Failure detection.** A link that closes or breaks before its peer said
-//! `Bye`, or an `Abort` from a peer, fails the node: every waiter in the
-//! inbox returns the error at once, the failure hook runs (the cluster layer
-//! reports it and ends the process after a short grace), and the remaining
-//! peers are told to abort. A killed process closes its sockets, so peers
+//! `Bye`, or an `Abort` from a peer, fails the node: the failure hook runs
+//! (the cluster layer reports it and ends the process after a short grace),
+//! then every waiter in the inbox returns the error at once and the
+//! remaining peers are told to abort. A killed process closes its sockets, so peers
 //! notice within a round trip.
 
 mod inbox;

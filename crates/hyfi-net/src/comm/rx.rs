@@ -31,12 +31,11 @@ pub(super) struct Node {
 }
 
 impl Node {
-    /// The node fails with `why`: the first time, its program's waits
-    /// return the error, the hook runs, and every peer is told.
+    /// The node fails with `why`: the first time, the hook runs, then its
+    /// program's waits return the error and every peer is told.
     pub(super) fn fail(&self, why: String) {
-        if self.sender.fail_and_tell(why.clone()) {
-            (self.hook)(&why);
-        }
+        self.sender
+            .fail_announce_and_tell(why, |why| (self.hook)(why));
     }
 }
 

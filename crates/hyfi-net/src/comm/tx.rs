@@ -383,7 +383,13 @@ impl Sender {
     /// Fails this node with `why` (its waits return the error) and tells
     /// every peer; returns false if the node had failed already.
     pub(super) fn fail_and_tell(&self, why: String) -> bool {
-        if self.inbox.fail(why.clone()) {
+        self.fail_announce_and_tell(why, |_| {})
+    }
+
+    /// [`Self::fail_and_tell`], running `announce` first (see
+    /// [`Inbox::fail_announced`]).
+    pub(super) fn fail_announce_and_tell(&self, why: String, announce: impl FnOnce(&str)) -> bool {
+        if self.inbox.fail_announced(why.clone(), announce) {
             self.send_abort(&why);
             return true;
         }
