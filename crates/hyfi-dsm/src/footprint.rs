@@ -18,7 +18,10 @@
 //! can be vectorised and kept in registers; [`ReadRows::row`] is a `&[T]`.
 //! A write view stores with relaxed atomics (the communication thread may
 //! copy a home's page out while it is written), a plain `mov` on x86-64 and
-//! AArch64. The alternatives measured (see BENCHMARKS.md) were the checked
+//! AArch64; runs of elements (`ViewMut::update_range`, `write_row`,
+//! `copy_range_to`) move 16 aligned bytes at a time on x86-64, so a row
+//! update vectorises (see `elem::update` for why that is still an atomic
+//! access of each element). The alternatives measured (see BENCHMARKS.md) were the checked
 //! per-element path, atomic loads in read views (1.6× a plain loop on
 //! Jacobi), and memory protection (≈6 µs per fault, VMA fragmentation; the
 //! design notes in DESIGN.md).
@@ -484,10 +487,9 @@ impl<'a, T: Pod> WriteRows<'a, T> {
         // Both ends inside the footprint: the whole run is.
         let _ = self.ptr_at(i, col + src.len() - 1);
         let p0 = self.ptr_at(i, col);
-        for (k, &v) in src.iter().enumerate() {
-            // SAFETY: inside the footprint (both ends checked), writable, atomic.
-            unsafe { elem::store(p0.add(k), v) }
-        }
+        // SAFETY: inside the footprint (both ends checked), writable; every
+        // element written as a unit (see `elem::store_run`).
+        unsafe { elem::store_run(p0, src) }
     }
 }
 
@@ -578,9 +580,8 @@ impl<'a, T: Pod> WriteRange<'a, T> {
         }
         let _ = self.ptr_at(start + src.len() - 1);
         let p0 = self.ptr_at(start);
-        for (k, &v) in src.iter().enumerate() {
-            // SAFETY: inside the footprint (both ends checked), writable, atomic.
-            unsafe { elem::store(p0.add(k), v) }
-        }
+        // SAFETY: inside the footprint (both ends checked), writable; every
+        // element written as a unit (see `elem::store_run`).
+        unsafe { elem::store_run(p0, src) }
     }
 }

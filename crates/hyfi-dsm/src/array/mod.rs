@@ -150,10 +150,8 @@ impl<T: Pod> Shared<T> {
             return;
         }
         self.check_read(e, out.len());
-        for (k, o) in out.iter_mut().enumerate() {
-            // SAFETY: in bounds (caller), valid (checked above).
-            *o = unsafe { elem::load(self.base.add(e + k)) };
-        }
+        // SAFETY: in bounds (caller), valid (checked above).
+        unsafe { elem::load_run(self.base.add(e), out) }
     }
 
     pub(crate) fn write_from(&self, e: usize, src: &[T]) {
@@ -161,10 +159,8 @@ impl<T: Pod> Shared<T> {
             return;
         }
         self.check_write(e, src.len());
-        for (k, &v) in src.iter().enumerate() {
-            // SAFETY: in bounds (caller), writable (checked above).
-            unsafe { elem::store(self.base.add(e + k), v) };
-        }
+        // SAFETY: in bounds (caller), writable (checked above).
+        unsafe { elem::store_run(self.base.add(e), src) }
     }
 
     pub(crate) fn home_of(&self, e: usize) -> usize {

@@ -70,20 +70,16 @@ impl<'a, T: Pod> View<'a, T> {
     /// Copies the view into `out` (same length).
     pub fn copy_to(&self, out: &mut [T]) {
         assert_eq!(out.len(), self.len, "hyfi-dsm: copy_to length mismatch");
-        for (j, o) in out.iter_mut().enumerate() {
-            // SAFETY: as in get.
-            *o = unsafe { elem::load(self.ptr.add(j)) };
-        }
+        // SAFETY: as in get, for every element of the run.
+        unsafe { elem::load_run(self.ptr, out) }
     }
     /// Copies elements `start..start + out.len()` of the view into `out`.
     pub fn copy_range_to(&self, start: usize, out: &mut [T]) {
         if start > self.len || out.len() > self.len - start {
             view_oob(start + out.len(), self.len);
         }
-        for (j, o) in out.iter_mut().enumerate() {
-            // SAFETY: in bounds (checked above); valid as in `get`.
-            *o = unsafe { elem::load(self.ptr.add(start + j)) };
-        }
+        // SAFETY: in bounds (checked above); valid as in `get`.
+        unsafe { elem::load_run(self.ptr.add(start), out) }
     }
     /// The view's elements.
     pub fn to_vec(&self) -> Vec<T> {
@@ -139,10 +135,8 @@ impl<'a, T: Pod> ViewMut<'a, T> {
         if start > self.len || src.len() > self.len - start {
             view_oob(start + src.len(), self.len);
         }
-        for (j, &v) in src.iter().enumerate() {
-            // SAFETY: in bounds (checked above); writable as in `set`.
-            unsafe { elem::store(self.view.ptr.cast_mut().add(start + j), v) };
-        }
+        // SAFETY: in bounds (checked above); writable as in `set`.
+        unsafe { elem::store_run(self.view.ptr.cast_mut().add(start), src) }
     }
     /// Updates elements `start..start + src.len()` in place, one pass:
     /// element `start + k` becomes `f(element, src[k])` (a row update such
@@ -152,20 +146,15 @@ impl<'a, T: Pod> ViewMut<'a, T> {
         if start > self.len || src.len() > self.len - start {
             view_oob(start + src.len(), self.len);
         }
-        let p = self.view.ptr.cast_mut().wrapping_add(start);
-        for (k, &s) in src.iter().enumerate() {
-            // SAFETY: in bounds (checked above); writable as in `set`;
-            // atomic element accesses.
-            unsafe { elem::store(p.add(k), f(elem::load(p.add(k)), s)) };
-        }
+        // SAFETY: in bounds (checked above); writable as in `set`; every
+        // element read and written as a unit (see `elem::update`).
+        unsafe { elem::update(self.view.ptr.cast_mut().add(start), src, f) }
     }
     /// Copies `src` (same length) into the view.
     pub fn copy_from(&self, src: &[T]) {
         assert_eq!(src.len(), self.len, "hyfi-dsm: copy_from length mismatch");
-        for (j, &v) in src.iter().enumerate() {
-            // SAFETY: as in set.
-            unsafe { elem::store(self.view.ptr.cast_mut().add(j), v) };
-        }
+        // SAFETY: as in set, for every element of the run.
+        unsafe { elem::store_run(self.view.ptr.cast_mut(), src) }
     }
 }
 
