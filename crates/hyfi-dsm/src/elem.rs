@@ -175,6 +175,36 @@ pub(crate) unsafe fn load_run<T: Pod>(p: *const T, out: &mut [T]) {
     }
 }
 
+/// Writes `f(k)` into element `k` of the `n` elements at `p`, in order of
+/// `k` (see [`update`] for the 16-byte path: two consecutive results are
+/// computed before they are stored together, so the compiler can compute
+/// them in one vector register).
+///
+/// # Safety
+/// As for [`store`], for every element of the run.
+#[inline(always)]
+pub(crate) unsafe fn fill<T: Pod>(p: *mut T, n: usize, mut f: impl FnMut(usize) -> T) {
+    #[allow(unused_mut)]
+    let mut k = 0;
+    #[cfg(target_arch = "x86_64")]
+    if std::mem::size_of::<T>() == 8 && unit::<T>() == 8 && n >= 2 {
+        if (p as usize) % 16 != 0 {
+            store(p, f(0));
+            k = 1;
+        }
+        while k + 2 <= n {
+            let a = bytemuck::cast::<T, u64>(f(k));
+            let b = bytemuck::cast::<T, u64>(f(k + 1));
+            wide::store16(p.add(k) as *mut u8, [a, b]);
+            k += 2;
+        }
+    }
+    while k < n {
+        store(p.add(k), f(k));
+        k += 1;
+    }
+}
+
 /// Writes `src` into the `src.len()` elements at `p` (see [`update`] for
 /// the 16-byte path).
 ///
@@ -185,7 +215,8 @@ pub(crate) unsafe fn store_run<T: Pod>(p: *mut T, src: &[T]) {
     update(p, src, |_, s| s)
 }
 
-/// The 16-byte accesses of [`update`], [`load_run`] and [`store_run`].
+/// The 16-byte accesses of [`update`], [`fill`], [`load_run`] and
+/// [`store_run`].
 #[cfg(target_arch = "x86_64")]
 mod wide {
     use std::arch::asm;
@@ -413,7 +444,11 @@ mod tests {
                 let mut out = vec![0.0; n];
                 // SAFETY: as above.
                 unsafe { load_run(buf.as_ptr().add(start), &mut out) };
-                assert_eq!(out, want[start..start + n], "load_run, start {start}, n {n}");
+                assert_eq!(
+                    out,
+                    want[start..start + n],
+                    "load_run, start {start}, n {n}"
+                );
 
                 // SAFETY: as above.
                 unsafe { store_run(buf.as_mut_ptr().add(start), &src) };
@@ -421,8 +456,19 @@ mod tests {
                 assert_eq!(buf, want, "store_run, start {start}, n {n}");
             }
         }
-        let mut ps = vec![P3 { x: 1.0, y: 2.0, z: 3.0 }; 5];
-        let add = [P3 { x: 1.0, y: 1.0, z: 1.0 }; 3];
+        let mut ps = vec![
+            P3 {
+                x: 1.0,
+                y: 2.0,
+                z: 3.0
+            };
+            5
+        ];
+        let add = [P3 {
+            x: 1.0,
+            y: 1.0,
+            z: 1.0,
+        }; 3];
         // SAFETY: inside `ps`.
         unsafe {
             update(ps.as_mut_ptr().add(1), &add, |a, b| P3 {
@@ -431,8 +477,16 @@ mod tests {
                 z: a.z + b.z,
             })
         };
-        let two = P3 { x: 2.0, y: 3.0, z: 4.0 };
-        let one = P3 { x: 1.0, y: 2.0, z: 3.0 };
+        let two = P3 {
+            x: 2.0,
+            y: 3.0,
+            z: 4.0,
+        };
+        let one = P3 {
+            x: 1.0,
+            y: 2.0,
+            z: 3.0,
+        };
         assert_eq!(ps, [one, two, two, two, one]);
     }
 

@@ -519,6 +519,54 @@ impl<T: Pod> RowWriter<'_, T> {
         // lives while the view it borrows does; atomic.
         unsafe { elem::store(self.ptr.add(j), v) }
     }
+    /// Sets every column `j` of `cols` to `f(j)`, calling `f` in order of
+    /// `j`. The same as `for j in cols { row.set(j, f(j)) }`, but the stores
+    /// go out two columns at a time (see `elem::fill`), so a stencil's row
+    /// loop vectorises as the plain slice loop does:
+    ///
+    /// ```
+    /// use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime};
+    /// let rt = Runtime::new(Config::new().procs(1))?;
+    /// let dsm = hyfi_dsm::Dsm::new(&rt)?;
+    /// let n = 8;
+    /// let a = dsm.matrix::<f64>(n, n).from_fn(|i, j| (i * n + j) as f64)?;
+    /// let b = dsm.matrix::<f64>(n, n).zeroed()?;
+    /// let mut prog = Program::new();
+    /// prog.phase_with(
+    ///     PoolArray::block(&rt, 1..n - 1, 1),
+    ///     |ctx, span| (a.read_rows(ctx, span.rows_with_halo(1, n)), b.write_rows(ctx, span.rows())),
+    ///     |_ctx, i, (a, b)| {
+    ///         let (up, down) = (a.row(i - 1), a.row(i + 1));
+    ///         b.row_mut(i).fill(0..n, |j| (up[j] + down[j]) * 0.5);
+    ///     },
+    ///     |_| Control::Done,
+    /// );
+    /// rt.start(&mut prog)?;
+    /// assert_eq!(b.get(3, 5), ((2 * n + 5) + (4 * n + 5)) as f64 * 0.5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline(always)]
+    pub fn fill(&self, cols: Range<usize>, f: impl FnMut(usize) -> T) {
+        if cols.start > cols.end || cols.end > self.cols {
+            let shape = Shape {
+                first: self.row,
+                rows: 1,
+                cols: self.cols,
+                vector: false,
+            };
+            outside(
+                "write",
+                self.seq,
+                (self.row, cols.end.saturating_sub(1)),
+                shape,
+            );
+        }
+        let mut f = f;
+        let start = cols.start;
+        // SAFETY: inside the row (checked above), which the view made
+        // writable; every element written as a unit (see `elem::fill`).
+        unsafe { elem::fill(self.ptr.add(start), cols.len(), |k| f(start + k)) }
+    }
     /// Columns in the row. Asserting `row.len() >= n` before a loop over
     /// `0..n` lets the compiler drop `set`'s check from the loop.
     #[inline(always)]

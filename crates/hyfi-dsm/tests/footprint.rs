@@ -49,10 +49,21 @@ fn jacobi_seq(n: usize, sweeps: usize) -> (Vec<f64>, f64) {
 
 /// The same sweeps with one filament per point (or per row) through read
 /// and write views, on `procs` processors with `pools` pools each.
+/// A filament's grain in [`jacobi_views`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Grain {
+    /// One filament per point.
+    Point,
+    /// One per row, `set` per column.
+    Row,
+    /// One per row, the row written by `RowWriter::fill`.
+    RowFill,
+}
+
 fn jacobi_views(
     procs: usize,
     pools: usize,
-    per_row: bool,
+    grain: Grain,
     n: usize,
     sweeps: usize,
 ) -> (Vec<f64>, f64) {
@@ -86,7 +97,23 @@ fn jacobi_views(
         }
     };
     let mut prog = Program::new();
-    if per_row {
+    if grain == Grain::RowFill {
+        prog.phase_with(
+            PoolArray::block(&rt, 1..n - 1, pools),
+            bind,
+            |_, i, (old, new, m)| {
+                let (up, mid, down) = (old.row(i - 1), old.row(i), old.row(i + 1));
+                let mut row_max = 0.0f64;
+                new.row_mut(i).fill(1..n - 1, |j| {
+                    let v = (up[j] + down[j] + mid[j - 1] + mid[j + 1]) * 0.25;
+                    row_max = row_max.max((v - mid[j]).abs());
+                    v
+                });
+                m.fold(row_max);
+            },
+            post,
+        );
+    } else if grain == Grain::Row {
         prog.phase_with(
             PoolArray::block(&rt, 1..n - 1, pools),
             bind,
@@ -124,20 +151,20 @@ fn views_give_the_sequential_answer_bit_for_bit_on_every_shape() {
     let (n, sweeps) = (70, 9);
     let (want, m) = jacobi_seq(n, sweeps);
     for (procs, pools) in [(1, 1), (2, 1), (2, 3), (3, 2)] {
-        for per_row in [false, true] {
-            let (got, gm) = jacobi_views(procs, pools, per_row, n, sweeps);
+        for grain in [Grain::Point, Grain::Row, Grain::RowFill] {
+            let (got, gm) = jacobi_views(procs, pools, grain, n, sweeps);
             let bad = got
                 .iter()
                 .zip(&want)
                 .position(|(a, b)| a.to_bits() != b.to_bits());
             assert_eq!(
                 bad, None,
-                "{procs}×{pools} pools, per_row {per_row}: first differing point"
+                "{procs}×{pools} pools, {grain:?}: first differing point"
             );
             assert_eq!(
                 gm.to_bits(),
                 m.to_bits(),
-                "maxdiff, {procs}×{pools}, per_row {per_row}"
+                "maxdiff, {procs}×{pools}, {grain:?}"
             );
         }
     }
@@ -237,6 +264,13 @@ fn a_write_outside_the_footprint_and_a_column_out_of_range_are_errors() {
         w.row_mut(span.rows().start).set(10, 1.0);
     });
     assert!(msg.contains("columns 0..10"), "{msg}");
+    // A fill that runs past the row's end names the last column.
+    let msg = failure(|ctx, span, _, b| {
+        let w = b.write_rows(ctx, span.rows());
+        w.row_mut(span.rows().start).fill(4..11, |j| j as f64);
+    });
+    assert!(msg.contains("columns 0..10"), "{msg}");
+    assert!(msg.contains(", 10)"), "{msg}");
     let msg = failure(|ctx, span, a, _| {
         let _ = a.read_rows(ctx, span.rows()).row(0);
     });
