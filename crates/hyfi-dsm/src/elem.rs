@@ -435,7 +435,7 @@ mod tests {
                 let mut buf: Vec<f64> = (0..16).map(init).collect();
                 let mut want = buf.clone();
                 for k in 0..n {
-                    want[start + k] = want[start + k] - 1.5 * src[k];
+                    want[start + k] -= 1.5 * src[k];
                 }
                 // SAFETY: the run lies inside `buf`.
                 unsafe { update(buf.as_mut_ptr().add(start), &src, |x, y| x - 1.5 * y) };
