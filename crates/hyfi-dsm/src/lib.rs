@@ -395,7 +395,9 @@ impl Dsm {
         }
         {
             let mut a = self.core.alloc.lock().unwrap_or_else(|e| e.into_inner());
-            *a = (off + pages * PAGE, seq + 1);
+            // The next array starts after a gap (see `region::COLOUR_GAP`).
+            let next = (off + pages * PAGE + region::COLOUR_GAP).min(self.core.region.size);
+            *a = (next, seq + 1);
         }
         // One node: every page is home, always writable (no protocol).
         // Several: zeroed pages are valid everywhere (their homes' first

@@ -247,3 +247,34 @@ fn update_range_updates_in_place_and_checks_its_bounds() {
     drop(prog);
     assert_eq!((m.get(0, 5), m.get(0, 9)), (5.0 - 4.0, 9.0));
 }
+
+/// Arrays cut one after another from the region do not start at addresses
+/// equal modulo 1 MiB (see `region::COLOUR_GAP`): two 1 MiB grids, as a
+/// stencil reads one and writes the other, start 1 MiB + 64 KiB apart.
+#[test]
+fn arrays_allocated_back_to_back_are_not_aligned_alike() {
+    let rt = rt(1);
+    let dsm = Dsm::new(&rt).unwrap();
+    let (rows, cols) = (128, 1024); // 1 MiB of f64
+    let a = dsm.matrix::<f64>(rows, cols).zeroed().unwrap();
+    let b = dsm.matrix::<f64>(rows, cols).zeroed().unwrap();
+    let starts = std::sync::Mutex::new((0usize, 0usize));
+    let mut prog = Program::new();
+    prog.phase_with(
+        PoolArray::block(&rt, 0..1, 1),
+        |ctx, _span| (a.read_rows(ctx, 0..1), b.read_rows(ctx, 0..1)),
+        |_ctx, _i, (a, b)| {
+            *starts.lock().unwrap() = (a.row(0).as_ptr() as usize, b.row(0).as_ptr() as usize);
+        },
+        |_| Control::Done,
+    );
+    rt.start(&mut prog).unwrap();
+    drop(prog);
+    let (pa, pb) = *starts.lock().unwrap();
+    assert_eq!(
+        pb - pa,
+        (1 << 20) + (64 << 10),
+        "a at {pa:#x}, b at {pb:#x}"
+    );
+    assert_ne!((pb - pa) % (1 << 20), 0);
+}
