@@ -233,7 +233,30 @@ pub(crate) unsafe fn fill<T: Pod>(
 /// As for [`store`], for every element of the run.
 #[inline(always)]
 pub(crate) unsafe fn store_run<T: Pod>(p: *mut T, src: &[T]) {
-    update(p, src, |_, s| s)
+    let n = src.len();
+    #[allow(unused_mut)]
+    let mut k = 0;
+    #[cfg(target_arch = "x86_64")]
+    if std::mem::size_of::<T>() == 8 && unit::<T>() == 8 && n >= 2 {
+        if (p as usize) % 16 != 0 {
+            store(p, src[0]);
+            k = 1;
+        }
+        let pairs = src[k..].chunks_exact(2);
+        let done = k + 2 * pairs.len();
+        for (j, s) in pairs.enumerate() {
+            let w = [
+                bytemuck::cast::<T, u64>(s[0]),
+                bytemuck::cast::<T, u64>(s[1]),
+            ];
+            wide::store16(p.add(k + 2 * j) as *mut u8, w);
+        }
+        k = done;
+    }
+    while k < n {
+        store(p.add(k), src[k]);
+        k += 1;
+    }
 }
 
 /// The 16-byte accesses of [`update`], [`fill`], [`load_run`] and
