@@ -116,30 +116,55 @@ unsafe fn store_unit(p: *mut u8, w: usize, b: &[u8]) {
 /// As for [`store`], for every element of the run.
 #[inline(always)]
 pub(crate) unsafe fn update<T: Pod>(p: *mut T, src: &[T], f: impl Fn(T, T) -> T) {
-    let n = src.len();
+    // `runs` passes `k < n` to `one` and `k + 1 < n` to `two`, so the
+    // unchecked reads of `src` below are in bounds.
+    let s = |k: usize| *src.get_unchecked(k);
+    runs::<T>(
+        p,
+        src.len(),
+        |k| store(p.add(k), f(load(p.add(k)), s(k))),
+        #[cfg(target_arch = "x86_64")]
+        |k| {
+            let q = p.add(k) as *mut u8;
+            let [a, b] = wide::load16(q);
+            let r = [
+                bytemuck::cast::<T, u64>(f(bytemuck::cast(a), s(k))),
+                bytemuck::cast::<T, u64>(f(bytemuck::cast(b), s(k + 1))),
+            ];
+            wide::store16(q, r);
+        },
+    )
+}
+
+/// Runs `one(k)` or `two(k)` (elements `k` and `k + 1`) over elements
+/// `0..n` at `p`: on x86-64, for 8-byte elements, `two` on every 16-byte
+/// aligned pair, `one` on a first element before them and a last one
+/// after; elsewhere `one` on every element.
+///
+/// # Safety
+/// `p` is aligned for `T`; the closures' own.
+#[inline(always)]
+unsafe fn runs<T: Pod>(
+    p: *const T,
+    n: usize,
+    mut one: impl FnMut(usize),
+    #[cfg(target_arch = "x86_64")] mut two: impl FnMut(usize),
+) {
     #[allow(unused_mut)]
     let mut k = 0;
     #[cfg(target_arch = "x86_64")]
     if std::mem::size_of::<T>() == 8 && unit::<T>() == 8 && n >= 2 {
         if (p as usize) % 16 != 0 {
-            store(p, f(load(p), src[0]));
+            one(0);
             k = 1;
         }
-        let pairs = src[k..].chunks_exact(2);
-        let done = k + 2 * pairs.len();
-        for (j, s) in pairs.enumerate() {
-            let q = p.add(k + 2 * j) as *mut u8;
-            let [a, b] = wide::load16(q);
-            let r = [
-                bytemuck::cast::<T, u64>(f(bytemuck::cast(a), s[0])),
-                bytemuck::cast::<T, u64>(f(bytemuck::cast(b), s[1])),
-            ];
-            wide::store16(q, r);
+        while k + 2 <= n {
+            two(k);
+            k += 2;
         }
-        k = done;
     }
     while k < n {
-        store(p.add(k), f(load(p.add(k)), src[k]));
+        one(k);
         k += 1;
     }
 }
@@ -151,28 +176,18 @@ pub(crate) unsafe fn update<T: Pod>(p: *mut T, src: &[T], f: impl Fn(T, T) -> T)
 /// As for [`load`], for every element of the run.
 #[inline(always)]
 pub(crate) unsafe fn load_run<T: Pod>(p: *const T, out: &mut [T]) {
-    let n = out.len();
-    #[allow(unused_mut)]
-    let mut k = 0;
-    #[cfg(target_arch = "x86_64")]
-    if std::mem::size_of::<T>() == 8 && unit::<T>() == 8 && n >= 2 {
-        if (p as usize) % 16 != 0 {
-            out[0] = load(p);
-            k = 1;
-        }
-        let pairs = out[k..].chunks_exact_mut(2);
-        let done = k + 2 * pairs.len();
-        for (j, o) in pairs.enumerate() {
-            let [a, b] = wide::load16(p.add(k + 2 * j) as *const u8);
-            o[0] = bytemuck::cast(a);
-            o[1] = bytemuck::cast(b);
-        }
-        k = done;
-    }
-    while k < n {
-        out[k] = load(p.add(k));
-        k += 1;
-    }
+    let o = out.as_mut_ptr();
+    runs::<T>(
+        p,
+        out.len(),
+        |k| *o.add(k) = load(p.add(k)),
+        #[cfg(target_arch = "x86_64")]
+        |k| {
+            let [a, b] = wide::load16(p.add(k) as *const u8);
+            *o.add(k) = bytemuck::cast(a);
+            *o.add(k + 1) = bytemuck::cast(b);
+        },
+    )
 }
 
 /// Writes `f(first + k)` into element `k` of the `n` elements at `p`,
@@ -233,30 +248,21 @@ pub(crate) unsafe fn fill<T: Pod>(
 /// As for [`store`], for every element of the run.
 #[inline(always)]
 pub(crate) unsafe fn store_run<T: Pod>(p: *mut T, src: &[T]) {
-    let n = src.len();
-    #[allow(unused_mut)]
-    let mut k = 0;
-    #[cfg(target_arch = "x86_64")]
-    if std::mem::size_of::<T>() == 8 && unit::<T>() == 8 && n >= 2 {
-        if (p as usize) % 16 != 0 {
-            store(p, src[0]);
-            k = 1;
-        }
-        let pairs = src[k..].chunks_exact(2);
-        let done = k + 2 * pairs.len();
-        for (j, s) in pairs.enumerate() {
+    // In bounds: see `update`.
+    let s = |k: usize| *src.get_unchecked(k);
+    runs::<T>(
+        p,
+        src.len(),
+        |k| store(p.add(k), s(k)),
+        #[cfg(target_arch = "x86_64")]
+        |k| {
             let w = [
-                bytemuck::cast::<T, u64>(s[0]),
-                bytemuck::cast::<T, u64>(s[1]),
+                bytemuck::cast::<T, u64>(s(k)),
+                bytemuck::cast::<T, u64>(s(k + 1)),
             ];
-            wide::store16(p.add(k + 2 * j) as *mut u8, w);
-        }
-        k = done;
-    }
-    while k < n {
-        store(p.add(k), src[k]);
-        k += 1;
-    }
+            wide::store16(p.add(k) as *mut u8, w);
+        },
+    )
 }
 
 /// The 16-byte accesses of [`update`], [`fill`], [`load_run`] and
