@@ -361,6 +361,12 @@ impl<'a, T: Pod> ReadRows<'a, T> {
     }
 
     /// Row `i` (absolute index) as a slice of its `cols` elements.
+    ///
+    /// The compiler does not know that `cols` is the `n` a loop runs to, so
+    /// indexing the row inside `for j in 1..n - 1` keeps a bounds check per
+    /// access (and the loop does not vectorise) unless the row is cut to
+    /// that length first, as a slice of a `Vec` would be:
+    /// `let up = &grid.row(i - 1)[..n];`.
     #[inline(always)]
     pub fn row(&self, i: usize) -> &[T] {
         let k = self.f.row_offset("read", i);
