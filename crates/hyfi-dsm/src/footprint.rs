@@ -513,13 +513,7 @@ impl<T: Pod> RowWriter<'_, T> {
     #[inline(always)]
     pub fn set(&self, j: usize, v: T) {
         if j >= self.cols {
-            let shape = Shape {
-                first: self.row,
-                rows: 1,
-                cols: self.cols,
-                vector: false,
-            };
-            outside("write", self.seq, (self.row, j), shape);
+            self.outside(j);
         }
         // SAFETY: inside the row, which the view made writable and which
         // lives while the view it borrows does; atomic.
@@ -556,22 +550,23 @@ impl<T: Pod> RowWriter<'_, T> {
     #[inline(always)]
     pub fn fill(&self, cols: Range<usize>, f: impl FnMut(usize) -> T) {
         if cols.start > cols.end || cols.end > self.cols {
-            let shape = Shape {
-                first: self.row,
-                rows: 1,
-                cols: self.cols,
-                vector: false,
-            };
-            outside(
-                "write",
-                self.seq,
-                (self.row, cols.end.saturating_sub(1)),
-                shape,
-            );
+            self.outside(cols.end.saturating_sub(1));
         }
         // SAFETY: inside the row (checked above), which the view made
         // writable; every element written as a unit (see `elem::fill`).
         unsafe { elem::fill(self.ptr.add(cols.start), cols.start, cols.len(), f) }
+    }
+    /// Panics: column `j` is outside the row.
+    #[cold]
+    #[inline(never)]
+    fn outside(&self, j: usize) -> ! {
+        let shape = Shape {
+            first: self.row,
+            rows: 1,
+            cols: self.cols,
+            vector: false,
+        };
+        outside("write", self.seq, (self.row, j), shape)
     }
     /// Columns in the row. Asserting `row.len() >= n` before a loop over
     /// `0..n` lets the compiler drop `set`'s check from the loop.

@@ -110,7 +110,7 @@ impl<T: Pod> DsmMatrix<T> {
     /// missing page of the block is requested at once.
     pub fn rows_view<'a>(&'a self, _ctx: &'a Ctx, r: Range<usize>) -> MatrixView<'a, T> {
         self.check_rows(&r);
-        self.validate_rows(&r, false);
+        self.sh.validate_rows(&r, self.cols, self.stride, false);
         MatrixView {
             ptr: self.sh.base.wrapping_add(r.start * self.stride),
             rows: r,
@@ -168,29 +168,9 @@ impl<T: Pod> DsmMatrix<T> {
         WriteRows::new(self.rows_frame(ctx, r, true))
     }
 
-    /// The footprint of a view of rows `r`: the mode claimed for this
-    /// access epoch (a write claims it in `check_write`), the pages made
-    /// valid (or writable).
     fn rows_frame(&self, ctx: &Ctx, r: Range<usize>, write: bool) -> Frame {
         self.check_rows(&r);
-        if !write {
-            self.sh.seg.note_read_only(ctx.access_epoch(), (r.start, 0));
-        }
-        self.validate_rows(&r, write);
-        // SAFETY: the rows' pages are valid (writable) here and the array's
-        // mode is claimed (above, or by check_write; empty rows are never
-        // accessed).
-        unsafe {
-            Frame::new(
-                &self.sh.core,
-                &self.sh.seg,
-                self.sh.base,
-                r.start,
-                r.len(),
-                self.cols,
-                self.stride,
-            )
-        }
+        self.sh.frame(ctx, r, self.cols, self.stride, 0, write)
     }
 
     fn check_rows(&self, r: &Range<usize>) {
@@ -200,20 +180,6 @@ impl<T: Pod> DsmMatrix<T> {
                 format!("{r:?}"),
                 format!("{} rows", self.rows),
             );
-        }
-    }
-
-    /// Makes every page of rows `r` readable (or writable) here.
-    fn validate_rows(&self, r: &Range<usize>, write: bool) {
-        if r.is_empty() || self.cols == 0 {
-            return;
-        }
-        let first = r.start * self.stride;
-        let n = (r.len() - 1) * self.stride + self.cols;
-        if write {
-            self.sh.check_write(first, n);
-        } else {
-            self.sh.check_read(first, n);
         }
     }
 

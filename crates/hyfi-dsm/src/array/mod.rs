@@ -19,10 +19,12 @@
 //! races a live view. Views are neither `Send` nor `Sync`.
 
 use std::marker::PhantomData;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytemuck::Pod;
+use hyfi_core::Ctx;
 
 mod matrix;
 mod vec;
@@ -83,6 +85,53 @@ impl<T: Pod> Shared<T> {
             return;
         }
         self.slow(lo, hi, false);
+    }
+
+    /// Makes rows `r` valid here (writable if `write`): `cols` elements
+    /// each, `stride` apart (a vector is rows of one element).
+    pub(crate) fn validate_rows(&self, r: &Range<usize>, cols: usize, stride: usize, write: bool) {
+        if r.is_empty() || cols == 0 {
+            return;
+        }
+        let (first, n) = (r.start * stride, (r.len() - 1) * stride + cols);
+        if write {
+            self.check_write(first, n);
+        } else {
+            self.check_read(first, n);
+        }
+    }
+
+    /// The footprint of a view of rows `r` (as in [`Self::validate_rows`]):
+    /// the array's mode claimed for this access epoch (a write claims it in
+    /// `check_write`), the pages made valid (or writable). `col` is the
+    /// column a read-only claim names in messages ([`NONE`] for a vector).
+    pub(crate) fn frame(
+        &self,
+        ctx: &Ctx,
+        r: Range<usize>,
+        cols: usize,
+        stride: usize,
+        col: usize,
+        write: bool,
+    ) -> Frame {
+        if !write {
+            self.seg.note_read_only(ctx.access_epoch(), (r.start, col));
+        }
+        self.validate_rows(&r, cols, stride, write);
+        // SAFETY: the rows' pages are valid (writable) here and the array's
+        // mode is claimed (above, or by check_write; empty rows are never
+        // accessed).
+        unsafe {
+            Frame::new(
+                &self.core,
+                &self.seg,
+                self.base,
+                r.start,
+                r.len(),
+                cols,
+                stride,
+            )
+        }
     }
 
     /// The runtime's access epoch now.

@@ -111,37 +111,10 @@ impl<T: Pod> DsmVec<T> {
         WriteRange::new(self.range_frame(ctx, r, true))
     }
 
-    /// The footprint of a vector's view of `r`: the mode claimed for this
-    /// access epoch (a write claims it in `check_write`), the pages made
-    /// valid (or writable).
+    /// The footprint of a vector's view of `r` (rows of one element).
     fn range_frame(&self, ctx: &Ctx, r: Range<usize>, write: bool) -> Frame {
         self.check_range(&r);
-        if !write {
-            self.sh
-                .seg
-                .note_read_only(ctx.access_epoch(), (r.start, NONE));
-        }
-        if !r.is_empty() {
-            if write {
-                self.sh.check_write(r.start, r.len());
-            } else {
-                self.sh.check_read(r.start, r.len());
-            }
-        }
-        // SAFETY: the range's pages are valid (writable) here and the
-        // vector's mode is claimed (above, or by check_write; an empty
-        // range is never accessed). A vector's view has one element a row.
-        unsafe {
-            Frame::new(
-                &self.sh.core,
-                &self.sh.seg,
-                self.sh.base,
-                r.start,
-                r.len(),
-                1,
-                1,
-            )
-        }
+        self.sh.frame(ctx, r, 1, 1, NONE, write)
     }
 
     /// Copies elements `start..start+out.len()` into `out`.

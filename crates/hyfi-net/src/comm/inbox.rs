@@ -70,8 +70,8 @@ pub(super) struct InboxState {
     pub(super) coll: HashMap<(usize, u64, Dir), Vec<u8>>,
     pub(super) bulk: HashMap<usize, std::collections::VecDeque<(u64, Vec<u8>)>>,
     pub(super) failed: Option<String>,
-    /// A failure is being announced (see [`Inbox::fail_announced`]): later
-    /// failures are not the first, though `failed` is not yet set.
+    /// The node's first failure was claimed (see [`Inbox::fail_announced`]):
+    /// set before `failed`, which is published after the announcement.
     pub(super) claimed: bool,
     pub(super) byes: usize,
     /// Peers that said `Bye`: they send nothing more but answers to
@@ -129,7 +129,7 @@ impl Inbox {
         }
         {
             let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            if s.failed.is_some() || s.claimed {
+            if s.claimed {
                 return false;
             }
             s.claimed = true;

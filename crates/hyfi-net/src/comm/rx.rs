@@ -34,8 +34,7 @@ impl Node {
     /// The node fails with `why`: the first time, the hook runs, then its
     /// program's waits return the error and every peer is told.
     pub(super) fn fail(&self, why: String) {
-        self.sender
-            .fail_announce_and_tell(why, |why| (self.hook)(why));
+        self.sender.fail_and_tell(why, |why| (self.hook)(why));
     }
 }
 

@@ -374,7 +374,7 @@ impl Sender {
             ),
             Err(why) => {
                 let why = format!("node {}: {why}", self.rank);
-                self.fail_and_tell(why.clone());
+                self.fail_and_tell(why.clone(), |_| {});
                 Err(self.aborted(why))
             }
         }
@@ -382,13 +382,8 @@ impl Sender {
 
     /// Fails this node with `why` (its waits return the error) and tells
     /// every peer; returns false if the node had failed already.
-    pub(super) fn fail_and_tell(&self, why: String) -> bool {
-        self.fail_announce_and_tell(why, |_| {})
-    }
-
-    /// [`Self::fail_and_tell`], running `announce` first (see
-    /// [`Inbox::fail_announced`]).
-    pub(super) fn fail_announce_and_tell(&self, why: String, announce: impl FnOnce(&str)) -> bool {
+    /// `announce` runs first (see [`Inbox::fail_announced`]).
+    pub(super) fn fail_and_tell(&self, why: String, announce: impl FnOnce(&str)) -> bool {
         if self.inbox.fail_announced(why.clone(), announce) {
             self.send_abort(&why);
             return true;
