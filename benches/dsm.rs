@@ -41,6 +41,7 @@
 //! without `--bench` (as under `cargo test --benches`) the fetch part runs
 //! one short block, as a smoke test.
 
+use hyfi::layers::RuntimeExt;
 use std::hint::black_box;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

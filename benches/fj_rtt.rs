@@ -19,6 +19,7 @@
 //!
 //! Run with `cargo bench --bench fj_rtt -- --noplot`.
 
+use hyfi::layers::RuntimeExt;
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Duration;

@@ -33,15 +33,14 @@
 //!   [`DsmError`]); a program sees them as [`crate::Error::Net`] and
 //!   [`crate::Error::Dsm`], with the layer's error as the source.
 //!
-//! The `Runtime` methods through which a layer installs itself are public
-//! but hidden from the user's documentation: `Runtime::with_link` (start a
-//! runtime over a link), `Runtime::link`, `Runtime::set_phase_end` and
-//! `Runtime::phase_end`, `Runtime::set_balancer` and `Runtime::fj_node`,
-//! `Runtime::access_epoch_counter` and `Ctx::access_epoch` (the per-phase
-//! access epoch the DSM keys its views on). Their documentation is in
-//! `hyfi_core`'s source.
+//! * **A layer's side of `Runtime` and `Ctx`** ([`RuntimeExt`],
+//!   [`CtxExt`]): starting a runtime over a link, installing the phase-end
+//!   hook and the balancer, the per-phase access epoch the DSM keys its
+//!   views on. Extension traits, so that a program's `Runtime` shows only
+//!   the program's API: these methods exist for code that imports them.
 
-pub use hyfi_core::{balance, filthread, link, remote, steal, waits};
+pub use hyfi_core::layer::{CtxExt, RuntimeExt};
+pub use hyfi_core::{balance, filthread, layer, link, remote, steal, waits};
 pub use hyfi_core::{
     is_registered, parse_size, Balancer, Failure, FjNode, LinkError, NodeLink, PhaseEnd,
     PortableJob, SingleNode, Slot, Step, FORK_JOIN_PHASE,

@@ -38,7 +38,7 @@
 //! ```
 //!
 //! **One error type.** Every fallible step — starting the node
-//! ([`init`]), the shared memory ([`Dsm::new`], its allocations), a program
+//! ([`init`], which returns it), the shared memory ([`Dsm::new`], its allocations), a program
 //! ([`Runtime::start`], [`Runtime::run`], [`Runtime::run_distributed`]) —
 //! converts into [`Error`] with `?`, and its `Debug` is the message, so a
 //! `main` returning `Result<(), hyfi::Error>` prints what happened and what
@@ -57,7 +57,7 @@
 //! static SUM: RemoteFn<(u64, u64), u64> = RemoteFn::new("facade-doc-sum", sum);
 //!
 //! fn main() -> Result<(), hyfi::Error> {
-//!     let rt = hyfi::init_with(Config::new().procs(2).pin(false))?; // hyfi_net's error
+//!     let rt = hyfi::init_with(Config::new().procs(2).pin(false))?; // hyfi::Error already
 //!     let dsm = Dsm::new(&rt)?;                                      // hyfi_dsm's error
 //!     let v = dsm.vec::<f64>(1000).from_fn(|i| i as f64)?;
 //!     let total = rt.reduction(0.0f64);
@@ -97,7 +97,38 @@
 
 // --- Starting a node ---
 pub use hyfi_core::{Config, Runtime, DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
-pub use hyfi_net::{init, init_nodes, init_with};
+
+/// Starts this node's part of the job, configured from the `HYFI_*`
+/// variables (see [`init_with`]).
+///
+/// The facade's entry points return the program's one error type,
+/// [`Error`]; the cluster layer's own error is its
+/// [`source`](std::error::Error::source) (`hyfi::layers::NetError`).
+pub fn init() -> Result<Runtime, Error> {
+    Ok(hyfi_net::init()?)
+}
+
+/// Starts this node's part of the job with `cfg` for its processors:
+///
+/// * no launcher and `HYFI_NODES` unset or 1: a one-node runtime;
+/// * `HYFI_NODES=N > 1` and no launcher: this process becomes the launcher of
+///   N local nodes running the same program, and exits with their status
+///   (it does not return);
+/// * started by hyfi's launcher (`hyfi-run`), `mpirun` or `srun`: blocks the
+///   asynchronous signals (call it before starting threads of your own),
+///   opens the mesh, starts the signal-handling thread and returns a runtime
+///   whose barriers and reductions span every node.
+pub fn init_with(cfg: Config) -> Result<Runtime, Error> {
+    Ok(hyfi_net::init_with(cfg)?)
+}
+
+/// Like [`init_with`], with a node count from the program's command line
+/// (a `--nodes N` option): with no launcher around it acts as
+/// `HYFI_NODES=N`; under a launcher it must agree with the launcher's node
+/// count.
+pub fn init_nodes(cfg: Config, nodes: Option<usize>) -> Result<Runtime, Error> {
+    Ok(hyfi_net::init_nodes(cfg, nodes)?)
+}
 
 // --- Iterative filaments: pools, phases, post-phase code ---
 pub use hyfi_core::{block, Control, Ctx, Index, Pool, PoolArray, PostPhase, Program, Span};
@@ -190,6 +221,44 @@ pub mod layers;
 /// ```
 /// ```compile_fail,E0432
 /// use hyfi::SharedVec;
+/// ```
+///
+/// A layer's methods on `Runtime` and `Ctx` are extension traits in
+/// `hyfi::layers`, not methods a program sees:
+///
+/// ```compile_fail,E0599
+/// let rt = hyfi::Runtime::new(hyfi::Config::new().procs(1).pin(false)).unwrap();
+/// let _ = rt.link();
+/// ```
+/// ```compile_fail,E0599
+/// let rt = hyfi::Runtime::new(hyfi::Config::new().procs(1).pin(false)).unwrap();
+/// let _ = rt.phase_end();
+/// ```
+/// ```compile_fail,E0599
+/// let rt = hyfi::Runtime::new(hyfi::Config::new().procs(1).pin(false)).unwrap();
+/// let _ = rt.fj_node();
+/// ```
+/// ```compile_fail,E0599
+/// let cfg = hyfi::Config::new().procs(1).pin(false);
+/// let _ = hyfi::Runtime::with_link(cfg, std::sync::Arc::new(hyfi::layers::SingleNode));
+/// ```
+/// ```compile_fail,E0599
+/// let rt = hyfi::Runtime::new(hyfi::Config::new().procs(1).pin(false)).unwrap();
+/// rt.run(|ctx| ctx.access_epoch()).unwrap();
+/// ```
+///
+/// With the traits imported, the same calls compile and run:
+///
+/// ```
+/// use hyfi::layers::{CtxExt, RuntimeExt};
+/// let cfg = hyfi::Config::new().procs(1).pin(false);
+/// let rt = hyfi::Runtime::with_link(cfg, std::sync::Arc::new(hyfi::layers::SingleNode)).unwrap();
+/// assert_eq!(rt.link().num_nodes(), 1);
+/// assert!(rt.phase_end().is_none());
+/// let _ = rt.fj_node();
+/// let a = rt.run(|ctx| ctx.access_epoch()).unwrap();
+/// let b = rt.run(|ctx| ctx.access_epoch()).unwrap();
+/// assert_ne!(a, b, "every fork-join run begins a new access epoch");
 /// ```
 ///
 /// The same names through `hyfi::layers` compile:

@@ -141,7 +141,7 @@ pub struct PortableJob {
 }
 
 /// What the cluster layer does for fork-join across nodes. Installed with
-/// [`Runtime::set_balancer`](crate::Runtime::set_balancer); implemented by hyfi-net over its messages.
+/// [`RuntimeExt::set_balancer`](crate::layer::RuntimeExt::set_balancer); implemented by hyfi-net over its messages.
 /// No method may block.
 pub trait Balancer: Send + Sync + 'static {
     /// Distributed run `run` begins on this node (runs are numbered 1, 2, ...

@@ -180,7 +180,7 @@ pub enum Error {
     /// A multi-node runtime has no cross-node fork-join layer.
     #[error(
         "run_distributed on {nodes} nodes needs the cluster layer's balancer; start the runtime \
-         with hyfi::init (or install one with Runtime::set_balancer)"
+         with hyfi::init (or install one with hyfi::layers::RuntimeExt::set_balancer)"
     )]
     NoBalancer {
         /// Nodes of the runtime.

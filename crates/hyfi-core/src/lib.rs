@@ -87,6 +87,7 @@ pub mod filthread;
 mod fork;
 mod job;
 mod latch;
+pub mod layer;
 pub mod link;
 mod node;
 mod phase;

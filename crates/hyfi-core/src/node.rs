@@ -179,7 +179,7 @@ pub trait PhaseEnd: Send + Sync + 'static {
     /// Ends phase `phase` (its index in the program) on this node; must not
     /// return before every node has ended it too.
     fn end_phase(&self, phase: usize, link: &dyn NodeLink) -> Result<(), LinkError>;
-    /// Called when an access epoch ends (see `Ctx::access_epoch`): after a
+    /// Called when an access epoch ends (see `CtxExt::access_epoch`): after a
     /// phase's filaments, after its post-phase code, and before a new
     /// command (program or fork-join run) begins. No filament runs then.
     fn access_epoch_ended(&self) {}

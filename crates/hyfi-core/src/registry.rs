@@ -118,7 +118,7 @@ pub(crate) struct Shared {
     /// The *access epoch*: advanced whenever a phase (each execution of
     /// one) or a fork-join run is about to begin on this node, while no
     /// filament runs. Shared arrays key their per-phase access modes
-    /// (read-only or written) on it; see [`Ctx::access_epoch`].
+    /// (read-only or written) on it; see [`CtxExt::access_epoch`](crate::layer::CtxExt::access_epoch).
     pub(crate) access_epoch: Arc<AtomicU64>,
     command: Mutex<Command>,
     finished: AtomicUsize,

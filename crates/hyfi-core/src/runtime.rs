@@ -24,14 +24,13 @@ use crossbeam_deque::Worker;
 use crate::config::Config;
 use crate::error::Error;
 use crate::job::JobRef;
-use crate::node::PhaseEnd;
 use crate::node::{NodeLink, SingleNode};
 use crate::reduce::Reduction;
 use crate::registry::{Command, Shared};
 use crate::sched;
 use crate::stats::{ProcStats, Stats};
 
-/// The phase index [`PhaseEnd::end_phase`] is given for the release of a
+/// The phase index [`PhaseEnd::end_phase`](crate::node::PhaseEnd::end_phase) is given for the release of a
 /// fork-join run (see [`Runtime::run`] and [`Runtime::run_distributed`]):
 /// no phase of a program has it.
 pub const FORK_JOIN_PHASE: usize = usize::MAX;
@@ -53,7 +52,7 @@ pub struct Runtime {
 impl Runtime {
     /// Starts a single-node runtime.
     pub fn new(cfg: Config) -> Result<Self, Error> {
-        Self::with_link(cfg, Arc::new(SingleNode))
+        Self::start_with_link(cfg, Arc::new(SingleNode))
     }
 
     /// Starts a single-node runtime configured from the `HYFI_*` variables.
@@ -61,12 +60,9 @@ impl Runtime {
         Self::new(Config::from_env()?)
     }
 
-    /// Starts a runtime whose node-level steps (barrier, cross-node
-    /// reduction) go through `link`: how the cluster layer plugs in.
-    ///
-    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
-    #[doc(hidden)]
-    pub fn with_link(cfg: Config, link: Arc<dyn NodeLink>) -> Result<Self, Error> {
+    /// Starts a runtime whose node-level steps go through `link`
+    /// ([`RuntimeExt::with_link`](crate::layer::RuntimeExt::with_link)).
+    pub(crate) fn start_with_link(cfg: Config, link: Arc<dyn NodeLink>) -> Result<Self, Error> {
         let (procs, cpus) = cfg.resolve()?;
         if std::env::var_os("HYFI_VERBOSE").is_some_and(|v| v != "0" && !v.is_empty()) {
             eprintln!(
@@ -140,45 +136,6 @@ impl Runtime {
             }
         }
         Ok(rt)
-    }
-
-    /// The node-level link this runtime was started with.
-    ///
-    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
-    #[doc(hidden)]
-    pub fn link(&self) -> &Arc<dyn NodeLink> {
-        &self.shared.link
-    }
-
-    /// Installs the work done at the end of every phase in place of the
-    /// node-level barrier (see [`PhaseEnd`]). One per runtime: a second
-    /// returns [`Error::PhaseEndTaken`].
-    ///
-    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
-    #[doc(hidden)]
-    pub fn set_phase_end(&self, hook: Arc<dyn PhaseEnd>) -> Result<(), Error> {
-        self.shared
-            .phase_end
-            .set(hook)
-            .map_err(|_| Error::PhaseEndTaken)
-    }
-
-    /// The phase-end hook installed, if any.
-    ///
-    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
-    #[doc(hidden)]
-    pub fn phase_end(&self) -> Option<&Arc<dyn PhaseEnd>> {
-        self.shared.phase_end.get()
-    }
-
-    /// The counter behind [`Ctx::access_epoch`], for layers that check
-    /// per-phase access modes outside a filament (hyfi-dsm's element
-    /// writes). Read it `Relaxed`: it changes only while no filament runs.
-    ///
-    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
-    #[doc(hidden)]
-    pub fn access_epoch_counter(&self) -> Arc<AtomicU64> {
-        self.shared.access_epoch.clone()
     }
 
     /// Processors (server threads) on this node.

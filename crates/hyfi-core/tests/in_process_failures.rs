@@ -6,6 +6,7 @@
 //! in bounded time, instead of hanging. The TCP side of the same checks is
 //! `tests/failures.rs` of the workspace, with real processes.
 
+use hyfi_core::layer::RuntimeExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,6 +2,7 @@
 //! `Ctx::join_remote`, `Runtime::run_distributed` and its errors. (Across
 //! nodes, with real processes: `tests/forkjoin_nodes.rs` of the facade.)
 
+use hyfi_core::layer::RuntimeExt;
 use hyfi_core::{Config, Ctx, Error, LinkError, NodeLink, RemoteFn, Runtime};
 use std::sync::Arc;
 

@@ -4,6 +4,7 @@
 //! over TCP is tested with real processes in the workspace's
 //! `tests/forkjoin_nodes.rs`.
 
+use hyfi_core::layer::RuntimeExt;
 use std::sync::Arc;
 
 use hyfi_core::link::{InProcess, ServiceId};

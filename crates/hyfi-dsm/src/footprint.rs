@@ -29,7 +29,7 @@
 //! **Why plain reads are sound.** A read view may be taken of an array only
 //! if no filament of this node writes it in the same *access epoch* (a
 //! phase's execution, its post-phase code, or a fork-join run: see
-//! `Ctx::access_epoch`). Each array keeps its mode for the current epoch
+//! `CtxExt::access_epoch`). Each array keeps its mode for the current epoch
 //! in one atomic word, set by compare-and-swap: the first read view of an
 //! epoch makes it *read-only*, the first write (through any path: `set`,
 //! `write`, `row_mut`, `slice_mut`, a write view) makes it *written*, and

@@ -117,6 +117,7 @@ mod hook;
 mod region;
 mod stats;
 
+use hyfi_core::layer::RuntimeExt;
 use std::ops::Range;
 use std::sync::Arc;
 

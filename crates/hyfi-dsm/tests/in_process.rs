@@ -6,6 +6,7 @@
 //! `examples/dsm_stress.rs` does with real processes, tested in the
 //! workspace's `tests/dsm.rs`).
 
+use hyfi_core::layer::RuntimeExt;
 use std::sync::{Arc, Mutex, RwLock};
 
 use hyfi_core::link::InProcess;

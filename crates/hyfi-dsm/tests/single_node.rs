@@ -2,6 +2,7 @@
 //! nodes is tested with real processes in the workspace's `tests/dsm.rs`).
 
 use bytemuck::{Pod, Zeroable};
+use hyfi_core::layer::RuntimeExt;
 use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
 use hyfi_dsm::{Dsm, DsmError, Placement, PAGE};
 

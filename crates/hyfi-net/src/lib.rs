@@ -17,6 +17,7 @@
 
 #![warn(missing_docs)]
 
+use hyfi_core::layer::RuntimeExt;
 use std::time::Duration;
 
 use hyfi_core::{Config, Runtime};

@@ -2,6 +2,7 @@
 //! nodes as threads of one process (each with its own mesh and
 //! communication thread).
 
+use hyfi_core::layer::RuntimeExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -3,6 +3,7 @@
 //! every node, and messages of a run that a node has not begun yet (a
 //! start-up filament, the run's end) kept until it begins.
 
+use hyfi_core::layer::RuntimeExt;
 use std::sync::Arc;
 use std::time::Duration;
 

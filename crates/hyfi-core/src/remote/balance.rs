@@ -65,7 +65,7 @@ pub struct NobodyWaits {
 }
 
 /// The cluster layer's handle on a node's fork-join state (see
-/// [`Runtime::fj_node`](crate::Runtime::fj_node)). It does not keep the runtime alive; once the
+/// [`RuntimeExt::fj_node`](crate::layer::RuntimeExt::fj_node)). It does not keep the runtime alive; once the
 /// runtime is gone every call does nothing.
 #[derive(Clone)]
 pub struct FjNode(pub(crate) Weak<Shared>);

@@ -1,17 +1,16 @@
 //! How a fork-join run over every node starts and ends on this one:
 //! [`Runtime::run_distributed`] (the root on node 0, its result sent to
 //! every node), and the seams through which the cluster layer installs
-//! itself ([`Runtime::set_balancer`], [`Runtime::fj_node`]). The protocol
+//! itself ([`RuntimeExt::set_balancer`](crate::layer::RuntimeExt::set_balancer),
+//! [`RuntimeExt::fj_node`](crate::layer::RuntimeExt::fj_node)). The protocol
 //! is in this directory's `README.md`.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::balance::{Balancer, FjNode};
 use super::failure_of;
 use super::startup::{with_startup, Slot};
 use super::Failure;
@@ -20,29 +19,6 @@ use crate::runtime::Runtime;
 use crate::sched::Ctx;
 
 impl Runtime {
-    /// Installs the cluster layer's side of fork-join across nodes (see
-    /// [`Balancer`]). One per runtime: a second returns
-    /// [`Error::BalancerTaken`].
-    ///
-    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
-    #[doc(hidden)]
-    pub fn set_balancer(&self, b: Arc<dyn Balancer>) -> Result<(), Error> {
-        self.shared
-            .fj
-            .balancer
-            .set(b)
-            .map_err(|_| Error::BalancerTaken)
-    }
-
-    /// The handle through which the cluster layer moves this node's
-    /// filaments (see [`FjNode`]).
-    ///
-    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
-    #[doc(hidden)]
-    pub fn fj_node(&self) -> FjNode {
-        FjNode(Arc::downgrade(&self.shared))
-    }
-
     /// Runs a fork-join computation over every node: call it on every node,
     /// with the same root, in the same order as the node's other runs (SPMD).
     /// Node 0 runs `root`; the other nodes run the filaments that start-up

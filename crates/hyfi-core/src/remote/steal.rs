@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::layer::RuntimeExt;
 use crate::link::{Class, FrameError, Port, Service, ServiceId};
 use crate::node::LinkError;
 use crate::remote::balance::{Balancer, FjNode, NobodyWaits, PortableJob};

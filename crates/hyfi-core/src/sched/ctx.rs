@@ -205,19 +205,6 @@ impl Ctx {
     pub fn iteration(&self) -> u64 {
         self.iteration.get()
     }
-    /// The access epoch: a number that changes whenever a phase (each
-    /// execution of it) or a fork-join run begins on this node, and only
-    /// then. Layers above hyfi-core key per-phase state on it: hyfi-dsm's
-    /// shared arrays record whether they are read-only or written in the
-    /// current epoch, which is what makes their read-only views plain
-    /// memory.
-    ///
-    /// For layer crates (see `hyfi::layers`): hidden from the user's docs.
-    #[doc(hidden)]
-    #[inline]
-    pub fn access_epoch(&self) -> u64 {
-        self.shared.access_epoch.load(Ordering::Relaxed)
-    }
     /// Global index of this processor: `node * procs_per_node + proc`.
     #[inline]
     pub fn global_proc(&self) -> usize {

@@ -18,6 +18,7 @@
 //! the release at the phase barrier (which may invalidate its pages) never
 //! races a live view. Views are neither `Send` nor `Sync`.
 
+use hyfi_core::layer::CtxExt;
 use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};

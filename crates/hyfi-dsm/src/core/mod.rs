@@ -60,7 +60,7 @@ pub(crate) struct Core {
     outstanding: Box<[CachePadded<AtomicUsize>]>,
     counters: Box<[CachePadded<AtomicCounters>]>,
     phases: Mutex<PhaseTable>,
-    /// The runtime's access epoch (`Ctx::access_epoch`).
+    /// The runtime's access epoch (`CtxExt::access_epoch`).
     pub(crate) epoch: Arc<AtomicU64>,
     /// Footprint views alive now (footprint.rs): none may outlive its
     /// access epoch.
