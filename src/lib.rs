@@ -156,11 +156,11 @@ pub use hyfi_dsm::{
 };
 
 // --- Counters ---
+/// What [`Runtime::traffic`] returns: a node's messages and bytes by class.
+pub use hyfi_core::link::{ClassTraffic, Traffic};
 /// Progress of long runs on a terminal ([`Progress`]).
 pub use hyfi_core::Progress;
 pub use hyfi_core::{ProcStats, RemoteStats, Stats, StatsHandle};
-/// What [`Runtime::traffic`] returns: a node's messages and bytes by class.
-pub use hyfi_core::link::{ClassTraffic, Traffic};
 
 // --- Errors ---
 pub use hyfi_core::Error;

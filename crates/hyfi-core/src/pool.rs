@@ -100,22 +100,18 @@ impl<I: Index> Pool<I> {
     #[inline]
     pub(crate) fn for_each(&self, mut f: impl FnMut(I)) {
         for s in &self.segs {
-            if I::DIMS != 3 && (I::DIMS == 1 || s.col_step == 1) {
-                for i in s.rows.clone().step_by(s.step) {
-                    for j in s.cols.clone() {
-                        f(I::at(i, j, 0));
-                    }
-                }
-            } else {
-                s.run(&mut f);
-            }
+            s.each(&mut f);
         }
     }
 
     /// Runs, for each segment: `bind(span)`, then `f(index, &mut bound)` on
     /// each of its filaments, in order; the bound value is dropped at the
-    /// segment's end. Monomorphised over both closures, so the filament is
-    /// inlined into the loop and what `bind` returned lives in registers.
+    /// segment's end. Monomorphised over both closures, and `f` called from
+    /// one loop nest ([`Seg::each`]), so the filament is inlined into the
+    /// loop and what `bind` returned lives in registers: `v` is a local of
+    /// this loop whose address never leaves it (measured: with `&mut v`
+    /// passed to an out-of-line loop, per-point Jacobi kept its accumulator
+    /// and views on the stack and ran 2-3x slower).
     #[inline]
     pub(crate) fn for_each_segment<V>(
         &self,
@@ -123,23 +119,8 @@ impl<I: Index> Pool<I> {
         mut f: impl FnMut(I, &mut V),
     ) {
         for s in &self.segs {
-            if I::DIMS != 3 && (I::DIMS == 1 || s.col_step == 1) {
-                let v = bind(&s.span());
-                // The hot shape. `v` is a local of this loop whose address
-                // never leaves it, so it lives in registers; the other
-                // shapes bind it in a function of their own
-                // (measured: with `&mut v` passed to an out-of-line loop,
-                // per-point Jacobi kept its accumulator and views on the
-                // stack and ran 2-3x slower).
-                let mut v = v;
-                for i in s.rows.clone().step_by(s.step) {
-                    for j in s.cols.clone() {
-                        f(I::at(i, j, 0), &mut v);
-                    }
-                }
-            } else {
-                s.run_bound(&mut bind, &mut f);
-            }
+            let mut v = bind(&s.span());
+            s.each(|i| f(i, &mut v));
         }
     }
 }

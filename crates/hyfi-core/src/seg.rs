@@ -187,59 +187,36 @@ impl Seg {
         }
     }
 
-    /// Runs `f` on every filament of the segment, in order. One loop nest
-    /// per shape, chosen once per segment: a 1-D or dense 2-D segment runs
-    /// the plain nested range loops.
-    #[inline(always)]
-    pub(super) fn run<I: Index>(&self, f: &mut impl FnMut(I)) {
-        if I::DIMS != 3 && (I::DIMS == 1 || self.col_step == 1) {
-            // The hot shape: the only loop nest the filament is inlined
-            // into here. The others live in a function of their own
-            // (`run_bound`), so a second copy of a large filament cannot
-            // tip LLVM into calling it out of line in this one (measured:
-            // per-point Jacobi ran 3x slower when all the nests were
-            // inline here).
-            for i in self.rows.clone().step_by(self.step) {
-                for j in self.cols.clone() {
-                    f(I::at(i, j, 0));
-                }
-            }
-        } else {
-            self.run_bound(&mut |_| (), &mut |i, _: &mut ()| f(i));
-        }
-    }
-
-    /// Binds the segment's values with `bind` and runs `f(index, &mut v)`
-    /// on every filament of a segment of a shape other than the dense one
-    /// (column-strided or 3-D), then drops `v`: out of line (see
-    /// [`run`](Self::run) and `Pool::for_each_segment`), for phases with
-    /// bound values and (with `()`) without.
+    /// Runs `f` on every filament of the segment, in order, from one call
+    /// site: a 1-D or 2-D segment (dense or column-strided) is one loop
+    /// nest whose column step is a variable, a 3-D one (`I::DIMS` is a
+    /// constant, so only one of the two nests exists per index type) a
+    /// triple nest.
     ///
-    /// `v` is made here, a local whose address never leaves this function,
-    /// and `f` is called from one loop nest only (`I::DIMS` is a constant),
-    /// so `f` is inlined and `v`'s accumulators and views stay in
-    /// registers. Passing `v` in (by value: an aggregate goes by pointer)
-    /// or through [`run`](Self::run)'s closure kept it in memory and called
-    /// the filament out of line per point: red-black SOR ran ~3x its loop.
-    #[inline(never)]
-    pub(super) fn run_bound<I: Index, V>(
-        &self,
-        bind: &mut impl FnMut(&Span) -> V,
-        f: &mut impl FnMut(I, &mut V),
-    ) {
-        let mut v = bind(&self.span());
+    /// One call site is what lets LLVM inline a large filament: with a
+    /// dense nest here and the strided ones out of line, a red-black
+    /// filament was called per point from the out-of-line copy (the
+    /// inliner declines a large callee with two callers), and red-black
+    /// SOR ran ~2.6x its loop. Inlined here into a loop over segments whose
+    /// bound values are locals (`Pool::for_each_segment`), the filament's
+    /// views and accumulators stay in registers.
+    #[inline(always)]
+    pub(super) fn each<I: Index>(&self, mut f: impl FnMut(I)) {
         if I::DIMS == 3 {
             for i in self.rows.clone().step_by(self.step) {
                 for j in self.cols.clone().step_by(self.col_step) {
                     for k in self.depth.clone() {
-                        f(I::at(i, j, k), &mut v);
+                        f(I::at(i, j, k));
                     }
                 }
             }
         } else {
+            let (first, end, step) = (self.cols.start, self.cols.end, self.col_step);
             for i in self.rows.clone().step_by(self.step) {
-                for j in self.cols.clone().step_by(self.col_step) {
-                    f(I::at(i, j, 0), &mut v);
+                let mut j = first;
+                while j < end {
+                    f(I::at(i, j, 0));
+                    j += step;
                 }
             }
         }

@@ -93,10 +93,7 @@ where
         self.pools.pools_per_proc()
     }
     fn run_pool(&self, ctx: &Ctx, k: usize) {
-        let pool = self.pools.get(ctx.proc(), k);
-        let f = &self.filament;
-        pool.for_each(|i| f(ctx, i));
-        ctx.count_filaments(pool.len() as u64);
+        run_pool(&self.pools, &self.filament, ctx, k);
     }
     fn post(&self, post: &mut PostPhase<'_>) -> Control {
         let mut g = self.post.lock().unwrap_or_else(|e| e.into_inner());
@@ -126,15 +123,39 @@ where
         self.pools.pools_per_proc()
     }
     fn run_pool(&self, ctx: &Ctx, k: usize) {
-        let pool = self.pools.get(ctx.proc(), k);
-        let (bind, f) = (&self.bind, &self.filament);
-        pool.for_each_segment(|span| bind(ctx, span), |i, v| f(ctx, i, v));
-        ctx.count_filaments(pool.len() as u64);
+        run_bound_pool(&self.pools, &self.bind, &self.filament, ctx, k);
     }
     fn post(&self, post: &mut PostPhase<'_>) -> Control {
         let mut g = self.post.lock().unwrap_or_else(|e| e.into_inner());
         (*g)(post)
     }
+}
+
+/// Runs pool `k` of this processor: the loop a phase's filament is inlined
+/// into. Generic over the filament, not over the post-phase code, and out
+/// of line: two phases that share one filament closure (a red-black
+/// sweep's two colours) share this one loop, so the filament has one call
+/// site in the program and LLVM inlines it however large it is (one copy
+/// per phase made it two callers, and a large filament was called per
+/// point).
+#[inline(never)]
+fn run_pool<I: Index, F: Fn(&Ctx, I)>(pools: &PoolArray<I>, f: &F, ctx: &Ctx, k: usize) {
+    let pool = pools.get(ctx.proc(), k);
+    pool.for_each(|i| f(ctx, i));
+    ctx.count_filaments(pool.len() as u64);
+}
+
+/// [`run_pool`] for a phase with bound values.
+#[inline(never)]
+fn run_bound_pool<I, B, V, F>(pools: &PoolArray<I>, bind: &B, f: &F, ctx: &Ctx, k: usize)
+where
+    I: Index,
+    B: Fn(&Ctx, &Span) -> V,
+    F: Fn(&Ctx, I, &mut V),
+{
+    let pool = pools.get(ctx.proc(), k);
+    pool.for_each_segment(|span| bind(ctx, span), |i, v| f(ctx, i, v));
+    ctx.count_filaments(pool.len() as u64);
 }
 
 /// A sequence of phases (`filCreatePhase` for each), run by
