@@ -25,7 +25,6 @@
 mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::OnceLock;
 
 use clap::Parser;
 use hyfi::{Control, Ctx, Dsm, DsmVec, Placement, PoolArray, Program, RemoteFn, Runtime};
@@ -59,17 +58,19 @@ fn fill(ctx: &Ctx, v: &DsmVec<u64>, k: usize, lo: usize, hi: usize) {
     ctx.join(|c| fill(c, v, k, lo, mid), |c| fill(c, v, k, mid, hi));
 }
 
-/// The distributed run's vector (a remote filament names it by this).
-static SHARED: OnceLock<DsmVec<u64>> = OnceLock::new();
+/// The distributed run's vector: shared with the runtime on every node
+/// (`rt.share`), where a remote filament finds it (`ctx.shared`).
+struct Distributed(DsmVec<u64>);
 /// Which vector index `want` uses for the distributed run.
 const DIST: usize = 1000;
 
-/// Writes `want(DIST, i)` into `SHARED[lo..hi]`, forking remotely.
+/// Writes `want(DIST, i)` into the distributed vector's `[lo..hi]`,
+/// forking remotely.
 fn fill_remote(ctx: &Ctx, (lo, hi): (u64, u64)) -> u64 {
-    let v = SHARED.get().expect("SHARED set before the run");
     if hi - lo <= 512 {
+        let v = ctx.shared::<Distributed>(); // this node's copy
         for i in lo..hi {
-            v.set(i as usize, want(DIST, i as usize));
+            v.0.set(i as usize, want(DIST, i as usize));
         }
         return hi - lo;
     }
@@ -144,10 +145,8 @@ fn run(rt: &Runtime, dsm: &Dsm, len: usize) -> Result<String, String> {
         .placement(Placement::Cyclic)
         .zeroed()
         .map_err(|e| err(&e))?;
-    SHARED
-        .set(shared)
-        .map_err(|_| err(&"the distributed vector was already set"))?;
-    let v = SHARED.get().expect("just set");
+    let dist = rt.share(Distributed(shared));
+    let v = &dist.0;
     let wrote = rt
         .run_distributed(|ctx| fill_remote(ctx, (0, len as u64)))
         .map_err(|e| err(&e))?;
