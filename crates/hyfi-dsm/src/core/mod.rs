@@ -1,6 +1,7 @@
 #![doc = include_str!("README.md")]
 
 mod access;
+mod diff;
 mod msg;
 mod page_table;
 mod release;

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use hyfi_core::link::Class;
 
+use super::diff::{self, Diff};
 use super::msg::{Body, Rd, REL};
 use super::page_table::{Segment, FRESH, INVALID, PUSHED, READ, WRITE};
 use super::Core;
@@ -100,11 +101,11 @@ impl Core {
             // The writer keeps its copy (it equals this one once every
             // diff is in, unless another writer's notice drops it).
             seg.lock(p).copies.insert(from);
+            let d = Diff::parse(gp, runs, r.rest())?;
+            r.bytes(d.len())?;
             // SAFETY: a page of a live segment homed here; diff bytes are
             // written with byte atomics.
-            let used = unsafe { elem::apply(seg.page_ptr(p), runs, r.rest()) }
-                .ok_or(ProtocolError::MalformedDiff { page: gp })?;
-            r.bytes(used)?;
+            unsafe { d.apply(seg.page_ptr(p)) };
             self.ctr(self.procs)
                 .diffs_applied
                 .fetch_add(1, Ordering::Relaxed);
@@ -268,7 +269,7 @@ impl Core {
                 b.diffs.extend_from_slice(&gp.to_le_bytes());
                 b.diffs.extend_from_slice(&[0; 4]);
                 // SAFETY: a page of a live segment; no filament runs now.
-                let runs = unsafe { elem::diff(seg.page_ptr(p), &twin, &mut b.diffs) };
+                let runs = unsafe { diff::encode(seg.page_ptr(p), &twin, &mut b.diffs) };
                 if runs == 0 {
                     b.diffs.truncate(at); // written, but back to what it was
                 } else {
