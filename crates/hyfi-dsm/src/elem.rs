@@ -361,72 +361,27 @@ pub(crate) unsafe fn copy_in(page: *mut u8, bytes: &[u8]) {
     }
 }
 
-/// Appends to `out` the diff of the page at `page` against its twin: runs
-/// of changed bytes as `(offset u16, length u16, bytes)`. Returns the
-/// number of runs. Byte-exact, so two nodes writing different bytes of one
-/// word (two `u8` or `f32` elements) both keep their writes.
+/// Word `k` of the page at `page` (a diff compares the page with its twin
+/// word by word, core/diff.rs).
 ///
 /// # Safety
-/// As for [`copy_out`].
-pub(crate) unsafe fn diff(page: *const u8, twin: &Words, out: &mut Vec<u8>) -> u32 {
-    let w = page as *const AtomicU64;
-    let mut runs = 0u32;
-    let mut open: Option<(usize, usize)> = None; // (start, header position)
-    fn close(open: &mut Option<(usize, usize)>, end: usize, out: &mut [u8]) {
-        if let Some((start, at)) = open.take() {
-            let len = (end - start) as u16;
-            out[at + 2..at + 4].copy_from_slice(&len.to_le_bytes());
-        }
-    }
-    for (k, &old) in twin.iter().enumerate() {
-        let cur = (*w.add(k)).load(Relaxed);
-        if cur == old {
-            close(&mut open, k * 8, out.as_mut_slice());
-            continue;
-        }
-        let (cb, ob) = (cur.to_ne_bytes(), old.to_ne_bytes());
-        for b in 0..8 {
-            let off = k * 8 + b;
-            if cb[b] != ob[b] {
-                if open.is_none() {
-                    let at = out.len();
-                    out.extend_from_slice(&(off as u16).to_le_bytes());
-                    out.extend_from_slice(&[0, 0]);
-                    open = Some((off, at));
-                    runs += 1;
-                }
-                out.push(cb[b]);
-            } else {
-                close(&mut open, off, out.as_mut_slice());
-            }
-        }
-    }
-    close(&mut open, PAGE, out.as_mut_slice());
-    runs
+/// As for [`copy_out`]; `k < PAGE / 8`.
+#[inline(always)]
+pub(crate) unsafe fn word(page: *const u8, k: usize) -> u64 {
+    (*(page as *const AtomicU64).add(k)).load(Relaxed)
 }
 
-/// Applies `runs` runs from `src` (as written by [`diff`]) to the page at
-/// `page`; returns the bytes consumed, or `None` if `src` is malformed.
+/// Writes `bytes` at `p` one byte at a time (a diff's run, core/diff.rs:
+/// byte-exact, so the bytes around it, which another node may have
+/// written, stay as they are).
 ///
 /// # Safety
-/// As for [`copy_out`].
-pub(crate) unsafe fn apply(page: *mut u8, runs: u32, src: &[u8]) -> Option<usize> {
-    let mut at = 0usize;
-    for _ in 0..runs {
-        let h = src.get(at..at + 4)?;
-        let off = u16::from_le_bytes([h[0], h[1]]) as usize;
-        let len = u16::from_le_bytes([h[2], h[3]]) as usize;
-        at += 4;
-        if off + len > PAGE {
-            return None;
-        }
-        let bytes = src.get(at..at + len)?;
-        for (i, &b) in bytes.iter().enumerate() {
-            (*(page.add(off + i) as *const AtomicU8)).store(b, Relaxed);
-        }
-        at += len;
+/// `p..p + bytes.len()` lies inside one page of the region.
+#[inline]
+pub(crate) unsafe fn store_bytes(p: *mut u8, bytes: &[u8]) {
+    for (i, &b) in bytes.iter().enumerate() {
+        (*(p.add(i) as *const AtomicU8)).store(b, Relaxed);
     }
-    Some(at)
 }
 
 #[cfg(test)]
@@ -557,42 +512,5 @@ mod tests {
             z: 3.0,
         };
         assert_eq!(ps, [one, two, two, two, one]);
-    }
-
-    #[test]
-    fn diffs_are_byte_exact_and_apply() {
-        let mut page = vec![0u64; PAGE / 8];
-        let p = page.as_mut_ptr() as *mut u8;
-        for (k, w) in page.iter_mut().enumerate() {
-            *w = k as u64 * 0x0101_0101;
-        }
-        let t = unsafe { twin(p) };
-        unsafe {
-            // Bytes 0 and 2 of word 3 (byte 1 untouched), and a run across
-            // a word boundary.
-            *p.add(24) = 0xaa;
-            *p.add(26) = 0xbb;
-            for i in 60..70 {
-                *p.add(i) = 0xcc;
-            }
-            *p.add(PAGE - 1) = 0xdd;
-        }
-        let mut out = Vec::new();
-        let runs = unsafe { diff(p, &t, &mut out) };
-        assert_eq!(runs, 4);
-        // Apply to a copy of the original: it becomes the modified page.
-        let mut other: Vec<u64> = t.to_vec();
-        let q = other.as_mut_ptr() as *mut u8;
-        assert_eq!(unsafe { apply(q, runs, &out) }, Some(out.len()));
-        assert_eq!(other, page);
-        // A third party's write to byte 25 (between the two runs) survives.
-        let mut third: Vec<u64> = t.to_vec();
-        let r = third.as_mut_ptr() as *mut u8;
-        unsafe {
-            *r.add(25) = 0x11;
-            apply(r, runs, &out).unwrap();
-            assert_eq!((*r.add(24), *r.add(25), *r.add(26)), (0xaa, 0x11, 0xbb));
-        }
-        assert_eq!(unsafe { apply(q, runs + 1, &out) }, None);
     }
 }

@@ -5,9 +5,8 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use hyfi_core::filthread;
-use hyfi_core::link::Class;
 
-use super::msg::REQ;
+use super::msg::Request;
 use super::page_table::{readable, writable, Segment, INVALID, PENDING, PUSHED, READ, WRITE};
 use super::Core;
 use crate::elem;
@@ -92,14 +91,8 @@ impl Core {
         while i < reqs.len() {
             let home = reqs[i].0;
             let j = i + reqs[i..].iter().take_while(|r| r.0 == home).count();
-            let n = j - i;
-            self.send(home as usize, REQ, Class::Control, 12 + 8 * n, slot, |b| {
-                b.extend_from_slice(&epoch.to_le_bytes());
-                b.extend_from_slice(&(n as u32).to_le_bytes());
-                for r in &reqs[i..j] {
-                    b.extend_from_slice(&r.1.to_le_bytes());
-                }
-            });
+            let pages = reqs[i..j].iter().map(|r| r.1);
+            self.send(home as usize, slot, Request { epoch, pages });
             i = j;
         }
     }

@@ -1,6 +1,7 @@
 #![doc = include_str!("README.md")]
 
 mod access;
+mod diff;
 mod msg;
 mod page_table;
 mod release;
@@ -11,11 +12,11 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 
 use crossbeam_utils::CachePadded;
 use hyfi_core::filthread;
-use hyfi_core::link::{Class, FrameError, Port, Service, ServiceId};
+use hyfi_core::link::{FrameError, Port, Service, ServiceId};
 
 pub(crate) use page_table::{readable, settled_readable, writable, Segment, INVALID, READ, WRITE};
 
-use msg::{PAGES, REL, REQ};
+use msg::{Encode, Kind};
 use page_table::Meta;
 use release::Proto;
 
@@ -220,23 +221,15 @@ impl Core {
         self.proto_cv.notify_all();
     }
 
-    /// Sends a message of `kind` whose fields `fill` appends (about
-    /// `len_hint` bytes) to node `to`, counted for `slot`.
-    fn send(
-        &self,
-        to: usize,
-        kind: u8,
-        class: Class,
-        len_hint: usize,
-        slot: usize,
-        fill: impl FnOnce(&mut Vec<u8>),
-    ) {
+    /// Sends `msg` to node `to`, encoded straight into the link's frame,
+    /// counted for `slot`.
+    fn send<M: Encode>(&self, to: usize, slot: usize, msg: M) {
         let Some(port) = &self.port else { return };
-        let mut fill = Some(fill);
-        let sent = port.send_with(to, ServiceId::Dsm, class, 1 + len_hint, &mut |b| {
-            b.push(kind);
-            if let Some(f) = fill.take() {
-                f(b);
+        let len = msg.encoded_len();
+        let mut msg = Some(msg);
+        let sent = port.send_with(to, ServiceId::Dsm, M::CLASS, len, &mut |b| {
+            if let Some(m) = msg.take() {
+                m.encode(b);
             }
         });
         match sent {
@@ -284,12 +277,11 @@ impl Core {
 
 impl Service for Core {
     fn frame(&self, from: usize, payload: Vec<u8>) -> Result<(), FrameError> {
-        match payload.first().copied() {
-            Some(REQ) => self.on_request(from, &payload[1..]),
-            Some(PAGES) => self.on_pages(from, &payload[1..]),
-            Some(REL) => self.on_release(from, payload),
-            Some(kind) => Err(ProtocolError::UnknownKind { kind }),
-            None => Err(ProtocolError::Empty),
+        match Kind::of(&payload) {
+            Ok(Kind::Request) => self.on_request(from, &payload),
+            Ok(Kind::Pages) => self.on_pages(from, &payload),
+            Ok(Kind::Release) => self.on_release(from, payload),
+            Err(e) => Err(e),
         }
         .map_err(|error| Violation { from, error }.into())
     }
@@ -305,6 +297,7 @@ impl Service for Core {
 
 #[cfg(test)]
 mod tests {
+    use super::msg::{PagesOut, Request};
     use super::*;
 
     /// Node 0 of 2, with one segment of two pages: page 0 homed here,
@@ -337,25 +330,29 @@ mod tests {
             "shared memory: a message from node 1: an empty message"
         );
         assert!(frame(&c, &[9]).ends_with("unknown message kind 9"));
-        // A request cut short in its epoch field.
-        assert!(frame(&c, &[REQ, 0, 0]).ends_with("the message is cut short at byte 0"));
         let request = |page: u64| {
-            let mut m = vec![REQ];
-            m.extend_from_slice(&0u64.to_le_bytes());
-            m.extend_from_slice(&1u32.to_le_bytes());
-            m.extend_from_slice(&page.to_le_bytes());
+            let mut m = Vec::new();
+            Request {
+                epoch: 0,
+                pages: [page].into_iter(),
+            }
+            .encode(&mut m);
             m
         };
+        // A request cut short in its epoch field.
+        assert!(frame(&c, &request(0)[..3]).ends_with("the message is cut short at byte 0"));
         assert!(
             frame(&c, &request(77)).ends_with("a request for page 77, which no shared array holds")
         );
         assert!(frame(&c, &request(1))
             .ends_with("a request for page 1, whose home is node 1, not node 0"));
         // A reply for a page nobody requested.
-        let mut reply = vec![PAGES];
-        reply.extend_from_slice(&1u32.to_le_bytes());
-        reply.extend_from_slice(&1u64.to_le_bytes());
-        reply.extend_from_slice(&[0u8; PAGE]);
+        let mut reply = Vec::new();
+        PagesOut {
+            pages: &[1],
+            copy: |_: u64, b: &mut Vec<u8>| b.extend_from_slice(&[0u8; PAGE]),
+        }
+        .encode(&mut reply);
         assert!(frame(&c, &reply).ends_with("page 1 arrived, but it was not requested"));
         // The node is still usable: nothing was applied.
         assert!(c.failure().is_none());

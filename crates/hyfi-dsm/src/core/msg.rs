@@ -1,57 +1,769 @@
-//! The protocol's messages: a kind byte, then the kind's fields
-//! (little-endian), and a reader of their payloads.
+//! The protocol's messages and their encoding, in one place: the rest of
+//! the protocol builds messages only through these types and reads them
+//! only through their decoders.
+//!
+//! A message is a kind byte, then the kind's fields, little-endian (pages
+//! are global page numbers):
+//!
+//! | kind | class | fields after the kind byte |
+//! |---|---|---|
+//! | `REQ` = 1, a page request | control | epoch u64 · count u32 · page u64 × count |
+//! | `PAGES` = 2, a reply | bulk | count u32 (at most [`REPLY_BATCH`]) · page u64 × count · then each page's `PAGE` bytes, in the same order |
+//! | `REL` = 3, a release | bulk | epoch u64 · notices: count u32, (first page u64 · pages u32) × count · diffs: count u32, (page u64 · runs u32 · runs) × count · pushes: count u32, (page u64 · `PAGE` bytes) × count · declines: count u32, page u64 × count |
+//!
+//! A diff's runs are `(offset u16 · length u16 · bytes)`, each inside the
+//! page (`diff.rs` owns that format). A request's epoch is the requester's
+//! completed releases; a release's is the sender's (see the README).
+//!
+//! **Classes.** A request goes as control, so it overtakes pages and
+//! releases queued to the same home (a filthread waits for its reply);
+//! replies and releases, which carry pages, are bulk.
+//!
+//! **Encoding** appends to the caller's buffer (the link's frame), so a
+//! page's bytes are copied once, from the region into the frame: a reply
+//! is filled page by page through a closure ([`PagesOut`]). A release's
+//! diffs and pushes are gathered per node during the release, each encoded
+//! as it is added ([`ReleaseBody`]), and framed at the end ([`ReleaseOut`]).
+//!
+//! **Decoding** takes the whole frame, checks every field before the
+//! protocol applies anything, and returns values that borrow from it:
+//! pages, diffs and their runs are read in place. A bad message is a typed
+//! [`ProtocolError`]; `Truncated`'s byte counts from after the kind byte.
+//! Bytes after a reply's pages or a request's pages are ignored; after a
+//! release's declines, they are an error.
 
+use std::slice::ChunksExact;
+
+use hyfi_core::link::Class;
+
+use super::diff::Diff;
 use crate::error::ProtocolError;
+use crate::region::PAGE;
 
-// The messages: a kind byte, then the kind's fields (little-endian).
-// `REQ` (a page request: epoch u64, count u32, global pages u64...) goes
-// as control, so it overtakes pages and releases queued to the same home;
-// `PAGES` (count u32, global pages u64..., the pages' bytes) and `REL`
-// (epoch u64, notice ranges, diffs) are bulk.
-pub(super) const REQ: u8 = 1;
-pub(super) const PAGES: u8 = 2;
-pub(super) const REL: u8 = 3;
+const REQ: u8 = 1;
+const PAGES: u8 = 2;
+const REL: u8 = 3;
 /// Pages per reply frame.
 pub(super) const REPLY_BATCH: usize = 64;
 
-/// What one `REL` carries to one node besides the notices.
-#[derive(Default)]
-pub(super) struct Body {
-    /// Diffs of pages homed there: (page u64, runs u32, runs)...
-    pub(super) diffs: Vec<u8>,
-    pub(super) ndiffs: u32,
-    /// Pages homed here that it holds a copy of: (page u64, bytes)...
-    pub(super) pushes: Vec<u8>,
-    pub(super) npushes: u32,
-    /// Pages it pushed here that went unused.
-    pub(super) declines: Vec<u64>,
+/// A notice range's size: first page u64, pages u32.
+const NOTICE: usize = 12;
+/// A push's size: page u64, its bytes.
+const PUSH: usize = 8 + PAGE;
+
+/// The kind of a message received, from its first byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    Request,
+    Pages,
+    Release,
 }
 
-/// A little reader of message payloads.
-pub(super) struct Rd<'a> {
+impl Kind {
+    pub(super) fn of(frame: &[u8]) -> Result<Kind, ProtocolError> {
+        match frame.first().copied() {
+            Some(REQ) => Ok(Kind::Request),
+            Some(PAGES) => Ok(Kind::Pages),
+            Some(REL) => Ok(Kind::Release),
+            Some(kind) => Err(ProtocolError::UnknownKind { kind }),
+            None => Err(ProtocolError::Empty),
+        }
+    }
+}
+
+/// A message to send.
+pub(super) trait Encode {
+    /// The link class it goes as.
+    const CLASS: Class;
+    /// Its length, kind byte included (the frame's capacity).
+    fn encoded_len(&self) -> usize;
+    /// Appends it, kind byte first, to `out`.
+    fn encode(self, out: &mut Vec<u8>);
+}
+
+// ---------------------------------------------------------------------
+// REQ
+
+/// `REQ`: the pages a node asks their home for, and the requester's epoch
+/// (the home serves them once its own epoch has caught up). Sent with any
+/// iterator of pages; received with a [`PageList`] over the frame.
+#[derive(Clone, Debug)]
+pub(super) struct Request<P> {
+    pub(super) epoch: u64,
+    pub(super) pages: P,
+}
+
+impl<P: ExactSizeIterator<Item = u64>> Encode for Request<P> {
+    const CLASS: Class = Class::Control;
+
+    fn encoded_len(&self) -> usize {
+        1 + 8 + 4 + 8 * self.pages.len()
+    }
+
+    fn encode(self, out: &mut Vec<u8>) {
+        out.push(REQ);
+        put_u64(out, self.epoch);
+        put_u32(out, count(self.pages.len()));
+        for gp in self.pages {
+            put_u64(out, gp);
+        }
+    }
+}
+
+impl<'a> Request<PageList<'a>> {
+    pub(super) fn decode(frame: &'a [u8]) -> Result<Self, ProtocolError> {
+        let mut r = Rd::fields(frame, REQ)?;
+        let epoch = r.u64()?;
+        let n = r.u32()? as usize;
+        let pages = r.pages(n)?;
+        Ok(Request { epoch, pages })
+    }
+}
+
+// ---------------------------------------------------------------------
+// PAGES
+
+/// `PAGES`, to send: the pages, and `copy`, which appends a page's
+/// `PAGE` bytes to the frame (called once per page, in order).
+pub(super) struct PagesOut<'a, F> {
+    pub(super) pages: &'a [u64],
+    pub(super) copy: F,
+}
+
+impl<F: FnMut(u64, &mut Vec<u8>)> Encode for PagesOut<'_, F> {
+    const CLASS: Class = Class::Bulk;
+
+    fn encoded_len(&self) -> usize {
+        1 + 4 + self.pages.len() * (8 + PAGE)
+    }
+
+    fn encode(mut self, out: &mut Vec<u8>) {
+        out.push(PAGES);
+        put_u32(out, count(self.pages.len()));
+        for &gp in self.pages {
+            put_u64(out, gp);
+        }
+        for &gp in self.pages {
+            let at = out.len();
+            (self.copy)(gp, out);
+            assert_eq!(out.len() - at, PAGE, "a reply's page {gp} is one page");
+        }
+    }
+}
+
+/// `PAGES`, received: the pages and their bytes, in place.
+#[derive(Clone, Debug)]
+pub(super) struct Pages<'a> {
+    pages: PageList<'a>,
+    bytes: &'a [u8],
+}
+
+impl<'a> Pages<'a> {
+    pub(super) fn decode(frame: &'a [u8]) -> Result<Self, ProtocolError> {
+        let mut r = Rd::fields(frame, PAGES)?;
+        let n = r.u32()? as usize;
+        let pages = r.pages(n)?;
+        let bytes = r.items(n, PAGE)?;
+        Ok(Pages { pages, bytes })
+    }
+
+    /// (page, its `PAGE` bytes), in the order sent.
+    pub(super) fn iter(&self) -> impl ExactSizeIterator<Item = (u64, &'a [u8])> {
+        self.pages.clone().zip(self.bytes.chunks_exact(PAGE))
+    }
+}
+
+// ---------------------------------------------------------------------
+// REL
+
+/// What one `REL` carries to one node besides the epoch and the notices
+/// (which go to every node alike): gathered during the release, page by
+/// page, each item encoded as it is added.
+#[derive(Default)]
+pub(super) struct ReleaseBody {
+    /// Diffs of pages homed there: (page u64, runs u32, runs)...
+    diffs: Vec<u8>,
+    ndiffs: u32,
+    /// Pages homed here that it holds a copy of: (page u64, bytes)...
+    pushes: Vec<u8>,
+    npushes: u32,
+    /// Pages it pushed here that went unused.
+    declines: Vec<u64>,
+}
+
+impl ReleaseBody {
+    /// Adds the diff of `page`, whose runs `runs` appends, returning how
+    /// many ([`super::diff::encode`]). A diff of no runs (the page was
+    /// written back to what it was) is dropped. Returns the runs' bytes if
+    /// the diff is kept.
+    pub(super) fn diff(
+        &mut self,
+        page: u64,
+        runs: impl FnOnce(&mut Vec<u8>) -> u32,
+    ) -> Option<usize> {
+        let at = self.diffs.len();
+        put_u64(&mut self.diffs, page);
+        put_u32(&mut self.diffs, 0); // the run count, once known
+        let n = runs(&mut self.diffs);
+        if n == 0 {
+            self.diffs.truncate(at);
+            return None;
+        }
+        self.diffs[at + 8..at + 12].copy_from_slice(&n.to_le_bytes());
+        self.ndiffs += 1;
+        Some(self.diffs.len() - at - 12)
+    }
+
+    /// Adds a push of `page`, whose `PAGE` bytes `copy` appends.
+    pub(super) fn push(&mut self, page: u64, copy: impl FnOnce(&mut Vec<u8>)) {
+        put_u64(&mut self.pushes, page);
+        let at = self.pushes.len();
+        copy(&mut self.pushes);
+        assert_eq!(
+            self.pushes.len() - at,
+            PAGE,
+            "a push of page {page} is one page"
+        );
+        self.npushes += 1;
+    }
+
+    /// Adds a decline of `page`.
+    pub(super) fn decline(&mut self, page: u64) {
+        self.declines.push(page);
+    }
+
+    /// The pages pushed so far.
+    pub(super) fn pushes(&self) -> u32 {
+        self.npushes
+    }
+}
+
+/// `REL`, to send: the sender's epoch, its write notices (first page,
+/// pages) and what it has for the receiver.
+pub(super) struct ReleaseOut<'a> {
+    pub(super) epoch: u64,
+    pub(super) notices: &'a [(u64, u32)],
+    pub(super) body: &'a ReleaseBody,
+}
+
+impl Encode for ReleaseOut<'_> {
+    const CLASS: Class = Class::Bulk;
+
+    fn encoded_len(&self) -> usize {
+        let b = self.body;
+        1 + 8
+            + 4
+            + NOTICE * self.notices.len()
+            + 4
+            + b.diffs.len()
+            + 4
+            + b.pushes.len()
+            + 4
+            + 8 * b.declines.len()
+    }
+
+    fn encode(self, out: &mut Vec<u8>) {
+        let b = self.body;
+        out.push(REL);
+        put_u64(out, self.epoch);
+        put_u32(out, count(self.notices.len()));
+        for &(first, pages) in self.notices {
+            put_u64(out, first);
+            put_u32(out, pages);
+        }
+        put_u32(out, b.ndiffs);
+        out.extend_from_slice(&b.diffs);
+        put_u32(out, b.npushes);
+        out.extend_from_slice(&b.pushes);
+        put_u32(out, count(b.declines.len()));
+        for &gp in &b.declines {
+            put_u64(out, gp);
+        }
+    }
+}
+
+/// `REL`, received and checked: its parts, read in place.
+#[derive(Clone, Debug)]
+pub(super) struct Release<'a> {
+    pub(super) epoch: u64,
+    notices: &'a [u8],
+    ndiffs: u32,
+    diffs: &'a [u8],
+    pushes: &'a [u8],
+    declines: PageList<'a>,
+}
+
+impl<'a> Release<'a> {
+    /// The epoch of a release, read before the rest (which waits, unread,
+    /// if the release came early).
+    pub(super) fn peek_epoch(frame: &[u8]) -> Result<u64, ProtocolError> {
+        Rd::fields(frame, REL)?.u64()
+    }
+
+    pub(super) fn decode(frame: &'a [u8]) -> Result<Self, ProtocolError> {
+        let mut r = Rd::fields(frame, REL)?;
+        let epoch = r.u64()?;
+        let n = r.u32()? as usize;
+        let from = r.at;
+        for _ in 0..n {
+            r.u64()?;
+            r.u32()?;
+        }
+        let notices = r.since(from);
+        let ndiffs = r.u32()?;
+        let from = r.at;
+        for _ in 0..ndiffs {
+            let gp = r.u64()?;
+            let runs = r.u32()?;
+            let d = Diff::parse(gp, runs, r.rest())?;
+            r.bytes(d.len())?;
+        }
+        let diffs = r.since(from);
+        let n = r.u32()? as usize;
+        let from = r.at;
+        for _ in 0..n {
+            r.u64()?;
+            r.bytes(PAGE)?;
+        }
+        let pushes = r.since(from);
+        let n = r.u32()? as usize;
+        let declines = r.pages(n)?;
+        if !r.rest().is_empty() {
+            return Err(ProtocolError::StrayBytes {
+                len: r.rest().len(),
+            });
+        }
+        Ok(Release {
+            epoch,
+            notices,
+            ndiffs,
+            diffs,
+            pushes,
+            declines,
+        })
+    }
+
+    /// The write notices: (first page, pages).
+    pub(super) fn notices(&self) -> impl ExactSizeIterator<Item = (u64, u32)> + 'a {
+        self.notices
+            .chunks_exact(NOTICE)
+            .map(|c| (le_u64(&c[..8]), le_u32(&c[8..])))
+    }
+
+    /// The diffs of pages homed at the receiver.
+    pub(super) fn diffs(&self) -> Diffs<'a> {
+        Diffs {
+            left: self.ndiffs,
+            rest: self.diffs,
+        }
+    }
+
+    /// The pages pushed to the receiver: (page, its `PAGE` bytes).
+    pub(super) fn pushes(&self) -> impl ExactSizeIterator<Item = (u64, &'a [u8])> {
+        self.pushes
+            .chunks_exact(PUSH)
+            .map(|c| (le_u64(&c[..8]), &c[8..]))
+    }
+
+    /// The pages the sender declines (pushed by the receiver, unused).
+    pub(super) fn declines(&self) -> PageList<'a> {
+        self.declines.clone()
+    }
+}
+
+/// The diffs of a [`Release`], checked when it was decoded.
+pub(super) struct Diffs<'a> {
+    left: u32,
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for Diffs<'a> {
+    type Item = Diff<'a>;
+
+    fn next(&mut self) -> Option<Diff<'a>> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let (gp, runs) = (le_u64(&self.rest[..8]), le_u32(&self.rest[8..12]));
+        let d = Diff::parse(gp, runs, &self.rest[12..]).expect("checked by Release::decode");
+        self.rest = &self.rest[12 + d.len()..];
+        Some(d)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left as usize, Some(self.left as usize))
+    }
+}
+
+impl ExactSizeIterator for Diffs<'_> {}
+
+// ---------------------------------------------------------------------
+// Fields
+
+/// Global pages as a message carries them (u64 each), read in place.
+#[derive(Clone, Debug)]
+pub(super) struct PageList<'a>(ChunksExact<'a, u8>);
+
+impl Iterator for PageList<'_> {
+    type Item = u64;
+
+    fn next(&mut self) -> Option<u64> {
+        self.0.next().map(le_u64)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.size_hint()
+    }
+}
+
+impl ExactSizeIterator for PageList<'_> {}
+
+/// A count of items, as a u32 field.
+fn count(n: usize) -> u32 {
+    u32::try_from(n).expect("fewer than 2^32 items in a message")
+}
+
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+/// Callers pass exactly 4 bytes.
+fn le_u32(b: &[u8]) -> u32 {
+    u32::from_le_bytes(b.try_into().expect("4 bytes"))
+}
+
+/// Callers pass exactly 8 bytes.
+fn le_u64(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b.try_into().expect("8 bytes"))
+}
+
+/// A reader of a message's fields.
+struct Rd<'a> {
     b: &'a [u8],
     at: usize,
 }
 
 impl<'a> Rd<'a> {
-    pub(super) fn new(b: &'a [u8]) -> Self {
-        Rd { b, at: 0 }
+    /// The fields of `frame`, a message of `kind` (to this decoder, a
+    /// message of another kind is of an unknown one).
+    fn fields(frame: &'a [u8], kind: u8) -> Result<Self, ProtocolError> {
+        match frame.first().copied() {
+            Some(k) if k == kind => Ok(Rd {
+                b: &frame[1..],
+                at: 0,
+            }),
+            Some(kind) => Err(ProtocolError::UnknownKind { kind }),
+            None => Err(ProtocolError::Empty),
+        }
     }
-    pub(super) fn bytes(&mut self, n: usize) -> Result<&'a [u8], ProtocolError> {
+
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], ProtocolError> {
         let s = self
             .b
-            .get(self.at..self.at + n)
+            .get(self.at..self.at.saturating_add(n))
             .ok_or(ProtocolError::Truncated { at: self.at })?;
         self.at += n;
         Ok(s)
     }
-    pub(super) fn u32(&mut self) -> Result<u32, ProtocolError> {
-        Ok(u32::from_le_bytes(self.bytes(4)?.try_into().expect("4")))
+
+    /// `n` items of `size` bytes; cut short at the first incomplete one.
+    fn items(&mut self, n: usize, size: usize) -> Result<&'a [u8], ProtocolError> {
+        let whole = self.rest().len() / size;
+        if whole < n {
+            return Err(ProtocolError::Truncated {
+                at: self.at + whole * size,
+            });
+        }
+        self.bytes(n * size)
     }
-    pub(super) fn u64(&mut self) -> Result<u64, ProtocolError> {
-        Ok(u64::from_le_bytes(self.bytes(8)?.try_into().expect("8")))
+
+    fn pages(&mut self, n: usize) -> Result<PageList<'a>, ProtocolError> {
+        Ok(PageList(self.items(n, 8)?.chunks_exact(8)))
     }
-    pub(super) fn rest(&self) -> &'a [u8] {
+
+    fn u32(&mut self) -> Result<u32, ProtocolError> {
+        self.bytes(4).map(le_u32)
+    }
+
+    fn u64(&mut self) -> Result<u64, ProtocolError> {
+        self.bytes(8).map(le_u64)
+    }
+
+    fn rest(&self) -> &'a [u8] {
         &self.b[self.at..]
+    }
+
+    /// The bytes read since offset `from`.
+    fn since(&self, from: usize) -> &'a [u8] {
+        &self.b[from..self.at]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::elem;
+
+    fn encoded(m: impl Encode) -> Vec<u8> {
+        // Encoding appends: what the buffer held stays.
+        let mut out = vec![0xee; 3];
+        let len = m.encoded_len();
+        m.encode(&mut out);
+        assert_eq!(&out[..3], &[0xee; 3]);
+        assert_eq!(out.len() - 3, len, "encoded_len is exact");
+        out.drain(..3);
+        out
+    }
+
+    fn truncated(at: usize) -> ProtocolError {
+        ProtocolError::Truncated { at }
+    }
+
+    /// A page whose bytes are `seed`, `seed + 1`, ... (wrapping).
+    fn page(seed: u8) -> Vec<u8> {
+        (0..PAGE).map(|i| seed.wrapping_add(i as u8)).collect()
+    }
+
+    #[test]
+    fn kinds_and_their_errors() {
+        let req = encoded(Request {
+            epoch: 1,
+            pages: [2u64].into_iter(),
+        });
+        assert_eq!(Kind::of(&req), Ok(Kind::Request));
+        assert_eq!(Kind::of(&[PAGES]), Ok(Kind::Pages));
+        assert_eq!(Kind::of(&[REL]), Ok(Kind::Release));
+        assert_eq!(
+            Kind::of(&[9, 1]),
+            Err(ProtocolError::UnknownKind { kind: 9 })
+        );
+        assert_eq!(Kind::of(&[]), Err(ProtocolError::Empty));
+        // A decoder given another kind's message.
+        assert_eq!(
+            Pages::decode(&req).map(|_| ()),
+            Err(ProtocolError::UnknownKind { kind: REQ })
+        );
+        assert_eq!(Release::decode(&[]).map(|_| ()), Err(ProtocolError::Empty));
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        let pages = [3u64, 7, 1 << 40];
+        let m = encoded(Request {
+            epoch: 42,
+            pages: pages.iter().copied(),
+        });
+        assert_eq!(m.len(), 1 + 12 + 8 * 3);
+        let r = Request::decode(&m).unwrap();
+        assert_eq!(r.epoch, 42);
+        assert_eq!(r.pages.len(), 3);
+        assert_eq!(r.pages.collect::<Vec<_>>(), pages);
+        let none = encoded(Request {
+            epoch: 0,
+            pages: std::iter::empty(),
+        });
+        assert_eq!(Request::decode(&none).unwrap().pages.len(), 0);
+    }
+
+    #[test]
+    fn requests_cut_short_say_where() {
+        let m = encoded(Request {
+            epoch: 5,
+            pages: [1u64, 2].into_iter(),
+        });
+        let cut = |n: usize| Request::decode(&m[..n]).map(|_| ()).unwrap_err();
+        assert_eq!(cut(3), truncated(0)); // in the epoch
+        assert_eq!(cut(1 + 10), truncated(8)); // in the count
+        assert_eq!(cut(1 + 12 + 3), truncated(12)); // in the first page
+        assert_eq!(cut(1 + 12 + 8 + 7), truncated(20)); // in the second
+    }
+
+    #[test]
+    fn replies_round_trip_without_copying_pages() {
+        let gps = [9u64, 4];
+        let m = encoded(PagesOut {
+            pages: &gps,
+            copy: |gp: u64, out: &mut Vec<u8>| out.extend_from_slice(&page(gp as u8)),
+        });
+        let p = Pages::decode(&m).unwrap();
+        let got: Vec<(u64, &[u8])> = p.iter().collect();
+        assert_eq!(got.len(), 2);
+        for (&(gp, bytes), &want) in got.iter().zip(&gps) {
+            assert_eq!(gp, want);
+            assert_eq!(bytes, page(want as u8));
+            // Borrowed from the frame.
+            assert!(m.as_ptr_range().contains(&bytes.as_ptr()));
+        }
+    }
+
+    #[test]
+    fn replies_cut_short_say_where() {
+        let m = encoded(PagesOut {
+            pages: &[1, 2],
+            copy: |_: u64, out: &mut Vec<u8>| out.extend_from_slice(&page(0)),
+        });
+        let cut = |n: usize| Pages::decode(&m[..n]).map(|_| ()).unwrap_err();
+        assert_eq!(cut(1 + 2), truncated(0));
+        assert_eq!(cut(1 + 4 + 12), truncated(12));
+        // In the first page's bytes, then in the second's.
+        assert_eq!(cut(1 + 20 + 100), truncated(20));
+        assert_eq!(cut(1 + 20 + PAGE + 1), truncated(20 + PAGE));
+        assert!(Pages::decode(&m).is_ok());
+    }
+
+    #[test]
+    #[should_panic(expected = "is one page")]
+    fn a_reply_page_of_the_wrong_length_is_a_bug() {
+        encoded(PagesOut {
+            pages: &[1],
+            copy: |_: u64, out: &mut Vec<u8>| out.push(0),
+        });
+    }
+
+    /// A diff's page and runs (offset, bytes), copied out.
+    type OwnedDiff = (u64, Vec<(usize, Vec<u8>)>);
+
+    /// A release to one node: two diffs (one of them empty, dropped), two
+    /// pushes, a decline; three notice ranges.
+    fn release() -> (Vec<u8>, Vec<OwnedDiff>) {
+        let mut b = ReleaseBody::default();
+        let mut want = Vec::new();
+        // The diff of a page against its twin.
+        let mut words = vec![0u64; PAGE / 8];
+        // SAFETY: a page-sized, 8-aligned buffer.
+        let twin = unsafe { elem::twin(words.as_ptr() as *const u8) };
+        words[3] = 0xff00;
+        words[511] = 1;
+        let ptr = words.as_ptr() as *const u8;
+        // SAFETY: as above.
+        let kept = b.diff(70, |out| unsafe {
+            super::super::diff::encode(ptr, &twin, out)
+        });
+        assert_eq!(kept, Some(4 + 1 + 4 + 1));
+        want.push((70, vec![(3 * 8 + 1, vec![0xff]), (511 * 8, vec![1])]));
+        assert_eq!(b.diff(71, |_| 0), None);
+        b.diff(72, |out| {
+            out.extend_from_slice(&[10, 0, 2, 0, 0xab, 0xcd]);
+            1
+        });
+        want.push((72, vec![(10, vec![0xab, 0xcd])]));
+        b.push(5, |out| out.extend_from_slice(&page(5)));
+        b.push(6, |out| out.extend_from_slice(&page(6)));
+        assert_eq!(b.pushes(), 2);
+        b.decline(8);
+        let notices = [(100u64, 3u32), (200, 1), (1 << 33, u32::MAX)];
+        let m = encoded(ReleaseOut {
+            epoch: 17,
+            notices: &notices,
+            body: &b,
+        });
+        (m, want)
+    }
+
+    #[test]
+    fn releases_round_trip() {
+        let (m, want) = release();
+        assert_eq!(Release::peek_epoch(&m), Ok(17));
+        let r = Release::decode(&m).unwrap();
+        assert_eq!(r.epoch, 17);
+        assert_eq!(
+            r.notices().collect::<Vec<_>>(),
+            [(100, 3), (200, 1), (1 << 33, u32::MAX)]
+        );
+        let diffs: Vec<OwnedDiff> = r
+            .diffs()
+            .map(|d| (d.page, d.runs().map(|(o, b)| (o, b.to_vec())).collect()))
+            .collect();
+        assert_eq!(diffs, want);
+        assert_eq!(r.diffs().len(), 2);
+        let pushes: Vec<(u64, &[u8])> = r.pushes().collect();
+        assert_eq!(pushes.len(), 2);
+        assert_eq!((pushes[0].0, pushes[0].1), (5, &page(5)[..]));
+        assert_eq!((pushes[1].0, pushes[1].1), (6, &page(6)[..]));
+        assert!(m.as_ptr_range().contains(&pushes[1].1.as_ptr()));
+        assert_eq!(r.declines().collect::<Vec<_>>(), [8]);
+
+        // An empty release: the epoch and four zero counts.
+        let e = encoded(ReleaseOut {
+            epoch: 0,
+            notices: &[],
+            body: &ReleaseBody::default(),
+        });
+        assert_eq!(e.len(), 1 + 8 + 16);
+        let r = Release::decode(&e).unwrap();
+        assert_eq!(
+            (
+                r.notices().len(),
+                r.diffs().len(),
+                r.pushes().len(),
+                r.declines().len()
+            ),
+            (0, 0, 0, 0)
+        );
+    }
+
+    /// Every cut of a release is an error: `Truncated`, or, inside a
+    /// diff's runs, `MalformedDiff`; and the reader's offsets are the
+    /// field's first byte.
+    #[test]
+    fn releases_cut_short_say_where() {
+        let (m, _) = release();
+        for n in 0..m.len() {
+            let e = Release::decode(&m[..n]).map(|_| ()).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    ProtocolError::Truncated { .. }
+                        | ProtocolError::MalformedDiff { .. }
+                        | ProtocolError::Empty
+                ),
+                "cut at {n}: {e:?}"
+            );
+        }
+        let cut = |n: usize| Release::decode(&m[..n]).map(|_| ()).unwrap_err();
+        assert_eq!(Release::peek_epoch(&m[..5]), Err(truncated(0)));
+        assert_eq!(cut(1 + 8 + 2), truncated(8));
+        // In the second notice's page count.
+        assert_eq!(cut(1 + 12 + 12 + 8 + 1), truncated(12 + 12 + 8));
+        // In the first diff's runs.
+        let diffs = 12 + 3 * NOTICE + 4;
+        assert_eq!(
+            cut(1 + diffs + 12 + 3),
+            ProtocolError::MalformedDiff { page: 70 }
+        );
+        // In a push's bytes: at the bytes, after its page.
+        let pushes = diffs + (12 + 10) + (12 + 6) + 4;
+        assert_eq!(cut(1 + pushes + 8 + 10), truncated(pushes + 8));
+    }
+
+    #[test]
+    fn releases_with_stray_bytes_or_a_bad_diff_are_refused() {
+        let (mut m, _) = release();
+        m.extend_from_slice(&[0; 5]);
+        assert_eq!(
+            Release::decode(&m).map(|_| ()),
+            Err(ProtocolError::StrayBytes { len: 5 })
+        );
+        let mut b = ReleaseBody::default();
+        // A run that ends past the page.
+        b.diff(33, |out| {
+            out.extend_from_slice(&(PAGE as u16 - 1).to_le_bytes());
+            out.extend_from_slice(&[2, 0, 1, 2]);
+            1
+        });
+        let m = encoded(ReleaseOut {
+            epoch: 1,
+            notices: &[],
+            body: &b,
+        });
+        assert_eq!(
+            Release::decode(&m).map(|_| ()),
+            Err(ProtocolError::MalformedDiff { page: 33 })
+        );
     }
 }

@@ -6,14 +6,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use hyfi_core::link::Class;
-
-use super::msg::{Body, Rd, REL};
+use super::diff;
+use super::msg::{Release, ReleaseBody, ReleaseOut};
 use super::page_table::{Segment, FRESH, INVALID, PUSHED, READ, WRITE};
 use super::Core;
 use crate::elem;
 use crate::error::{ProtocolError, ReleaseError, Violation};
-use crate::region::PAGE;
 use crate::stats::DsmCounters;
 
 /// One release's working set.
@@ -25,7 +23,7 @@ struct Round {
     /// Pushed pages this node declines in this release (sorted).
     declined: Vec<u64>,
     /// What goes to each node.
-    bodies: Vec<Body>,
+    bodies: Vec<ReleaseBody>,
     /// The segment of the last page looked up.
     cache: Option<Arc<Segment>>,
 }
@@ -41,7 +39,7 @@ pub(super) struct Proto {
     /// Their write notices (page ranges).
     pub(super) notices: Vec<(u64, u32)>,
     /// `REL` messages not applied yet, of this epoch or later: (from,
-    /// epoch, payload).
+    /// epoch, frame).
     pub(super) early: Vec<(usize, u64, Vec<u8>)>,
     /// This node is in its release: `REL`s of the current epoch are
     /// applied as they arrive. Outside it (while the phase's filaments
@@ -56,16 +54,16 @@ pub(super) struct Proto {
 }
 
 impl Core {
-    pub(super) fn on_release(&self, from: usize, payload: Vec<u8>) -> Result<(), ProtocolError> {
-        let epoch = Rd::new(&payload[1..]).u64()?;
+    pub(super) fn on_release(&self, from: usize, frame: Vec<u8>) -> Result<(), ProtocolError> {
+        let epoch = Release::peek_epoch(&frame)?;
         let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
         let now = self.completed.load(Ordering::Acquire);
         if epoch == now && pr.releasing {
-            self.apply_release(from, &payload, &mut pr)?;
+            self.apply_release(from, &frame, &mut pr)?;
             self.proto_cv.notify_all();
             Ok(())
         } else if epoch >= now {
-            pr.early.push((from, epoch, payload));
+            pr.early.push((from, epoch, frame));
             Ok(())
         } else {
             Err(ProtocolError::LateRelease {
@@ -76,49 +74,35 @@ impl Core {
     }
 
     /// Applies one node's `REL`: its diffs to our home pages, its notices
-    /// kept for the invalidation step.
+    /// kept for the invalidation step. A malformed `REL` is refused whole,
+    /// before any of it is applied.
     fn apply_release(
         &self,
         from: usize,
-        payload: &[u8],
+        frame: &[u8],
         pr: &mut Proto,
     ) -> Result<(), ProtocolError> {
-        // (After the kind byte, kept with the message while it waits.)
-        let mut r = Rd::new(&payload[1..]);
-        r.u64()?;
-        let nr = r.u32()? as usize;
-        for _ in 0..nr {
-            let start = r.u64()?;
-            let len = r.u32()?;
-            pr.notices.push((start, len));
-        }
-        let nd = r.u32()? as usize;
-        for _ in 0..nd {
-            let gp = r.u64()?;
-            let runs = r.u32()?;
-            let (seg, p) = self.page_homed_at(gp, self.me, "a diff for")?;
+        let rel = Release::decode(frame)?;
+        // Applied only in the release of its epoch (see `Proto::releasing`).
+        debug_assert_eq!(rel.epoch, self.completed.load(Ordering::Acquire));
+        pr.notices.extend(rel.notices());
+        for d in rel.diffs() {
+            let (seg, p) = self.page_homed_at(d.page, self.me, "a diff for")?;
             // The writer keeps its copy (it equals this one once every
             // diff is in, unless another writer's notice drops it).
             seg.lock(p).copies.insert(from);
             // SAFETY: a page of a live segment homed here; diff bytes are
             // written with byte atomics.
-            let used = unsafe { elem::apply(seg.page_ptr(p), runs, r.rest()) }
-                .ok_or(ProtocolError::MalformedDiff { page: gp })?;
-            r.bytes(used)?;
+            unsafe { d.apply(seg.page_ptr(p)) };
             self.ctr(self.procs)
                 .diffs_applied
                 .fetch_add(1, Ordering::Relaxed);
         }
-        let np = r.u32()? as usize;
-        for _ in 0..np {
-            let gp = r.u64()?;
-            let bytes = r.bytes(PAGE)?;
+        for (gp, bytes) in rel.pushes() {
             self.page_homed_at(gp, from, "a push of")?;
             pr.pushes.push((gp, bytes.to_vec()));
         }
-        let nd = r.u32()? as usize;
-        for _ in 0..nd {
-            let gp = r.u64()?;
+        for gp in rel.declines() {
             let (seg, p) = self.page_homed_at(gp, self.me, "a decline of")?;
             let mut m = seg.lock(p);
             m.copies.remove(from);
@@ -126,11 +110,6 @@ impl Core {
                 // Nobody else holds it: the home writes it without faults.
                 seg.state[p].store(WRITE, Ordering::Release);
             }
-        }
-        if !r.rest().is_empty() {
-            return Err(ProtocolError::StrayBytes {
-                len: r.rest().len(),
-            });
         }
         pr.got += 1;
         self.got.store(pr.got, Ordering::Release);
@@ -182,12 +161,12 @@ impl Core {
             let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
             pr.releasing = true;
             let early = std::mem::take(&mut pr.early);
-            for (from, e, payload) in early {
+            for (from, e, frame) in early {
                 if e == epoch {
-                    self.apply_release(from, &payload, &mut pr)
+                    self.apply_release(from, &frame, &mut pr)
                         .map_err(|error| Violation { from, error })?;
                 } else {
-                    pr.early.push((from, e, payload));
+                    pr.early.push((from, e, frame));
                 }
             }
         }
@@ -199,7 +178,7 @@ impl Core {
             slot,
             dirty,
             declined: Vec::new(),
-            bodies: (0..self.nodes).map(|_| Body::default()).collect(),
+            bodies: (0..self.nodes).map(|_| ReleaseBody::default()).collect(),
             cache: None,
         };
         self.decline_unused(&mut r);
@@ -230,7 +209,7 @@ impl Core {
             let _m = seg.lock(p);
             if seg.state[p].load(Ordering::Acquire) & PUSHED != 0 {
                 seg.state[p].store(INVALID, Ordering::Release);
-                bodies[seg.homes[p] as usize].declines.push(gp);
+                bodies[seg.homes[p] as usize].decline(gp);
                 declined.push(gp);
             }
         }
@@ -263,21 +242,14 @@ impl Core {
                     .twin
                     .take()
                     .expect("a non-home page written here has a twin");
-                let b = &mut bodies[home];
-                let at = b.diffs.len();
-                b.diffs.extend_from_slice(&gp.to_le_bytes());
-                b.diffs.extend_from_slice(&[0; 4]);
+                let page = seg.page_ptr(p);
                 // SAFETY: a page of a live segment; no filament runs now.
-                let runs = unsafe { elem::diff(seg.page_ptr(p), &twin, &mut b.diffs) };
-                if runs == 0 {
-                    b.diffs.truncate(at); // written, but back to what it was
-                } else {
-                    b.diffs[at + 8..at + 12].copy_from_slice(&runs.to_le_bytes());
-                    b.ndiffs += 1;
+                let runs = |out: &mut Vec<u8>| unsafe { diff::encode(page, &twin, out) };
+                // No runs: written, but back to what it was (no diff).
+                if let Some(bytes) = bodies[home].diff(gp, runs) {
                     let c = self.ctr(*slot);
                     c.diffs_sent.fetch_add(1, Ordering::Relaxed);
-                    c.diff_bytes_sent
-                        .fetch_add((b.diffs.len() - at - 12) as u64, Ordering::Relaxed);
+                    c.diff_bytes_sent.fetch_add(bytes as u64, Ordering::Relaxed);
                 }
             } else if m
                 .twin
@@ -293,15 +265,13 @@ impl Core {
                 m.presumed = false;
                 noticed_home.push(gp);
             } else {
+                let page = seg.page_ptr(p);
                 for q in m.copies.iter() {
-                    let b = &mut bodies[q];
-                    b.pushes.extend_from_slice(&gp.to_le_bytes());
                     // SAFETY: a page of a live segment homed here; no
                     // filament runs now (diffs others apply meanwhile are
                     // byte atomics, and their writers' notices void this
                     // push at the receiver).
-                    unsafe { elem::copy_out(seg.page_ptr(p), &mut b.pushes) };
-                    b.npushes += 1;
+                    bodies[q].push(gp, |out| unsafe { elem::copy_out(page, out) });
                 }
             }
             m.faulted = false;
@@ -341,34 +311,21 @@ impl Core {
             let c = self.ctr(slot);
             c.notices_sent
                 .fetch_add(noticed * (self.nodes as u64 - 1), Ordering::Relaxed);
-            let pushed: u64 = bodies.iter().map(|b| u64::from(b.npushes)).sum();
+            let pushed: u64 = bodies.iter().map(|b| u64::from(b.pushes())).sum();
             c.pages_pushed.fetch_add(pushed, Ordering::Relaxed);
         }
-        for (q, b) in std::mem::take(bodies).into_iter().enumerate() {
+        for (q, body) in bodies.iter().enumerate() {
             if q == self.me {
                 continue;
             }
+            let notices = &ranges;
             self.send(
                 q,
-                REL,
-                Class::Bulk,
-                24 + ranges.len() * 12 + b.diffs.len() + b.pushes.len() + 8 * b.declines.len(),
                 slot,
-                |buf| {
-                    buf.extend_from_slice(&epoch.to_le_bytes());
-                    buf.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
-                    for (s, l) in &ranges {
-                        buf.extend_from_slice(&s.to_le_bytes());
-                        buf.extend_from_slice(&l.to_le_bytes());
-                    }
-                    buf.extend_from_slice(&b.ndiffs.to_le_bytes());
-                    buf.extend_from_slice(&b.diffs);
-                    buf.extend_from_slice(&b.npushes.to_le_bytes());
-                    buf.extend_from_slice(&b.pushes);
-                    buf.extend_from_slice(&(b.declines.len() as u32).to_le_bytes());
-                    for gp in &b.declines {
-                        buf.extend_from_slice(&gp.to_le_bytes());
-                    }
+                ReleaseOut {
+                    epoch,
+                    notices,
+                    body,
                 },
             );
         }

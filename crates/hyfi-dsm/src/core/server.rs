@@ -4,23 +4,20 @@
 
 use std::sync::atomic::Ordering;
 
-use hyfi_core::link::Class;
-
-use super::msg::{Rd, PAGES, REPLY_BATCH};
+use super::msg::{Pages, PagesOut, Request, REPLY_BATCH};
 use super::page_table::{FRESH, PENDING, READ, WRITE};
 use super::Core;
 use crate::elem;
 use crate::error::ProtocolError;
-use crate::region::PAGE;
 
 impl Core {
-    pub(super) fn on_request(&self, from: usize, payload: &[u8]) -> Result<(), ProtocolError> {
-        let mut r = Rd::new(payload);
-        let epoch = r.u64()?;
-        let n = r.u32()? as usize;
-        let mut pages = Vec::with_capacity(n);
-        for _ in 0..n {
-            let gp = r.u64()?;
+    pub(super) fn on_request(&self, from: usize, frame: &[u8]) -> Result<(), ProtocolError> {
+        let Request {
+            epoch,
+            pages: asked,
+        } = Request::decode(frame)?;
+        let mut pages = Vec::with_capacity(asked.len());
+        for gp in asked {
             self.page_homed_at(gp, self.me, "a request for")?;
             pages.push(gp);
         }
@@ -44,16 +41,10 @@ impl Core {
         for chunk in pages.chunks(REPLY_BATCH) {
             self.send(
                 to,
-                PAGES,
-                Class::Bulk,
-                4 + chunk.len() * (8 + PAGE),
                 self.procs,
-                |b| {
-                    b.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
-                    for gp in chunk {
-                        b.extend_from_slice(&gp.to_le_bytes());
-                    }
-                    for &gp in chunk {
+                PagesOut {
+                    pages: chunk,
+                    copy: |gp: u64, b: &mut Vec<u8>| {
                         let (seg, p) = self.find(gp).expect("checked when the request came");
                         let mut m = seg.lock(p);
                         m.copies.insert(to);
@@ -79,7 +70,7 @@ impl Core {
                         drop(m);
                         // SAFETY: a page of a live segment of our region.
                         unsafe { elem::copy_out(seg.page_ptr(p), b) };
-                    }
+                    },
                 },
             );
             self.ctr(self.procs)
@@ -88,12 +79,8 @@ impl Core {
         }
     }
 
-    pub(super) fn on_pages(&self, from: usize, payload: &[u8]) -> Result<(), ProtocolError> {
-        let mut r = Rd::new(payload);
-        let n = r.u32()? as usize;
-        let gps: Vec<u64> = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
-        for gp in gps {
-            let bytes = r.bytes(PAGE)?;
+    pub(super) fn on_pages(&self, from: usize, frame: &[u8]) -> Result<(), ProtocolError> {
+        for (gp, bytes) in Pages::decode(frame)?.iter() {
             let (seg, p) = self.page_homed_at(gp, from, "a reply with")?;
             let waiters = {
                 let mut m = seg.lock(p);
