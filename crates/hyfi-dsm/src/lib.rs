@@ -250,8 +250,10 @@ impl Dsm {
             }));
         }
         rt.set_phase_end(Arc::new(Hook(core.clone())))?;
-        link.enter_step(hyfi_core::Step::Setup { layer: 1 })
-            .map_err(DsmError::Link)?;
+        link.enter_step(hyfi_core::Step::Setup {
+            layer: ServiceId::Dsm,
+        })
+        .map_err(DsmError::Link)?;
         // Nobody sends a page request before every page server is in.
         link.barrier().map_err(DsmError::Link)?;
         Ok(Dsm { core, link })
