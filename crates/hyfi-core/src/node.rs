@@ -106,10 +106,11 @@ pub enum Step {
         /// Run number.
         seq: u64,
     },
-    /// A layer's collective set-up (the shared-memory layer's start).
+    /// A layer's collective set-up (the shared memory's `Dsm::new`).
     Setup {
-        /// Which layer: 1 for the shared memory.
-        layer: u64,
+        /// Which layer, named by the service it runs (on the wire: the
+        /// service's number).
+        layer: ServiceId,
     },
 }
 
@@ -124,7 +125,7 @@ impl Step {
             } => [1, program, phase, iteration],
             Step::Alloc { seq, elems, bytes } => [2, seq, elems, bytes],
             Step::Distributed { seq } => [3, seq, 0, 0],
-            Step::Setup { layer } => [4, layer, 0, 0],
+            Step::Setup { layer } => [4, u64::from(layer.number()), 0, 0],
             Step::Start { program } => [5, program, 0, 0],
         }
     }
@@ -138,7 +139,9 @@ impl Step {
             },
             [2, seq, elems, bytes] => Step::Alloc { seq, elems, bytes },
             [3, seq, 0, 0] => Step::Distributed { seq },
-            [4, layer, 0, 0] => Step::Setup { layer },
+            [4, layer, 0, 0] => Step::Setup {
+                layer: ServiceId::from_number(u8::try_from(layer).ok()?)?,
+            },
             [5, program, 0, 0] => Step::Start { program },
             _ => return None,
         })
@@ -163,8 +166,10 @@ impl std::fmt::Display for Step {
             ),
             Step::Distributed { seq } => write!(f, "called run_distributed (#{seq})"),
             Step::Start { program } => write!(f, "started program #{program}"),
-            Step::Setup { layer: 1 } => write!(f, "set up the shared memory (Dsm::new)"),
-            Step::Setup { layer } => write!(f, "set up layer {layer}"),
+            Step::Setup { layer } => match layer {
+                ServiceId::Dsm => write!(f, "set up {layer} (Dsm::new)"),
+                ServiceId::Steal => write!(f, "set up {layer}"),
+            },
         }
     }
 }
@@ -357,3 +362,45 @@ impl std::fmt::Display for Traffic {
 /// A section of a node's report (what SIGUSR1 prints on a cluster) from a
 /// layer above: `None` once that layer is gone.
 pub type Report = Box<dyn Fn() -> Option<String> + Send + Sync>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_round_trip_and_a_setup_names_its_layer() {
+        let steps = [
+            Step::Phase {
+                program: 1,
+                phase: 2,
+                iteration: 3,
+            },
+            Step::Alloc {
+                seq: 0,
+                elems: 10,
+                bytes: 80,
+            },
+            Step::Start { program: 1 },
+            Step::Distributed { seq: 1 },
+            Step::Setup {
+                layer: ServiceId::Dsm,
+            },
+            Step::Setup {
+                layer: ServiceId::Steal,
+            },
+        ];
+        for s in steps {
+            assert_eq!(Step::from_words(s.to_words()), Some(s), "{s}");
+        }
+        // The shared memory's set-up is service 1 on the wire, as before.
+        let dsm = Step::Setup {
+            layer: ServiceId::Dsm,
+        };
+        assert_eq!(dsm.to_words(), [4, 1, 0, 0]);
+        assert_eq!(dsm.to_string(), "set up the shared memory (Dsm::new)");
+        // A layer no service has is no step, nor is a word that is service
+        // 1 only in its low byte.
+        assert_eq!(Step::from_words([4, 99, 0, 0]), None);
+        assert_eq!(Step::from_words([4, 0x101, 0, 0]), None);
+    }
+}

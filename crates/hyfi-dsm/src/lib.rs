@@ -108,6 +108,7 @@
 
 #![warn(missing_docs)]
 
+mod alloc;
 mod array;
 mod core;
 mod elem;
@@ -117,59 +118,21 @@ mod hook;
 mod region;
 mod stats;
 
-use hyfi_core::layer::RuntimeExt;
-use std::ops::Range;
 use std::sync::Arc;
 
-use bytemuck::Pod;
+use hyfi_core::layer::RuntimeExt;
 use hyfi_core::link::ServiceId;
 use hyfi_core::{NodeLink, Runtime};
 
+pub use alloc::{MatrixAlloc, Placement, VecAlloc};
 pub use array::{DsmMatrix, DsmVec, MatrixView, View, ViewMut};
 pub use error::DsmError;
 pub use footprint::{ReadRange, ReadRows, RowWriter, WriteRange, WriteRows};
 pub use region::{DEFAULT_ADDR, DEFAULT_SIZE, PAGE};
 pub use stats::{DsmCounters, DsmStats};
 
-use crate::core::{Core, INVALID, READ, WRITE};
+use crate::core::Core;
 use crate::hook::Hook;
-
-/// Which node is the home of each page of an array.
-#[derive(Clone)]
-pub enum Placement {
-    /// The pages in `nodes` contiguous blocks of (nearly) equal size.
-    Block,
-    /// Page `p` at node `p % nodes`.
-    Cyclic,
-    /// Every page at one node.
-    Node(usize),
-    /// Rows (of a matrix; elements of a vector) in blocks over the nodes
-    /// exactly as [`hyfi_core::PoolArray::block`] and `block_rows` deal out
-    /// `range` (rows before it go to node 0, after it to the last node), so
-    /// a node's filaments write pages homed on that node. A page's home is
-    /// the home of the row holding its first byte: pad rows to whole pages
-    /// ([`MatrixAlloc::pad_rows`]) for an exact match.
-    BlockRows(Range<usize>),
-    /// Rows dealt cyclically over the global processors as
-    /// [`hyfi_core::PoolArray::cyclic`] deals `range` (row `i` to global
-    /// processor `(i - start) % (nodes × procs)`, whose node is its home).
-    CyclicRows(Range<usize>),
-    /// The home of every page, explicitly (one entry per page).
-    Explicit(Vec<usize>),
-}
-
-impl std::fmt::Debug for Placement {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Placement::Block => write!(f, "Block"),
-            Placement::Cyclic => write!(f, "Cyclic"),
-            Placement::Node(n) => write!(f, "Node({n})"),
-            Placement::BlockRows(r) => write!(f, "BlockRows({r:?})"),
-            Placement::CyclicRows(r) => write!(f, "CyclicRows({r:?})"),
-            Placement::Explicit(v) => write!(f, "Explicit({} pages)", v.len()),
-        }
-    }
-}
 
 /// Where a node reserves its region.
 #[derive(Clone, Copy)]
@@ -288,8 +251,10 @@ impl Dsm {
             }));
         }
         rt.set_phase_end(Arc::new(Hook(core.clone())))?;
-        link.enter_step(hyfi_core::Step::Setup { layer: 1 })
-            .map_err(DsmError::Link)?;
+        link.enter_step(hyfi_core::Step::Setup {
+            layer: ServiceId::Dsm,
+        })
+        .map_err(DsmError::Link)?;
         // Nobody sends a page request before every page server is in.
         link.barrier().map_err(DsmError::Link)?;
         Ok(Dsm { core, link })
@@ -304,200 +269,12 @@ impl Dsm {
         self.core.nodes
     }
 
-    /// Starts the collective allocation of a shared vector of `len`
-    /// elements (block placement unless changed).
-    pub fn vec<T: Pod + Send + Sync>(&self, len: usize) -> VecAlloc<'_, T> {
-        VecAlloc {
-            dsm: self,
-            len,
-            placement: Placement::Block,
-            _t: std::marker::PhantomData,
-        }
-    }
-
-    /// Starts the collective allocation of a shared `rows × cols` matrix
-    /// (block placement, unpadded rows unless changed).
-    pub fn matrix<T: Pod + Send + Sync>(&self, rows: usize, cols: usize) -> MatrixAlloc<'_, T> {
-        MatrixAlloc {
-            dsm: self,
-            rows,
-            cols,
-            pad: false,
-            placement: Placement::Block,
-            _t: std::marker::PhantomData,
-        }
-    }
+    // Allocating arrays (`vec`, `matrix`) is in the `alloc` module.
 
     /// This node's counters, in total and per phase.
     pub fn stats(&self) -> DsmStats {
         self.core.stats()
     }
-
-    /// Allocates `rows` rows of `stride` elements of `T` (rows padded when
-    /// `stride` was rounded up), collectively, and initializes them.
-    fn alloc<T: Pod>(
-        &self,
-        rows: usize,
-        stride: usize,
-        placement: &Placement,
-        init: Option<&mut dyn FnMut(usize) -> T>,
-    ) -> Result<Arc<array::Shared<T>>, DsmError> {
-        let (size, align) = (std::mem::size_of::<T>(), std::mem::align_of::<T>());
-        if size == 0 || size > PAGE || PAGE % align != 0 {
-            return Err(DsmError::Element {
-                ty: std::any::type_name::<T>(),
-                size,
-                align,
-                page: PAGE,
-            });
-        }
-        let bytes = rows
-            .checked_mul(stride)
-            .and_then(|e| e.checked_mul(size))
-            .ok_or_else(|| DsmError::Placement("array size overflows".into()))?;
-        let pages = bytes.div_ceil(PAGE);
-        let row_bytes = (stride * size).max(1);
-        let homes = self.homes(placement, pages, rows, row_bytes)?;
-        let (off, seq) = {
-            let a = self.core.alloc.lock().unwrap_or_else(|e| e.into_inner());
-            (a.0, a.1)
-        };
-        // Every node must make the same allocations, in the same order.
-        self.link
-            .enter_step(hyfi_core::Step::Alloc {
-                seq,
-                elems: (rows * stride) as u64,
-                bytes: bytes as u64,
-            })
-            .map_err(DsmError::Link)?;
-        let fingerprint = [
-            seq,
-            pages as u64,
-            bytes as u64,
-            size as u64,
-            fnv(homes.iter().flat_map(|h| h.to_le_bytes())),
-        ];
-        let agreed = allreduce_minmax(&*self.link, &fingerprint)?;
-        let names = [
-            "sequence",
-            "page count",
-            "byte size",
-            "element size",
-            "placement",
-        ];
-        for (k, what) in names.iter().enumerate() {
-            if agreed[2 * k] != agreed[2 * k + 1] {
-                return Err(DsmError::Mismatch { seq, what });
-            }
-        }
-        let free = self.core.region.size - off;
-        if pages * PAGE > free {
-            return Err(DsmError::RegionFull {
-                seq,
-                asked: pages * PAGE,
-                free,
-                size: self.core.region.size,
-            });
-        }
-        {
-            let mut a = self.core.alloc.lock().unwrap_or_else(|e| e.into_inner());
-            // The next array starts after a gap (see `region::COLOUR_GAP`).
-            let next = (off + pages * PAGE + region::COLOUR_GAP).min(self.core.region.size);
-            *a = (next, seq + 1);
-        }
-        // One node: every page is home, always writable (no protocol).
-        // Several: zeroed pages are valid everywhere (their homes' first
-        // write is noticed to every node); initialized pages only at their
-        // homes (others fetch on first touch), writable there without a
-        // fault until some node is served a copy.
-        let (state0, home0) = match (self.core.nodes, init.is_some()) {
-            (1, _) => (WRITE, WRITE),
-            (_, false) => (READ, READ),
-            (_, true) => (INVALID, WRITE),
-        };
-        let seg = Arc::new(self.core.segment(seq, off, homes, state0, home0));
-        let sh = Arc::new(array::Shared::<T>::new(self.core.clone(), seg.clone()));
-        if let Some(f) = init {
-            let me = self.core.me as u16;
-            for e in 0..rows * stride {
-                let (lo, hi) = ((e * size) / PAGE, (e * size + size - 1) / PAGE);
-                if seg.homes[lo] != me && seg.homes[hi] != me {
-                    continue;
-                }
-                let v = f(e);
-                // SAFETY: in bounds of the allocation; only this thread
-                // touches the new array until it is returned.
-                unsafe { elem::store(sh.base.add(e), v) };
-            }
-        }
-        self.core.add_segment(seg);
-        // Nobody asks for a page of it before its home has filled it.
-        self.link.barrier().map_err(DsmError::Link)?;
-        Ok(sh)
-    }
-
-    fn homes(
-        &self,
-        placement: &Placement,
-        pages: usize,
-        rows: usize,
-        row_bytes: usize,
-    ) -> Result<Vec<u16>, DsmError> {
-        let n = self.core.nodes;
-        let p = self.core.procs;
-        let row_of = |pg: usize| ((pg * PAGE) / row_bytes).min(rows.saturating_sub(1));
-        let homes: Vec<usize> = match placement {
-            Placement::Block => (0..pages).map(|pg| pg * n / pages.max(1)).collect(),
-            Placement::Cyclic => (0..pages).map(|pg| pg % n).collect(),
-            Placement::Node(k) => vec![*k; pages],
-            Placement::BlockRows(range) => (0..pages)
-                .map(|pg| block_node(range, n, row_of(pg)))
-                .collect(),
-            Placement::CyclicRows(range) => (0..pages)
-                .map(|pg| {
-                    let i = row_of(pg).clamp(range.start, range.end.max(range.start + 1) - 1);
-                    ((i - range.start) % (n * p)) / p
-                })
-                .collect(),
-            Placement::Explicit(v) => {
-                if v.len() != pages {
-                    return Err(DsmError::Placement(format!(
-                        "an explicit placement of {} entries for an array of {pages} pages",
-                        v.len()
-                    )));
-                }
-                v.clone()
-            }
-        };
-        if let Some(bad) = homes.iter().find(|&&h| h >= n) {
-            return Err(DsmError::Placement(format!(
-                "{placement:?} names node {bad}, but the job has {n} nodes"
-            )));
-        }
-        Ok(homes.into_iter().map(|h| h as u16).collect())
-    }
-}
-
-/// The node whose block of `range` holds row `i` (as PoolArray deals it).
-fn block_node(range: &Range<usize>, nodes: usize, i: usize) -> usize {
-    if range.is_empty() || i < range.start {
-        return 0;
-    }
-    if i >= range.end {
-        return nodes - 1;
-    }
-    (0..nodes)
-        .find(|&k| hyfi_core::block(range.clone(), nodes, k).contains(&i))
-        .unwrap_or(nodes - 1)
-}
-
-fn fnv(bytes: impl Iterator<Item = u8>) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }
 
 /// All-reduces `vals` into `[min0, max0, min1, max1, ...]` over the nodes.
@@ -514,91 +291,4 @@ fn allreduce_minmax(link: &dyn NodeLink, vals: &[u64]) -> Result<Vec<u64>, DsmEr
     })
     .map_err(DsmError::Link)?;
     Ok(buf)
-}
-
-/// The collective allocation of a shared vector (see [`Dsm::vec`]).
-pub struct VecAlloc<'d, T> {
-    dsm: &'d Dsm,
-    len: usize,
-    placement: Placement,
-    _t: std::marker::PhantomData<T>,
-}
-
-impl<T: Pod + Send + Sync> VecAlloc<'_, T> {
-    /// Where its pages live.
-    pub fn placement(mut self, p: Placement) -> Self {
-        self.placement = p;
-        self
-    }
-    /// All zeros (valid on every node from the start).
-    pub fn zeroed(self) -> Result<DsmVec<T>, DsmError> {
-        let sh = self.dsm.alloc::<T>(self.len, 1, &self.placement, None)?;
-        Ok(DsmVec::new(sh, self.len))
-    }
-    /// Element `i` is `f(i)`. Each home computes its own pages; other nodes
-    /// fetch them on first touch.
-    pub fn from_fn(self, mut f: impl FnMut(usize) -> T) -> Result<DsmVec<T>, DsmError> {
-        let sh = self
-            .dsm
-            .alloc::<T>(self.len, 1, &self.placement, Some(&mut f))?;
-        Ok(DsmVec::new(sh, self.len))
-    }
-}
-
-/// The collective allocation of a shared matrix (see [`Dsm::matrix`]).
-pub struct MatrixAlloc<'d, T> {
-    dsm: &'d Dsm,
-    rows: usize,
-    cols: usize,
-    pad: bool,
-    placement: Placement,
-    _t: std::marker::PhantomData<T>,
-}
-
-impl<T: Pod + Send + Sync> MatrixAlloc<'_, T> {
-    /// Where its pages live.
-    pub fn placement(mut self, p: Placement) -> Self {
-        self.placement = p;
-        self
-    }
-    /// Pads every row to whole pages, so no page holds two rows (rows owned
-    /// by different nodes then never share a page).
-    pub fn pad_rows(mut self) -> Self {
-        self.pad = true;
-        self
-    }
-    fn stride(&self) -> usize {
-        let s = std::mem::size_of::<T>().max(1);
-        if self.pad && PAGE % s == 0 {
-            (self.cols * s).div_ceil(PAGE) * PAGE / s
-        } else {
-            self.cols
-        }
-    }
-    /// All zeros (valid on every node from the start).
-    pub fn zeroed(self) -> Result<DsmMatrix<T>, DsmError> {
-        let stride = self.stride();
-        let sh = self
-            .dsm
-            .alloc::<T>(self.rows, stride, &self.placement, None)?;
-        Ok(DsmMatrix::new(sh, self.rows, self.cols, stride))
-    }
-    /// Element `(i, j)` is `f(i, j)`. Each home computes its own pages;
-    /// other nodes fetch them on first touch.
-    pub fn from_fn(self, mut f: impl FnMut(usize, usize) -> T) -> Result<DsmMatrix<T>, DsmError> {
-        let stride = self.stride();
-        let cols = self.cols;
-        let mut g = |e: usize| {
-            let (i, j) = (e / stride, e % stride);
-            if j < cols {
-                f(i, j)
-            } else {
-                T::zeroed()
-            }
-        };
-        let sh = self
-            .dsm
-            .alloc::<T>(self.rows, stride, &self.placement, Some(&mut g))?;
-        Ok(DsmMatrix::new(sh, self.rows, self.cols, stride))
-    }
 }

@@ -1,4 +1,5 @@
-//! The wire: the handshake every connection opens with, and frames.
+//! The handshake every connection opens with, and the proof of the job's
+//! token it carries. What follows the handshake is [`frame`](super::frame)s.
 //!
 //! **Handshake** (40 bytes, fixed layout, checked before anything else is
 //! read, so garbage costs nothing): magic `HYFI`, protocol version (u16),
@@ -36,19 +37,12 @@
 //! assert!(!proof_ok(&[8u8; 16], Side::Connector, &b, &p));
 //! assert!(!proof_ok(&token, Side::Acceptor, &b, &p));
 //! ```
-//!
-//! **Frames**: a 16-byte header — payload length (u32), kind (u8: control or
-//! bulk), 3 reserved bytes, tag (u64) — then the payload. Control payloads
-//! are [`Msg`] values encoded with bincode 1.3; bulk payloads (pages, diffs)
-//! are raw bytes, copied once into the frame and never through serde.
-//! Frames larger than [`MAX_FRAME`] are a protocol error.
-
-use std::io::{self, Read, Write};
 
 use hmac::{Hmac, Mac};
-use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
+use super::frame::Msg;
+use super::WireError;
 use crate::token::Token;
 
 /// Protocol version; a peer speaking another is refused. Version 2 replaced
@@ -57,10 +51,6 @@ pub const VERSION: u16 = 2;
 const MAGIC: [u8; 4] = *b"HYFI";
 /// Size of the handshake.
 pub const HANDSHAKE_LEN: usize = 40;
-/// Size of a frame header.
-pub const HEADER_LEN: usize = 16;
-/// Largest frame payload accepted (64 MiB).
-pub const MAX_FRAME: usize = 64 << 20;
 
 /// Why a connection is opened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,221 +184,6 @@ pub fn proof_ok(token: &Token, side: Side, b: &Binding, got: &Proof) -> bool {
     keyed(token, side, b).verify_slice(got).is_ok()
 }
 
-/// Frame kinds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Kind {
-    /// A bincode-encoded [`Msg`].
-    Control = 1,
-    /// Raw bytes with a tag.
-    Bulk = 2,
-}
-
-/// Control messages.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub enum Msg {
-    /// Node → coordinator, after the handshake: where its mesh listener is.
-    Hello {
-        /// `host:port` of the node's mesh listener.
-        listen: String,
-    },
-    /// Coordinator → node, once the node proved it knows the job's token and
-    /// every node arrived: every node's mesh address.
-    Table {
-        /// Mesh addresses by rank (entry 0 unused: the coordinator link is node 0's).
-        addrs: Vec<String>,
-    },
-    /// Coordinator → node: you are not admitted (and why).
-    Refuse {
-        /// The reason, for the node's error message.
-        why: String,
-    },
-    /// One step of a collective (barrier or reduction): `data` combined so far.
-    Up {
-        /// Collective sequence number.
-        seq: u64,
-        /// Combined value of the sender's subtree.
-        data: Vec<u8>,
-    },
-    /// The result of a collective, on its way down the tree.
-    Down {
-        /// Collective sequence number.
-        seq: u64,
-        /// The result.
-        data: Vec<u8>,
-    },
-    /// The sender is aborting the job.
-    Abort {
-        /// Why.
-        cause: String,
-    },
-    /// The sender is done and will close the link: not a failure. It will
-    /// take no step after its `steps`-th, `last` (see [`Msg::Step`]).
-    Bye {
-        /// How many SPMD steps the sender took.
-        steps: u64,
-        /// Its last step ([`hyfi_core::Step::to_words`]; all zero if none).
-        last: [u64; 4],
-    },
-    /// The sender entered its `n`-th SPMD step (from 1), `step`: sent to
-    /// the next node of the ring, which compares it with its own `n`-th.
-    Step {
-        /// The step's number.
-        n: u64,
-        /// The step ([`hyfi_core::Step::to_words`]).
-        step: [u64; 4],
-    },
-    /// "Still here": sent on every link at a fixed interval, so that a
-    /// peer that stops answering (hung, stopped, cut off) is noticed.
-    Heartbeat,
-}
-
-/// A frame's header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Header {
-    /// Payload length.
-    pub len: u32,
-    /// Payload kind.
-    pub kind: Kind,
-    /// Tag (bulk frames).
-    pub tag: u64,
-}
-
-impl Header {
-    /// Encodes the header.
-    pub fn encode(&self) -> [u8; HEADER_LEN] {
-        let mut b = [0u8; HEADER_LEN];
-        b[0..4].copy_from_slice(&self.len.to_le_bytes());
-        b[4] = self.kind as u8;
-        b[8..16].copy_from_slice(&self.tag.to_le_bytes());
-        b
-    }
-    /// Decodes and checks a header.
-    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
-        let len = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
-        if len as usize > MAX_FRAME {
-            return Err(WireError::TooLarge { len });
-        }
-        let kind = match b[4] {
-            1 => Kind::Control,
-            2 => Kind::Bulk,
-            k => return Err(WireError::Kind(k)),
-        };
-        Ok(Header {
-            len,
-            kind,
-            tag: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
-        })
-    }
-}
-
-/// A control frame: header and bincode payload in one buffer.
-pub fn control_frame(msg: &Msg) -> Vec<u8> {
-    let body = bincode::serialize(msg).expect("hyfi: control messages always serialize");
-    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
-    out.extend_from_slice(
-        &Header {
-            len: body.len() as u32,
-            kind: Kind::Control,
-            tag: 0,
-        }
-        .encode(),
-    );
-    out.extend_from_slice(&body);
-    out
-}
-
-/// A bulk frame: header and the bytes, copied once.
-pub fn bulk_frame(tag: u64, bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + bytes.len());
-    out.extend_from_slice(
-        &Header {
-            len: bytes.len() as u32,
-            kind: Kind::Bulk,
-            tag,
-        }
-        .encode(),
-    );
-    out.extend_from_slice(bytes);
-    out
-}
-
-/// A bulk frame whose payload `fill` appends in place (at most `len_hint`
-/// bytes expected): a page goes from memory into the frame in one copy.
-pub fn bulk_frame_with(tag: u64, len_hint: usize, fill: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + len_hint);
-    out.extend_from_slice(&[0u8; HEADER_LEN]);
-    fill(&mut out);
-    let len = out.len() - HEADER_LEN;
-    assert!(
-        len <= MAX_FRAME,
-        "hyfi: a bulk frame of {len} bytes exceeds the frame limit"
-    );
-    out[..HEADER_LEN].copy_from_slice(
-        &Header {
-            len: len as u32,
-            kind: Kind::Bulk,
-            tag,
-        }
-        .encode(),
-    );
-    out
-}
-
-/// Decodes a control payload.
-pub fn decode_msg(payload: &[u8]) -> Result<Msg, WireError> {
-    bincode::deserialize(payload).map_err(|e| WireError::Undecodable(e.to_string()))
-}
-
-/// What is wrong with bytes that should be hyfi's wire format (garbage on
-/// a socket, another program, another build).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WireError {
-    /// The connection does not start with hyfi's magic bytes.
-    #[error("not a hyfi peer (first bytes {0:02x?})")]
-    NotHyfi([u8; 4]),
-    /// Another version of the protocol.
-    #[error("protocol version {theirs}, this node speaks {VERSION}: run the same hyfi build on every node")]
-    Version {
-        /// The peer's version.
-        theirs: u16,
-    },
-    /// A handshake for no purpose this build knows.
-    #[error("unknown connection purpose {0}")]
-    Purpose(u8),
-    /// A frame longer than any hyfi sends.
-    #[error("frame of {len} bytes exceeds the {MAX_FRAME}-byte limit")]
-    TooLarge {
-        /// The length the header claims.
-        len: u32,
-    },
-    /// A frame kind this build does not know.
-    #[error("unknown frame kind {0}")]
-    Kind(u8),
-    /// A control payload that is not a message.
-    #[error("undecodable control message: {0}")]
-    Undecodable(String),
-}
-
-/// Blocking: writes one control message (used during setup).
-pub fn write_msg(w: &mut impl Write, msg: &Msg) -> io::Result<()> {
-    w.write_all(&control_frame(msg))?;
-    w.flush()
-}
-
-/// Blocking: reads one control message (used during setup).
-pub fn read_msg(r: &mut impl Read) -> io::Result<Msg> {
-    let mut h = [0u8; HEADER_LEN];
-    r.read_exact(&mut h)?;
-    let h = Header::decode(&h).map_err(io::Error::other)?;
-    if h.kind != Kind::Control {
-        return Err(io::Error::other("expected a control message during setup"));
-    }
-    let mut body = vec![0u8; h.len as usize];
-    r.read_exact(&mut body)?;
-    decode_msg(&body).map_err(io::Error::other)
-}
-
 /// Why a handshake failed, on either side: the acceptor refuses the
 /// connection (and logs why); the connector tries again until setup's
 /// deadline, then reports the last failure ([`NetError::Rejected`]).
@@ -523,30 +298,6 @@ mod tests {
             Handshake::decode(&old).unwrap_err(),
             WireError::Version { theirs: 0 }
         );
-    }
-
-    #[test]
-    fn frames_round_trip_and_limits_hold() {
-        let m = Msg::Up {
-            seq: 9,
-            data: vec![1, 2, 3],
-        };
-        let f = control_frame(&m);
-        assert_eq!(read_msg(&mut &f[..]).unwrap(), m);
-        let b = bulk_frame(42, &[9; 4096]);
-        let h = Header::decode(b[..HEADER_LEN].try_into().unwrap()).unwrap();
-        assert_eq!((h.len, h.kind, h.tag), (4096, Kind::Bulk, 42));
-        let mut huge = Header {
-            len: 0,
-            kind: Kind::Bulk,
-            tag: 0,
-        }
-        .encode();
-        huge[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(Header::decode(&huge)
-            .unwrap_err()
-            .to_string()
-            .contains("exceeds"));
     }
 
     fn binding() -> Binding {
