@@ -71,20 +71,25 @@ pub(crate) trait PhaseBody: Sync {
     fn post(&self, post: &mut PostPhase<'_>) -> Control;
 }
 
-struct PhaseImpl<I: Index, F, G> {
+struct PhaseImpl<'a, I: Index, F> {
     pools: PoolArray<I>,
     filament: F,
     // Boxed so that PhaseImpl itself holds no UnsafeCell: `&self` in
     // `run_pool` is then `noalias readonly`, which lets the compiler keep
     // what the filament captured by value in registers across the pool.
-    post: Box<Mutex<G>>,
+    // Type-erased so that the phase's loop is one function per filament,
+    // not one per post-phase closure: two phases sharing a filament share
+    // its one call site (see `run_pool`).
+    post: Post<'a>,
 }
 
-impl<I, F, G> PhaseBody for PhaseImpl<I, F, G>
+/// A phase's post-phase code, type-erased.
+type Post<'a> = Box<Mutex<dyn FnMut(&mut PostPhase<'_>) -> Control + Send + 'a>>;
+
+impl<I, F> PhaseBody for PhaseImpl<'_, I, F>
 where
     I: Index,
     F: Fn(&Ctx, I) + Sync,
-    G: FnMut(&mut PostPhase<'_>) -> Control + Send,
 {
     fn procs(&self) -> usize {
         self.pools.procs()
@@ -93,7 +98,10 @@ where
         self.pools.pools_per_proc()
     }
     fn run_pool(&self, ctx: &Ctx, k: usize) {
-        run_pool(&self.pools, &self.filament, ctx, k);
+        let pool = self.pools.get(ctx.proc(), k);
+        let f = &self.filament;
+        pool.for_each(|i| f(ctx, i));
+        ctx.count_filaments(pool.len() as u64);
     }
     fn post(&self, post: &mut PostPhase<'_>) -> Control {
         let mut g = self.post.lock().unwrap_or_else(|e| e.into_inner());
@@ -102,19 +110,18 @@ where
 }
 
 /// A phase whose filaments see, per pool segment, what `bind` returned.
-struct BoundPhaseImpl<I: Index, B, F, G> {
+struct BoundPhaseImpl<'a, I: Index, B, F> {
     pools: PoolArray<I>,
     bind: B,
     filament: F,
-    post: Box<Mutex<G>>,
+    post: Post<'a>,
 }
 
-impl<I, B, V, F, G> PhaseBody for BoundPhaseImpl<I, B, F, G>
+impl<I, B, V, F> PhaseBody for BoundPhaseImpl<'_, I, B, F>
 where
     I: Index,
     B: Fn(&Ctx, &Span) -> V + Sync,
     F: Fn(&Ctx, I, &mut V) + Sync,
-    G: FnMut(&mut PostPhase<'_>) -> Control + Send,
 {
     fn procs(&self) -> usize {
         self.pools.procs()
@@ -123,39 +130,15 @@ where
         self.pools.pools_per_proc()
     }
     fn run_pool(&self, ctx: &Ctx, k: usize) {
-        run_bound_pool(&self.pools, &self.bind, &self.filament, ctx, k);
+        let pool = self.pools.get(ctx.proc(), k);
+        let (bind, f) = (&self.bind, &self.filament);
+        pool.for_each_segment(|span| bind(ctx, span), |i, v| f(ctx, i, v));
+        ctx.count_filaments(pool.len() as u64);
     }
     fn post(&self, post: &mut PostPhase<'_>) -> Control {
         let mut g = self.post.lock().unwrap_or_else(|e| e.into_inner());
         (*g)(post)
     }
-}
-
-/// Runs pool `k` of this processor: the loop a phase's filament is inlined
-/// into. Generic over the filament, not over the post-phase code, and out
-/// of line: two phases that share one filament closure (a red-black
-/// sweep's two colours) share this one loop, so the filament has one call
-/// site in the program and LLVM inlines it however large it is (one copy
-/// per phase made it two callers, and a large filament was called per
-/// point).
-#[inline(never)]
-fn run_pool<I: Index, F: Fn(&Ctx, I)>(pools: &PoolArray<I>, f: &F, ctx: &Ctx, k: usize) {
-    let pool = pools.get(ctx.proc(), k);
-    pool.for_each(|i| f(ctx, i));
-    ctx.count_filaments(pool.len() as u64);
-}
-
-/// [`run_pool`] for a phase with bound values.
-#[inline(never)]
-fn run_bound_pool<I, B, V, F>(pools: &PoolArray<I>, bind: &B, f: &F, ctx: &Ctx, k: usize)
-where
-    I: Index,
-    B: Fn(&Ctx, &Span) -> V,
-    F: Fn(&Ctx, I, &mut V),
-{
-    let pool = pools.get(ctx.proc(), k);
-    pool.for_each_segment(|span| bind(ctx, span), |i, v| f(ctx, i, v));
-    ctx.count_filaments(pool.len() as u64);
 }
 
 /// A sequence of phases (`filCreatePhase` for each), run by
