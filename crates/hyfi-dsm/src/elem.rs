@@ -193,16 +193,25 @@ pub(crate) unsafe fn load_run<T: Pod>(p: *const T, out: &mut [T]) {
 /// Writes `f(first + k)` into element `k` of the `n` elements at `p`,
 /// calling `f` once per element, in order.
 ///
-/// Elements go two at a time: a pair is computed, then stored (on x86-64,
-/// 8-byte elements of a 16-byte aligned pair by one 16-byte store, see
-/// [`update`]). `f` has exactly one call site (the last, odd element goes
-/// through it too, guarded), so the compiler inlines a user's closure of
-/// any size: with separate call sites for a peeled first element and an
-/// odd last one, a closure of a 3×3 stencil's size was no longer inlined
-/// and every element became a call (1.5–1.9× the slice loop; one site:
-/// 1.0–1.3×). Per-row Jacobi through this path measured 1.01× the slice
-/// loop (medians of 9 alternated runs), the same as with the pair's two
-/// calls in straight-line code, which the compiler vectorised.
+/// One element at a time, each a relaxed store as it is computed, with `f`
+/// at exactly one call site, so the compiler inlines a user's closure of
+/// any size (with three call sites a 3×3 stencil's closure was not inlined
+/// and every element became a call). Measured alternatives (per-row Jacobi
+/// 1024², whose running maximum is a loop-carried chain, and a diffusion
+/// stencil without one; 1×1, against the slice loop):
+///
+/// | `fill` | Jacobi | diffusion |
+/// |---|---|---|
+/// | values in pairs, 16-byte stores where aligned (before) | 1.29× | 1.7× |
+/// | pairs aligned to 16 bytes by a guarded first element | 1.25× | 1.7× |
+/// | computed into a 2 KiB stack buffer, copied out by [`store_run`] | 1.45× | 1.25× |
+/// | **one element at a time (this)** | **1.0×** | 1.4× |
+///
+/// The pairs' shuffles and the buffer's second pass both sit on the loop
+/// that a maximum already makes latency-bound. No form reaches the slice
+/// loop on a stencil without a reduction: the compiler vectorises no loop
+/// that holds an atomic store, and only the buffer takes the store out of
+/// the loop, at the cost of that second pass.
 ///
 /// # Safety
 /// As for [`store`], for every element of the run.
@@ -213,31 +222,8 @@ pub(crate) unsafe fn fill<T: Pod>(
     n: usize,
     mut f: impl FnMut(usize) -> T,
 ) {
-    let wide = cfg!(target_arch = "x86_64")
-        && std::mem::size_of::<T>() == 8
-        && unit::<T>() == 8
-        && (p as usize) % 16 == 0;
-    let mut k = 0;
-    while k < n {
-        let mut pair = [T::zeroed(); 2];
-        for (t, v) in pair.iter_mut().enumerate() {
-            if k + t < n {
-                *v = f(first + k + t);
-            }
-        }
-        if k + 1 == n {
-            store(p.add(k), pair[0]);
-        } else if wide {
-            #[cfg(target_arch = "x86_64")]
-            wide::store16(
-                p.add(k) as *mut u8,
-                bytemuck::cast::<[T; 2], [u64; 2]>(pair),
-            );
-        } else {
-            store(p.add(k), pair[0]);
-            store(p.add(k + 1), pair[1]);
-        }
-        k += 2;
+    for k in 0..n {
+        store(p.add(k), f(first + k));
     }
 }
 

@@ -522,9 +522,11 @@ impl<T: Pod> RowWriter<'_, T> {
     /// Sets every column `j` of `cols` to `f(j)`, calling `f` once per
     /// column, in order of `j`. The same as `for j in cols { row.set(j,
     /// f(j)) }`, checked once for the whole range instead of per column,
-    /// with the stores two columns at a time (see `elem::fill`); a per-row
-    /// stencil written this way ran at the slice loop's speed (Jacobi:
-    /// 1.01×, where the loop of `set`s ran at 1.12×):
+    /// with `f` inlined (one call site, see `elem::fill`); a per-row
+    /// Jacobi stencil written this way runs at the slice loop's speed. The
+    /// stores are relaxed atomics, so a stencil with no reduction in it is
+    /// not vectorised as the slice loop is (1.4× the loop, `elem::fill`
+    /// has the measurements):
     ///
     /// ```
     /// use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime};

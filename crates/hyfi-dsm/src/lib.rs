@@ -17,10 +17,11 @@
 //! * **Checked accessors** (`get`/`set`, `row`/`row_mut`, for irregular
 //!   access): each access tests its page's state byte.
 //! * **Runs**: a row written by `RowWriter::fill` (`write_rows(..).row_mut(i)
-//!   .fill(cols, |j| ..)`) or updated by `ViewMut::update_range` (LU's
-//!   `x - l * y`) is checked once and moves 16 bytes at a time on x86-64,
-//!   so it vectorises as the slice loop does; the `elem` module says why
-//!   those wide accesses are as defined as the element accesses.
+//!   .fill(cols, |j| ..)`) is checked once, its closure inlined; a row
+//!   updated by `ViewMut::update_range` (LU's `x - l * y`) or copied is
+//!   checked once and moves 16 bytes at a time on x86-64, so it vectorises
+//!   as the slice loop does; the `elem` module says why those wide
+//!   accesses are as defined as the element accesses.
 //!
 //! Either way, a miss asks the home for every missing page of the range at
 //! once and suspends the filthread, and its processor runs the filthreads
