@@ -151,7 +151,7 @@ impl Pruned {
         B: Serialize + DeserializeOwned + Send + 'static,
         RB: Serialize + DeserializeOwned + Send + 'static,
     {
-        (a(self), f.call_pruned(self, b))
+        (a(Pruned::VIEW), f.call_pruned(Pruned::VIEW, b))
     }
 }
 
