@@ -158,7 +158,15 @@ unsafe fn runs<T: Pod>(
             one(0);
             k = 1;
         }
-        while k + 2 <= n {
+        // Two pairs per iteration, as the compiler unrolls the slice loop:
+        // with one, LU's row update ran 1.2-1.3x the slice loop, the loop's
+        // own counting and branching a third of its instructions.
+        while k + 4 <= n {
+            two(k);
+            two(k + 2);
+            k += 4;
+        }
+        if k + 2 <= n {
             two(k);
             k += 2;
         }
