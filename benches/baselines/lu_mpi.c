@@ -1,0 +1,122 @@
+/* LU with partial pivoting (examples/lu.rs's matrix, seed 1, and its
+ * arithmetic: l = a(i,k) / a(k,k) stored in place, row i -= l x row k) as
+ * an MPI user writes it for rows dealt cyclically over the ranks: each
+ * step finds the pivot with MPI_Allreduce(MPI_MAXLOC) over the ranks'
+ * candidates (the largest |a(i,k)| of their rows not yet chosen, computed
+ * as the previous step updated them), the rank holding the pivot row
+ * broadcasts its tail (MPI_Bcast), and every rank updates its own rows.
+ * Rows stay where they are (the permutation is recorded, as examples/lu.rs
+ * does); the factor is gathered on rank 0 afterwards, in pivot order, for
+ * the same check line as the other LU baselines.
+ *   mpirun -n R lu_mpi [n=1024] [seed=1]
+ * The time printed is the slowest rank's, from a barrier before the first
+ * step to the end of the last. */
+#include <mpi.h>
+
+#include "common.h"
+
+/* MPI_DOUBLE_INT, for MPI_MAXLOC: ties go to the lower row, as
+ * examples/lu.rs's `better` does. */
+struct cand {
+    double mag;
+    int row;
+};
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    const long n = arg_or(argc, argv, 1, 1024);
+    const uint64_t seed = (uint64_t)arg_or(argc, argv, 2, 1);
+    if (n < 1 || n > 1L << 30) {
+        if (rank == 0) fprintf(stderr, "usage: lu_mpi [n >= 1] [seed]\n");
+        MPI_Finalize();
+        return 2;
+    }
+    /* Every rank makes the whole input and keeps its rows i = rank + r*size. */
+    double *all = random_matrix(n, seed);
+    const long mine = n / size + (rank < n % size ? 1 : 0);
+    double *a = xmalloc((mine > 0 ? mine : 1) * n * sizeof(double));
+    for (long r = 0; r < mine; r++) memcpy(a + r * n, all + (rank + r * size) * n, n * sizeof(double));
+    free(all);
+    char *done = calloc(mine > 0 ? mine : 1, 1);
+    long *perm = xmalloc(n * sizeof(long));
+    double *piv = xmalloc(n * sizeof(double));
+    long singular_at = -1;
+
+    /* Step 0's candidate from the input. */
+    struct cand local = {-1.0, (int)n}, best;
+    for (long r = 0; r < mine; r++) {
+        const double d = a[r * n] < 0 ? -a[r * n] : a[r * n];
+        if (d > local.mag) local = (struct cand){d, (int)(rank + r * size)};
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t = now();
+    for (long k = 0; k < n; k++) {
+        MPI_Allreduce(&local, &best, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
+        if (best.mag == 0.0) {
+            singular_at = k;
+            break;
+        }
+        const long p = best.row, owner = p % size;
+        perm[k] = p;
+        if (owner == rank) {
+            const long r = p / size;
+            done[r] = 1;
+            memcpy(piv + k, a + r * n + k, (n - k) * sizeof(double));
+        }
+        MPI_Bcast(piv + k, (int)(n - k), MPI_DOUBLE, (int)owner, MPI_COMM_WORLD);
+        /* Eliminate in my free rows; each offers its candidate for k + 1. */
+        local = (struct cand){-1.0, (int)n};
+        for (long r = 0; r < mine; r++) {
+            if (done[r]) continue;
+            double *row = a + r * n;
+            const double l = row[k] / piv[k];
+            row[k] = l;
+            for (long j = k + 1; j < n; j++) row[j] -= l * piv[j];
+            if (k + 1 < n) {
+                const double d = row[k + 1] < 0 ? -row[k + 1] : row[k + 1];
+                if (d > local.mag) local = (struct cand){d, (int)(rank + r * size)};
+            }
+        }
+    }
+    double secs = now() - t, slowest = 0.0;
+    MPI_Reduce(&secs, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+
+    /* The factor on rank 0, rows in pivot order (untimed): each row from
+     * its owner, in turn. */
+    const long steps = singular_at < 0 ? n : singular_at;
+    if (rank == 0) {
+        double *lu = xmalloc(n * n * sizeof(double));
+        char *chosen = calloc(n, 1);
+        for (long k = 0; k < steps; k++) chosen[perm[k]] = 1;
+        long next = steps;
+        for (long i = 0; i < n && singular_at >= 0; i++)
+            if (!chosen[i]) perm[next++] = i;
+        for (long k = 0; k < n; k++) {
+            const long i = perm[k], owner = i % size;
+            if (owner == 0)
+                memcpy(lu + k * n, a + (i / size) * n, n * sizeof(double));
+            else
+                MPI_Recv(lu + k * n, (int)n, MPI_DOUBLE, (int)owner, (int)(i / size), MPI_COMM_WORLD,
+                         MPI_STATUS_IGNORE);
+        }
+        double sum = 0.0;
+        for (long k = 0; k < n * n; k++) sum += lu[k];
+        uint64_t h = 0xcbf29ce484222325ULL;
+        for (long i = 0; i < n; i++) {
+            h ^= (uint64_t)perm[i];
+            h *= 0x100000001b3ULL;
+        }
+        printf("baselines lu mpi (%d ranks)\n", size);
+        printf("time: %.6f\n", slowest);
+        printf("check: sum_bits=%016" PRIx64 " perm_hash=%016" PRIx64 " singular_at=%ld\n", bits(sum),
+               h, singular_at);
+    } else {
+        for (long r = 0; r < mine; r++)
+            MPI_Send(a + r * n, (int)n, MPI_DOUBLE, 0, (int)r, MPI_COMM_WORLD);
+    }
+    MPI_Finalize();
+    return 0;
+}
