@@ -25,7 +25,7 @@
 #   hyfi 1x1  the hyfi example       target/release/examples/<example> ... --procs 1
 #   hyfi 1x2  the same               ... --procs 2
 #   rayon 2   natural rayon code     examples/baselines.rs <kernel> rayon, RAYON_NUM_THREADS=2
-#   OpenMP 2  gcc -O2 -fopenmp       benches/baselines/<kernel>.c, OMP_NUM_THREADS=2
+#   OpenMP 2  gcc -O2 -fopenmp (and -ffp-contract=off: no FMA, same bits) benches/baselines/<kernel>.c, OMP_NUM_THREADS=2
 #             (Jacobi, matmul, LU, and fib-cutoff as tasks; fib without a
 #             cutoff and quad have no OpenMP version: one libgomp task per
 #             call would be hundreds of millions of tasks)
@@ -45,7 +45,7 @@
 # mismatch stops the script with status 1.
 #
 # Builds: `cargo build --release --examples` (CARGO_TARGET_DIR is honoured)
-# and the C with ${CC:-gcc} -O2 -fopenmp; without a C compiler with OpenMP
+# and the C with ${CC:-gcc} -O2 -ffp-contract=off -fopenmp; without a C compiler with OpenMP
 # the OpenMP columns read "n/a (no C compiler)". Environment: CC, OUT (as
 # --out), QUIET_WAIT (seconds --wait-quiet waits at most, default 120),
 # MAX_FOREIGN (CPUs the rest of the machine may use for it to count as
@@ -140,7 +140,7 @@ if ((BUILD)); then
 fi
 if find_cc; then
     for k in jacobi matmul lu fib; do
-        BUILD_CMDS+=("$CC_USED -O2 -fopenmp -o $CDIR/$k $ROOT/benches/baselines/$k.c")
+        BUILD_CMDS+=("$CC_USED -O2 -ffp-contract=off -fopenmp -o $CDIR/$k $ROOT/benches/baselines/$k.c")
     done
 fi
 
@@ -166,7 +166,7 @@ fi
 if [[ -n $CC_USED ]]; then
     mkdir -p "$CDIR"
     for k in jacobi matmul lu fib; do
-        "$CC_USED" -O2 -fopenmp -o "$CDIR/$k" "$ROOT/benches/baselines/$k.c" >"$OUT/cc-$k.log" 2>&1 ||
+        "$CC_USED" -O2 -ffp-contract=off -fopenmp -o "$CDIR/$k" "$ROOT/benches/baselines/$k.c" >"$OUT/cc-$k.log" 2>&1 ||
             { cat "$OUT/cc-$k.log" >&2; die "$CC_USED failed on benches/baselines/$k.c"; }
     done
 fi

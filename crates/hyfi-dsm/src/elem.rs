@@ -260,8 +260,7 @@ pub(crate) unsafe fn store_run<T: Pod>(p: *mut T, src: &[T]) {
     )
 }
 
-/// The 16-byte accesses of [`update`], [`fill`], [`load_run`] and
-/// [`store_run`].
+/// The 16-byte accesses of [`update`], [`load_run`] and [`store_run`].
 #[cfg(target_arch = "x86_64")]
 mod wide {
     use std::arch::asm;

@@ -135,7 +135,7 @@ pub(crate) const PRUNED_STACK: usize = 256 * 1024;
 pub struct Pruned {
     /// Neither `Send` nor `Sync`, as [`Ctx`]: a `&Pruned` stands for the
     /// processor that runs the subtree, so it never leaves the thread.
-    _processor: PhantomData<*const ()>,
+    _processor: PhantomData<*const Ctx>,
 }
 
 impl Pruned {
@@ -145,7 +145,9 @@ impl Pruned {
         _processor: PhantomData,
     };
 
-    /// The processor's context.
+    /// The processor's context: a read of a thread-local (the server
+    /// thread's published context), so a loop that needs it often should
+    /// take it once.
     #[inline(always)]
     pub fn ctx(&self) -> &Ctx {
         // A `Pruned` is only lent, by `Ctx::run_pruned` and the joins
@@ -154,7 +156,7 @@ impl Pruned {
         crate::sched::current_ctx()
     }
 
-    /// [`Ctx::join`] where pruning already decided: `(a(self), b(self))`.
+    /// [`Ctx::join`] where pruning already decided: `a`, then `b`, here.
     #[inline(always)]
     pub fn join<A, B, RA, RB>(&self, a: A, b: B) -> (RA, RB)
     where
