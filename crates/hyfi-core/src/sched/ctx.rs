@@ -24,13 +24,11 @@ thread_local! {
 }
 
 /// The calling server thread's context. Panics off a server thread.
-#[inline]
 pub(crate) fn current_ctx() -> &'static Ctx {
     try_current_ctx().expect("hyfi: not on a server thread")
 }
 
 /// The calling server thread's context, if it is one.
-#[inline]
 pub(crate) fn try_current_ctx() -> Option<&'static Ctx> {
     let p = CTX.with(|c| c.get());
     // SAFETY: the pointer is set by the server thread to its own boxed Ctx,
