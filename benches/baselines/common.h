@@ -74,6 +74,21 @@ static inline uint64_t fnv_doubles(const double *v, size_t len) {
     return h;
 }
 
+/* The LU baselines' check line (examples/baselines.rs's): the bits of the
+ * sum of the n x n factor in row-major order, rows in pivot order, and an
+ * FNV-1a hash of the permutation. */
+static inline void print_lu_check(const double *lu, const long *perm, long n, long singular_at) {
+    double sum = 0.0;
+    for (long k = 0; k < n * n; k++) sum += lu[k];
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (long i = 0; i < n; i++) {
+        h ^= (uint64_t)perm[i];
+        h *= 0x100000001b3ULL;
+    }
+    printf("check: sum_bits=%016" PRIx64 " perm_hash=%016" PRIx64 " singular_at=%ld\n", bits(sum), h,
+           singular_at);
+}
+
 static inline long arg_or(int argc, char **argv, int i, long dflt) {
     return argc > i ? strtol(argv[i], NULL, 10) : dflt;
 }

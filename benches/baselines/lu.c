@@ -53,16 +53,8 @@ int main(int argc, char **argv) {
         }
     }
     const double secs = now() - t;
-    double sum = 0.0;
-    for (long k = 0; k < n * n; k++) sum += a[k];
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (long i = 0; i < n; i++) {
-        h ^= (uint64_t)perm[i];
-        h *= 0x100000001b3ULL;
-    }
     printf("baselines lu openmp (%d threads)\n", omp_get_max_threads());
     printf("time: %.6f\n", secs);
-    printf("check: sum_bits=%016" PRIx64 " perm_hash=%016" PRIx64 " singular_at=%ld\n", bits(sum),
-           h, singular_at);
+    print_lu_check(a, perm, n, singular_at);
     return 0;
 }

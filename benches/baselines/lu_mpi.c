@@ -112,17 +112,9 @@ int main(int argc, char **argv) {
             const long i = perm[k], owner = i % size;
             memcpy(lu + k * n, blocks + displs[owner] + (i / size) * n, n * sizeof(double));
         }
-        double sum = 0.0;
-        for (long k = 0; k < n * n; k++) sum += lu[k];
-        uint64_t h = 0xcbf29ce484222325ULL;
-        for (long i = 0; i < n; i++) {
-            h ^= (uint64_t)perm[i];
-            h *= 0x100000001b3ULL;
-        }
         printf("baselines lu mpi (%d ranks)\n", size);
         printf("time: %.6f\n", slowest);
-        printf("check: sum_bits=%016" PRIx64 " perm_hash=%016" PRIx64 " singular_at=%ld\n", bits(sum),
-               h, singular_at);
+        print_lu_check(lu, perm, n, singular_at);
         free(lu);
         free(chosen);
         free(blocks);
