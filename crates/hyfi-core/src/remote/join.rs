@@ -21,7 +21,7 @@ use super::startup;
 use super::RemoteFn;
 use crate::crossnode::{CodecError, Encoded, Failure, RemoteFailure, RemoteVTable, Slot};
 use crate::fork::{Branches, Pruned};
-use crate::job::JobRef;
+use crate::job::{JobRef, JobVTable};
 use crate::latch::Latch;
 use crate::sched::Ctx;
 
@@ -323,18 +323,17 @@ where
     B: Serialize + DeserializeOwned + Send + 'static,
     RB: Serialize + DeserializeOwned + Send + 'static,
 {
-    const VTABLE: RemoteVTable = RemoteVTable {
-        export: Self::export,
-        complete: Self::complete,
-        startup: Self::startup_of,
+    const VTABLE: JobVTable = JobVTable {
+        exec: Self::execute,
+        remote: Some(RemoteVTable {
+            export: Self::export,
+            complete: Self::complete,
+            startup: Self::startup_of,
+        }),
     };
 
     pub(crate) fn as_job_ref(&self) -> JobRef {
-        JobRef::remote(
-            self as *const Self as *const (),
-            Self::execute,
-            &Self::VTABLE,
-        )
+        JobRef::new(self as *const Self as *const (), &Self::VTABLE)
     }
 
     /// Runs the job here (taken from a deque or an incoming list).
