@@ -52,8 +52,13 @@ impl WorkerShared {
             incoming: Injector::new(),
         }
     }
-    pub(crate) fn set_parker(&self) {
-        let _ = self.parker.set(Parker::current());
+    /// Called by the server thread itself; `pinned` if it is pinned to a CPU.
+    pub(crate) fn set_parker(&self, pinned: bool) {
+        let _ = self.parker.set(if pinned {
+            Parker::pinned()
+        } else {
+            Parker::current()
+        });
     }
     pub(crate) fn parker(&self) -> &Parker {
         self.parker.get().expect("hyfi: server thread not started")

@@ -229,7 +229,7 @@ pub(crate) fn main(start: Start) {
     }
     stack::ensure_altstack();
     stack::set_proc(proc);
-    shared.workers[proc].set_parker();
+    shared.workers[proc].set_parker(cpu.is_some());
     let ctx = Box::new(Ctx::new(&shared, proc, deque));
     CTX.with(|c| c.set(&*ctx as *const Ctx));
     shared.workers[proc].publish_limit(&ctx.limit);
