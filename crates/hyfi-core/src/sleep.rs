@@ -166,3 +166,25 @@ impl Parker {
         }
     }
 }
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use crate::{Config, Runtime};
+
+    /// The poll of server thread 0 of a one-processor runtime.
+    fn server_poll(pin: bool) -> Duration {
+        let rt = Runtime::new(Config::new().procs(1).pin(pin)).unwrap();
+        // Run something, so the server thread has certainly set its slot.
+        assert_eq!(rt.run(|_| 7).unwrap(), 7);
+        rt.shared.workers[0].parker().poll
+    }
+
+    #[test]
+    fn only_a_pinned_server_thread_polls_before_it_sleeps() {
+        assert_eq!(server_poll(true), PINNED_POLL);
+        assert_eq!(server_poll(false), Duration::ZERO);
+        // The runtime's caller, and any other thread, sleeps at once.
+        assert_eq!(Parker::current().poll, Duration::ZERO);
+    }
+}
