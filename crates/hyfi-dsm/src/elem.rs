@@ -16,6 +16,8 @@
 
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
+use std::ops::Range;
+
 use bytemuck::Pod;
 
 use crate::region::PAGE;
@@ -198,8 +200,15 @@ pub(crate) unsafe fn load_run<T: Pod>(p: *const T, out: &mut [T]) {
     )
 }
 
-/// Writes `f(first + k)` into element `k` of the `n` elements at `p`,
-/// calling `f` once per element, in order.
+/// Writes `f(j)` into element `j` of the row at `row`, for each `j` of
+/// `cols` in order, calling `f` once per element.
+///
+/// The loop runs over the caller's own range, not over `0..cols.len()`
+/// with an offset: then the column a user's closure receives is bounded by
+/// the range the user wrote (`1..n - 1`), and the compiler removes the
+/// closure's bounds checks on `mid[j + 1]` and the like. From an offset it
+/// kept two per element, and per-row Jacobi 1024² on 1×1 ran at a median
+/// 1.06× its slice loop against 1.02× now (12 alternated rounds).
 ///
 /// One element at a time, each a relaxed store as it is computed, with `f`
 /// at exactly one call site, so the compiler inlines a user's closure of
@@ -225,14 +234,9 @@ pub(crate) unsafe fn load_run<T: Pod>(p: *const T, out: &mut [T]) {
 /// # Safety
 /// As for [`store`], for every element of the run.
 #[inline(always)]
-pub(crate) unsafe fn fill<T: Pod>(
-    p: *mut T,
-    first: usize,
-    n: usize,
-    mut f: impl FnMut(usize) -> T,
-) {
-    for k in 0..n {
-        store(p.add(k), f(first + k));
+pub(crate) unsafe fn fill<T: Pod>(row: *mut T, cols: Range<usize>, mut f: impl FnMut(usize) -> T) {
+    for j in cols {
+        store(row.add(j), f(j));
     }
 }
 
@@ -458,18 +462,18 @@ mod tests {
                 let mut calls = Vec::new();
                 // SAFETY: as above.
                 unsafe {
-                    fill(buf.as_mut_ptr().add(start), 100, n, |j| {
+                    fill(buf.as_mut_ptr(), start..start + n, |j| {
                         calls.push(j);
-                        j as f64 * 2.0
+                        (100 + j) as f64 * 2.0
                     })
                 };
                 assert_eq!(
                     calls,
-                    (100..100 + n).collect::<Vec<_>>(),
+                    (start..start + n).collect::<Vec<_>>(),
                     "fill's calls, start {start}, n {n}"
                 );
-                for k in 0..n {
-                    want[start + k] = (100 + k) as f64 * 2.0;
+                for j in start..start + n {
+                    want[j] = (100 + j) as f64 * 2.0;
                 }
                 assert_eq!(buf, want, "fill, start {start}, n {n}");
             }

@@ -556,7 +556,7 @@ impl<T: Pod> RowWriter<'_, T> {
         }
         // SAFETY: inside the row (checked above), which the view made
         // writable; every element written as a unit (see `elem::fill`).
-        unsafe { elem::fill(self.ptr.add(cols.start), cols.start, cols.len(), f) }
+        unsafe { elem::fill(self.ptr, cols, f) }
     }
     /// Panics: column `j` is outside the row.
     #[cold]
