@@ -472,8 +472,8 @@ mod tests {
                     (start..start + n).collect::<Vec<_>>(),
                     "fill's calls, start {start}, n {n}"
                 );
-                for j in start..start + n {
-                    want[j] = (100 + j) as f64 * 2.0;
+                for (j, w) in want.iter_mut().enumerate().skip(start).take(n) {
+                    *w = (100 + j) as f64 * 2.0;
                 }
                 assert_eq!(buf, want, "fill, start {start}, n {n}");
             }
