@@ -2,8 +2,8 @@
 //!
 //! A waiting thread spins briefly (a phase barrier is usually short), then
 //! yields, then parks. A server thread pinned to a CPU yields for longer
-//! ([`PINNED_POLL`]) before it parks: see there. The protocol that makes parking safe is the classic
-//! Dekker pair, both sides `SeqCst`:
+//! ([`PINNED_POLL`]) before it parks: see there. The protocol that makes
+//! parking safe is the classic Dekker pair, both sides `SeqCst`:
 //!
 //! * waiter: `sleeping = true`, then re-check the condition, then park;
 //! * notifier: make the condition true, then `if sleeping.swap(false) { unpark }`.
@@ -45,7 +45,8 @@ pub fn set_own_cpu() {
 /// A parked thread is slow to wake on a virtual machine: its vCPU halts,
 /// and waking it costs tens of µs. Phase barriers of a Jacobi sweep of
 /// 1024² on 2 processors (about 500 µs a sweep) outlast the 2 000-iteration
-/// spin in a third of the sweeps, from nothing but the host's noise, and
+/// spin in up to a third of the sweeps (5 to 145 of a run's ~350 waits,
+/// counted), from nothing but the host's noise, and
 /// each such sweep then paid the wake-up on its critical path: the run's
 /// time was bimodal, 0.096–0.119 s, against 0.102–0.106 s for OpenMP,
 /// whose threads spin for about a millisecond by default (libgomp's
