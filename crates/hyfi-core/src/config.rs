@@ -109,6 +109,13 @@ impl Config {
     }
 
     /// Pin server thread *p* to the *p*-th CPU of the process's affinity mask.
+    ///
+    /// A pinned server thread treats its CPU as its own: when it waits (at a
+    /// phase barrier, for work to steal, for the next run) it yields its CPU
+    /// for up to 0.5 ms before it sleeps (`sleep::PINNED_POLL`), as
+    /// OpenMP's threads spin by default, because a sleeping virtual CPU is
+    /// slow to wake. Under a CPU quota that poll counts as use; unpinned
+    /// server threads sleep after a short spin.
     pub fn pin(mut self, on: bool) -> Self {
         self.pin = on;
         self

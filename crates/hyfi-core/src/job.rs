@@ -1,8 +1,9 @@
 //! Jobs: the type-erased units of fork-join work that deques, injectors
 //! and incoming lists hold, and the one rule that makes them sound.
 //!
-//! A fork pushes a [`JobRef`]: a raw pointer to a job and the function that
-//! runs it (and, for a serializable job, how to ship it to another node).
+//! A fork pushes a [`JobRef`]: a raw pointer to a job and its type's
+//! [`JobVTable`] (the function that runs it and, for a serializable job,
+//! how to ship it to another node).
 //! Erasing the type lets one deque hold every kind of job, and lets a job
 //! live where it is cheapest: in the joining filthread's frame
 //! ([`StackJob`], or `RemoteJob` in `crate::remote::join`, whose shipping
@@ -45,9 +46,9 @@ use crate::sched::Ctx;
 /// Two words, as rayon's: an `Option<JobRef>` then comes back from a
 /// deque's `pop` in two registers. With the function and the shipping table
 /// as three words it came back through memory, which the joiner read back
-/// at once, and a push wrote three words. A real fork cost 1.18× a
-/// `rayon::join`, now 0.98–1.03× (fib(27) with every join forking; the
-/// joiner's own time fell from 1.97 to 1.43 ms of the 4.1 and 3.5 ms).
+/// at once, and a push wrote three words: a real fork cost 1.18× a
+/// `rayon::join`, against about 1.0× now (BENCHMARKS.md, "a real fork at
+/// `rayon::join`'s cost").
 #[derive(Clone, Copy)]
 pub(crate) struct JobRef {
     ptr: *const (),

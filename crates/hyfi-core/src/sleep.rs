@@ -49,8 +49,8 @@ pub fn set_own_cpu() {
 /// counted), from nothing but the host's noise, and
 /// each such sweep then paid the wake-up on its critical path: the run's
 /// time was bimodal, 0.096–0.119 s, against 0.102–0.106 s for OpenMP,
-/// whose threads spin for about a millisecond by default (libgomp's
-/// `GOMP_SPINCOUNT`). Yielding rather than spinning keeps the wait fair
+/// whose threads spin 300 000 times by default (libgomp's
+/// `GOMP_SPINCOUNT`; roughly a millisecond here). Yielding rather than spinning keeps the wait fair
 /// when the CPU is shared after all (several runtimes in one process, or
 /// other programs pinned there): a thread that needs the CPU gets it.
 pub const PINNED_POLL: Duration = Duration::from_micros(500);
@@ -185,7 +185,8 @@ mod test {
     fn only_a_pinned_server_thread_polls_before_it_sleeps() {
         assert_eq!(server_poll(true), PINNED_POLL);
         assert_eq!(server_poll(false), Duration::ZERO);
-        // The runtime's caller, and any other thread, sleeps at once.
+        // The runtime's caller, and any other thread, does not poll for
+        // PINNED_POLL: after its spin and a few yields it sleeps.
         assert_eq!(Parker::current().poll, Duration::ZERO);
     }
 }

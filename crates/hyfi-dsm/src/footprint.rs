@@ -555,11 +555,14 @@ impl<T: Pod> RowWriter<'_, T> {
     /// ```
     #[inline(always)]
     pub fn fill(&self, cols: Range<usize>, f: impl FnMut(usize) -> T) {
-        if cols.start > cols.end || cols.end > self.cols {
-            self.outside(cols.end.saturating_sub(1));
+        if cols.start < cols.end && cols.end > self.cols {
+            // The first column the loop would write outside the row.
+            self.outside(cols.start.max(self.cols));
         }
-        // SAFETY: inside the row (checked above), which the view made
-        // writable; every element written as a unit (see `elem::fill`).
+        // SAFETY: every `j` of `cols` is inside the row (an empty range
+        // writes nothing; else `cols.end <= self.cols`, checked above),
+        // which the view made writable; every element written as a unit
+        // (see `elem::fill`).
         unsafe { elem::fill(self.ptr, cols, f) }
     }
     /// Panics: column `j` is outside the row.

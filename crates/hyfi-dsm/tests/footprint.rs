@@ -264,13 +264,20 @@ fn a_write_outside_the_footprint_and_a_column_out_of_range_are_errors() {
         w.row_mut(span.rows().start).set(10, 1.0);
     });
     assert!(msg.contains("columns 0..10"), "{msg}");
-    // A fill that runs past the row's end names the last column.
+    // A fill that runs past the row's end names the first column past it.
     let msg = failure(|ctx, span, _, b| {
         let w = b.write_rows(ctx, span.rows());
         w.row_mut(span.rows().start).fill(4..11, |j| j as f64);
     });
     assert!(msg.contains("columns 0..10"), "{msg}");
     assert!(msg.contains(", 10)"), "{msg}");
+    // One that starts past it names its first column.
+    let msg = failure(|ctx, span, _, b| {
+        let w = b.write_rows(ctx, span.rows());
+        w.row_mut(span.rows().start).fill(12..15, |j| j as f64);
+    });
+    assert!(msg.contains("columns 0..10"), "{msg}");
+    assert!(msg.contains(", 12)"), "{msg}");
     let msg = failure(|ctx, span, a, _| {
         let _ = a.read_rows(ctx, span.rows()).row(0);
     });
