@@ -134,13 +134,17 @@ find_cc() {
     return 1
 }
 
+# The C baselines and their flags (-ffp-contract=off: no FMA, same bits),
+# shown among the build commands and used to build them below.
+C_KERNELS=(jacobi matmul lu fib)
+C_FLAGS=(-O2 -ffp-contract=off -fopenmp)
 BUILD_CMDS=()
 if ((BUILD)); then
     BUILD_CMDS+=("(cd $ROOT && cargo build --release --examples)")
 fi
 if find_cc; then
-    for k in jacobi matmul lu fib; do
-        BUILD_CMDS+=("$CC_USED -O2 -ffp-contract=off -fopenmp -o $CDIR/$k $ROOT/benches/baselines/$k.c")
+    for k in "${C_KERNELS[@]}"; do
+        BUILD_CMDS+=("$CC_USED ${C_FLAGS[*]} -o $CDIR/$k $ROOT/benches/baselines/$k.c")
     done
 fi
 
@@ -165,8 +169,8 @@ if ((BUILD)); then
 fi
 if [[ -n $CC_USED ]]; then
     mkdir -p "$CDIR"
-    for k in jacobi matmul lu fib; do
-        "$CC_USED" -O2 -ffp-contract=off -fopenmp -o "$CDIR/$k" "$ROOT/benches/baselines/$k.c" >"$OUT/cc-$k.log" 2>&1 ||
+    for k in "${C_KERNELS[@]}"; do
+        "$CC_USED" "${C_FLAGS[@]}" -o "$CDIR/$k" "$ROOT/benches/baselines/$k.c" >"$OUT/cc-$k.log" 2>&1 ||
             { cat "$OUT/cc-$k.log" >&2; die "$CC_USED failed on benches/baselines/$k.c"; }
     done
 fi

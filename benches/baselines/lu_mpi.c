@@ -31,6 +31,9 @@ static inline void offer(struct cand *c, double x, long row) {
     if (d > c->mag) *c = (struct cand){d, (int)row};
 }
 
+/* How many of the n rows rank r of `size` holds (rows r, r + size, ...). */
+static inline long rows_of(long n, int size, int r) { return n / size + (r < n % size ? 1 : 0); }
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int rank, size;
@@ -45,7 +48,7 @@ int main(int argc, char **argv) {
     }
     /* Every rank makes the whole input and keeps its rows i = rank + r*size. */
     double *all = random_matrix(n, seed);
-    const long mine = n / size + (rank < n % size ? 1 : 0);
+    const long mine = rows_of(n, size, rank);
     double *a = xmalloc((mine > 0 ? mine : 1) * n * sizeof(double));
     for (long r = 0; r < mine; r++) memcpy(a + r * n, all + (rank + r * size) * n, n * sizeof(double));
     free(all);
@@ -94,7 +97,7 @@ int main(int argc, char **argv) {
     const long steps = singular_at < 0 ? n : singular_at;
     int *counts = xmalloc(size * sizeof(int)), *displs = xmalloc(size * sizeof(int));
     for (int r = 0, off = 0; r < size; r++) {
-        counts[r] = (int)((n / size + (r < n % size ? 1 : 0)) * n);
+        counts[r] = (int)(rows_of(n, size, r) * n);
         displs[r] = off;
         off += counts[r];
     }

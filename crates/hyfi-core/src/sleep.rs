@@ -46,11 +46,11 @@ pub fn set_own_cpu() {
 /// and waking it costs tens of µs. Phase barriers of a Jacobi sweep of
 /// 1024² on 2 processors (about 500 µs a sweep) outlast the 2 000-iteration
 /// spin in up to a third of the sweeps (5 to 145 of a run's ~350 waits,
-/// counted), from nothing but the host's noise, and
-/// each such sweep then paid the wake-up on its critical path: the run's
-/// time was bimodal, 0.096–0.119 s, against 0.102–0.106 s for OpenMP,
-/// whose threads spin 300 000 times by default (libgomp's
-/// `GOMP_SPINCOUNT`; roughly a millisecond here). Yielding rather than spinning keeps the wait fair
+/// counted), from nothing but the host's noise, and each such sweep then
+/// paid the wake-up on its critical path: the run's time was bimodal,
+/// 0.096–0.119 s, against 0.102–0.106 s for OpenMP, whose threads spin
+/// 300 000 times by default (libgomp's `GOMP_SPINCOUNT`; roughly a
+/// millisecond here). Yielding rather than spinning keeps the wait fair
 /// when the CPU is shared after all (several runtimes in one process, or
 /// other programs pinned there): a thread that needs the CPU gets it.
 pub const PINNED_POLL: Duration = Duration::from_micros(500);
