@@ -19,7 +19,7 @@
 //! ```
 //!
 //! Prints `dsm_forkjoin: OK ...` per node; exits 1 naming the first stale
-//! element, 2 if the runtime fails.
+//! element, 2 for a configuration error (README: exit codes).
 
 #[path = "common/mod.rs"]
 mod common;

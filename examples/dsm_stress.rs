@@ -27,7 +27,8 @@
 //!
 //! Prints `dsm_stress: OK ...` and a `stats:` line per node; exits 1 on a
 //! mismatch (naming the array, element, round, value and expected value),
-//! 2 if the runtime fails.
+//! 2 for a configuration error
+//! (README: exit codes).
 
 #[path = "common/mod.rs"]
 mod common;

@@ -42,6 +42,18 @@ enum Fault {
     /// The node exits (status 0) between its two programs, without ending
     /// its runtime.
     Exit,
+    /// The node is killed by SIGKILL between its two programs (as
+    /// `kill -9` would).
+    Kill,
+    /// The node sends itself SIGINT between its two programs (as `kill
+    /// -INT` of that node, not of its launcher, would).
+    Interrupt,
+    /// A filament overflows its filthread stack (iteration 2 of the first
+    /// program).
+    Overflow,
+    /// The node aborts (SIGABRT) between its two programs, as an
+    /// out-of-memory does.
+    Abort,
 }
 
 #[derive(Parser, Debug)]
@@ -84,6 +96,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if fault(Fault::PanicFilament) && ctx.iteration() == 2 && i == n - 1 {
                 panic!("filament {i} gave up (a fault injected on node {me})");
             }
+            if fault(Fault::Overflow) && ctx.iteration() == 2 && i == n - 1 {
+                std::hint::black_box(recurse(std::hint::black_box(1 << 40)));
+            }
             let v = x.get(i) + (i + 1) as f64;
             x.set(i, v);
             sum.fold(ctx, Op::Sum, v);
@@ -123,6 +138,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             unsafe { libc::raise(libc::SIGSTOP) };
         }
         Fault::Exit => std::process::exit(0),
+        // SAFETY: raise() with a valid signal number has no memory effects.
+        Fault::Kill => unsafe {
+            libc::raise(libc::SIGKILL);
+        },
+        // SAFETY: as above; the node's signal thread takes it.
+        Fault::Interrupt => unsafe {
+            libc::kill(libc::getpid(), libc::SIGINT);
+        },
+        Fault::Abort => std::process::abort(),
         _ => {}
     }
 
@@ -172,6 +196,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("node {me}: check OK (sums and total equal the sequential ones)");
     Ok(())
+}
+
+/// Recursion that never ends: a filthread stack overflow.
+fn recurse(depth: u64) -> u64 {
+    let pad = std::hint::black_box([depth; 64]);
+    if depth == 0 {
+        return pad[3];
+    }
+    recurse(depth - 1) + pad[7]
 }
 
 fn tree_sum(ctx: &hyfi::Ctx, lo: u64, hi: u64) -> u64 {

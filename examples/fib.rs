@@ -155,20 +155,21 @@ fn run(args: &Args) -> Result<(), String> {
             "--n {n} is too large: fib({n}) overflows u64 (at most {MAX_N})"
         ));
     }
-    let rt = args
-        .runtime
-        .start(|cfg| if args.no_prune { cfg.prune(false) } else { cfg })
-        .map_err(|e| e.to_string())?;
+    // A configuration error exits 2, as in every example.
+    let rt = common::or_exit(
+        "fib",
+        args.runtime
+            .start(|cfg| if args.no_prune { cfg.prune(false) } else { cfg }),
+    );
     FIB.register().map_err(|e| e.to_string())?;
     FIB_CUTOFF.register().map_err(|e| e.to_string())?;
     let prune = if rt.config().get_prune() { "on" } else { "off" };
-    let node = rt.node();
     println!("fib: n = {n}, cutoff {cutoff}");
 
     let t = Instant::now();
     let par = rt
         .run_distributed(|ctx| fib_hyfi(ctx, n, cutoff))
-        .map_err(|e| format!("node {node}: {e}"))?;
+        .map_err(|e| e.to_string())?;
     let t_par = t.elapsed().as_secs_f64();
 
     let want = fib_iter(n);

@@ -27,7 +27,8 @@
 //! and checks that both stopped after the same number of sweeps with the
 //! same grid, bit for bit (each point is computed by the same expression in
 //! both, and a maximum does not depend on the order it is taken in). It
-//! exits with status 1 if they differ, 2 if the runtime fails.
+//! exits with status 1 if they differ or the job fails, 2 for a configuration
+//! error (README: exit codes).
 //!
 //! A run longer than a few seconds shows the sweeps done and the last
 //! maxdiff on the terminal (one status line, per node under a local

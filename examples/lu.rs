@@ -39,7 +39,8 @@
 //! It checks that a sequential LU of the same matrix gives the same factors
 //! and permutation bit for bit (every row goes through the same flops in
 //! the same order), and that `‖P·A − L·U‖∞ / (n ‖A‖∞ ε)` is small. It exits
-//! with status 1 if a check fails, 2 if the runtime fails.
+//! with status 1 if a check fails or the job fails, 2 for a configuration error
+//! (README: exit codes).
 
 #[path = "common/mod.rs"]
 mod common;

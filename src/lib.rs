@@ -105,6 +105,7 @@ pub use hyfi_core::{Config, Runtime, DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STA
 /// [`Error`]; the cluster layer's own error is its
 /// [`source`](std::error::Error::source) (`hyfi::layers::NetError`).
 pub fn init() -> Result<Runtime, Error> {
+    hyfi_dsm::check_env()?;
     Ok(hyfi_net::init()?)
 }
 
@@ -119,6 +120,7 @@ pub fn init() -> Result<Runtime, Error> {
 ///   opens the mesh, starts the signal-handling thread and returns a runtime
 ///   whose barriers and reductions span every node.
 pub fn init_with(cfg: Config) -> Result<Runtime, Error> {
+    hyfi_dsm::check_env()?;
     Ok(hyfi_net::init_with(cfg)?)
 }
 
@@ -127,6 +129,7 @@ pub fn init_with(cfg: Config) -> Result<Runtime, Error> {
 /// `HYFI_NODES=N`; under a launcher it must agree with the launcher's node
 /// count.
 pub fn init_nodes(cfg: Config, nodes: Option<usize>) -> Result<Runtime, Error> {
+    hyfi_dsm::check_env()?;
     Ok(hyfi_net::init_nodes(cfg, nodes)?)
 }
 

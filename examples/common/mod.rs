@@ -55,13 +55,22 @@ pub fn at_least(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::new().range(min..)
 }
 
-/// The value, or `program: error` on stderr and exit status 2 (a runtime or
-/// configuration failure, as opposed to a failed check, which exits 1).
+/// The value, or `program: error` on stderr and the error's exit code
+/// ([`hyfi::Error::exit_code`]: 2 for a configuration error, 1 for any other
+/// failure, as the README's table says).
 #[allow(dead_code)] // not every example uses it
-pub fn or_exit<T>(program: &str, r: Result<T, impl std::fmt::Display>) -> T {
+pub fn or_exit<T>(program: &str, r: Result<T, impl Into<Box<dyn std::error::Error>>>) -> T {
     r.unwrap_or_else(|e| {
+        let e = e.into();
         eprintln!("{program}: {e}");
-        std::process::exit(2)
+        let code = match e.downcast_ref::<hyfi::Error>() {
+            Some(e) => e.exit_code(),
+            None => match e.downcast::<hyfi::dsm::DsmError>() {
+                Ok(e) => hyfi::Error::from(*e).exit_code(),
+                Err(_) => 1,
+            },
+        };
+        std::process::exit(code)
     })
 }
 

@@ -173,6 +173,25 @@ impl Config {
         self.prune
     }
 
+    /// The checks that need no machine: at least one processor, a stack
+    /// size in range. A launcher runs them before it starts any node (the
+    /// CPU count is checked on each node, which knows its share).
+    pub fn check(&self) -> Result<(), Error> {
+        if self.procs == Some(0) {
+            return Err(Error::ZeroProcs {
+                source_name: self.procs_source,
+            });
+        }
+        if !(MIN_STACK_SIZE..=MAX_STACK_SIZE).contains(&self.stack_size) {
+            return Err(Error::BadStackSize {
+                requested: self.stack_size,
+                min: MIN_STACK_SIZE,
+                max: MAX_STACK_SIZE,
+            });
+        }
+        Ok(())
+    }
+
     /// Checks the configuration against this machine and returns the CPUs the
     /// server threads run on (one per processor; meaningful when pinned).
     pub(crate) fn resolve(&self) -> Result<(usize, Vec<usize>), Error> {

@@ -138,7 +138,7 @@ pub enum Error {
     ForeignReduction,
 
     /// The cross-node layer failed (a lost peer, a refused connection, ...).
-    #[error("cross-node step failed: {0}")]
+    #[error("{0}")]
     Link(#[source] Box<dyn std::error::Error + Send + Sync>),
 
     /// A node received a fork-join filament whose function it has not registered.
@@ -208,6 +208,49 @@ pub enum Error {
     /// error (`hyfi_dsm::DsmError`).
     #[error("{0}")]
     Dsm(#[source] Box<dyn std::error::Error + Send + Sync>),
+
+    /// A layer's setting is not valid (a `HYFI_*` variable, a node count):
+    /// what to change is in the message; the layer's error is the
+    /// [`source`](std::error::Error::source). Exit code 2, as every
+    /// configuration error ([`Error::exit_code`]).
+    #[error("{0}")]
+    Config(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl Error {
+    /// Whether this is a configuration error: a setting to change before
+    /// running again.
+    pub fn is_config(&self) -> bool {
+        matches!(
+            self,
+            Error::ZeroProcs { .. }
+                | Error::TooManyProcs { .. }
+                | Error::BadEnv { .. }
+                | Error::BadStackSize { .. }
+                | Error::Config(_)
+        )
+    }
+
+    /// The exit code a program should end with for this error, as hyfi's
+    /// launchers do (the README's table): 2 for a configuration error, 1
+    /// for any other.
+    ///
+    /// ```
+    /// let e = hyfi_core::Error::BadEnv {
+    ///     var: "HYFI_PROCS",
+    ///     value: "abc".into(),
+    ///     expected: "a processor count",
+    /// };
+    /// assert_eq!(e.exit_code(), 2);
+    /// assert_eq!(hyfi_core::Error::EmptyProgram.exit_code(), 1);
+    /// ```
+    pub fn exit_code(&self) -> i32 {
+        if self.is_config() {
+            2
+        } else {
+            1
+        }
+    }
 }
 
 /// A failed node-level step inside post-phase code (or a wait of a

@@ -86,6 +86,7 @@ pub mod exact;
 pub mod filthread;
 mod fork;
 mod job;
+pub mod last_words;
 mod latch;
 pub mod layer;
 pub mod link;

@@ -203,7 +203,17 @@ impl Runtime {
     /// none of them waits for this node at its next barrier.
     pub(crate) fn failed(&self, e: Error) -> Error {
         if !matches!(e, Error::Link(_)) && self.num_nodes() > 1 {
-            self.shared.link.abort(&e.to_string());
+            // The link names this node as the cause's origin.
+            let text = match &e {
+                Error::FilamentPanic {
+                    proc,
+                    during,
+                    message,
+                    ..
+                } => format!("a filament panicked on processor {proc} ({during}): {message}"),
+                e => e.to_string(),
+            };
+            self.shared.link.abort(&text);
         }
         e
     }

@@ -12,7 +12,7 @@
 //! (normally std's, which reports overflows of OS thread stacks).
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Once, OnceLock};
 
 use corosensei::stack::{DefaultStack, Stack};
@@ -104,6 +104,8 @@ fn page_size() -> usize {
 /// Stack size named in the overflow message (the largest configured in this
 /// process).
 static CONFIGURED_SIZE: AtomicUsize = AtomicUsize::new(0);
+/// Set by the first overflow of the process, which alone reports it.
+static OVERFLOWED: AtomicBool = AtomicBool::new(false);
 static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 
 /// Installs the overflow handler once per process and an alternate signal
@@ -165,25 +167,44 @@ extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     let addr = unsafe { (*info).si_addr() } as usize;
     let guard = GUARD.with(|g| g.get());
     if guard != 0 && addr >= guard && addr < guard + page_size() {
+        // One message per process: with several processors overflowing at
+        // once, the first tells it and ends the process; the others wait.
+        if OVERFLOWED.swap(true, Ordering::AcqRel) {
+            let second = libc::timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            };
+            // The first thread aborts the process meanwhile: that bounds it.
+            loop {
+                // SAFETY: nanosleep only reads the timespec.
+                unsafe { libc::nanosleep(&second, std::ptr::null_mut()) };
+            }
+        }
         let mut buf = [0u8; 512];
         let mut w = Writer {
             buf: &mut buf,
             len: 0,
         };
-        w.put(b"\nhyfi: filthread stack overflow on processor ");
+        w.put(b"filthread stack overflow on processor ");
         w.num(PROC.with(|p| p.get()));
         w.put(b" (filthread stack size ");
         w.num(CONFIGURED_SIZE.load(Ordering::Relaxed));
         w.put(
-            b" bytes).\nhyfi: raise it with HYFI_STACK_SIZE (e.g. HYFI_STACK_SIZE=8M) or \
+            b" bytes); raise it with HYFI_STACK_SIZE (e.g. HYFI_STACK_SIZE=8M) or \
               Config::stack_size, or make the filament recurse through Ctx::join, which \
-              grows the stack.\n",
+              grows the stack",
         );
-        // SAFETY: write(2) and abort(3) are async-signal-safe.
+        let text_len = w.len;
+        // SAFETY: write(2) is async-signal-safe; the buffers are live.
         unsafe {
-            libc::write(2, w.buf.as_ptr().cast(), w.len);
-            libc::abort();
+            libc::write(2, b"hyfi: ".as_ptr().cast(), 6);
+            libc::write(2, w.buf.as_ptr().cast(), text_len);
+            libc::write(2, b"\n".as_ptr().cast(), 1);
         }
+        // The other nodes hear it before this one dies (async-signal-safe).
+        crate::last_words::say(&w.buf[..text_len]);
+        // SAFETY: abort(3) is async-signal-safe.
+        unsafe { libc::abort() };
     }
     // Not ours: hand over to the previous handler, or to the default action.
     // SAFETY: PREVIOUS holds the action that was installed before ours; calling

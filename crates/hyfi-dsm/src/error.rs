@@ -125,6 +125,7 @@ impl From<DsmError> for hyfi_core::Error {
     fn from(e: DsmError) -> Self {
         match e {
             DsmError::Core(e) => e,
+            e @ DsmError::BadEnv { .. } => hyfi_core::Error::Config(Box::new(e)),
             e => hyfi_core::Error::Dsm(Box::new(e)),
         }
     }

@@ -130,6 +130,15 @@ pub use array::{DsmMatrix, DsmVec, MatrixView, View, ViewMut};
 pub use error::DsmError;
 pub use footprint::{ReadRange, ReadRows, RowWriter, WriteRange, WriteRows};
 pub use region::{DEFAULT_ADDR, DEFAULT_SIZE, PAGE};
+
+/// Checks the shared memory's settings (`HYFI_DSM_SIZE`, `HYFI_DSM_ADDR`)
+/// without reserving anything: a launcher checks them before it starts any
+/// node ([`hyfi::init`](../hyfi/fn.init.html) does).
+pub fn check_env() -> Result<(), DsmError> {
+    region::size_from_env()?;
+    region::addr_from_env()?;
+    Ok(())
+}
 pub use stats::{DsmCounters, DsmStats};
 
 use crate::core::Core;

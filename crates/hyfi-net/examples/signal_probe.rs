@@ -106,7 +106,7 @@ fn serve() {
                     stats.load(Ordering::Relaxed)
                 );
             }
-            SignalEvent::Abort { signal } => {
+            SignalEvent::Abort { signal, .. } => {
                 let code = exit_code_for(signal);
                 println!("abort: {signal} on thread {on}, exiting with {code}");
                 std::process::exit(code);

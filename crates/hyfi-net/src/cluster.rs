@@ -8,6 +8,7 @@ use hyfi_core::link::{Port, Service, ServiceId, Traffic};
 use hyfi_core::{LinkError, NodeLink};
 
 use crate::bootstrap::JobSpec;
+use crate::cause::{self, Cause, CauseKind};
 use crate::collective::Collectives;
 use crate::comm::{Comm, NetStats};
 use crate::error::NetError;
@@ -53,24 +54,25 @@ impl Cluster {
         record_panics();
         let comm = Comm::start(
             links,
-            Box::new(move |why: &str| {
-                let prefix = format!("node {rank}: ");
-                if why.starts_with(&prefix) {
-                    eprintln!("hyfi: {why}");
-                } else {
-                    eprintln!("hyfi: {prefix}{why}");
-                }
-                // The communication thread must go on (to pass the abort
-                // on), so the deadline runs on a thread of its own.
+            Box::new(move |cause: &Cause| {
+                // The program's waits return the cause now, and it prints
+                // it as its error; hyfi says it only if the program does
+                // not take it within the grace (see `end_after_grace`).
+                let cause = cause.clone();
                 let _ = std::thread::Builder::new()
                     .name("hyfi-abort".into())
-                    .spawn(|| {
-                        std::thread::sleep(FAILURE_GRACE);
-                        std::process::exit(1);
-                    });
+                    .spawn(move || end_after_grace(rank, &cause));
             }),
             heartbeat,
         )?;
+        // A fault that kills this process (a stack overflow, an abort) is
+        // told to every peer, and to the launcher, before it dies.
+        let sender = comm.sender();
+        let _ = hyfi_core::last_words::set_hook(move |text| {
+            sender.fail_and_tell(Cause::new(rank, CauseKind::Fatal, text), |_| {});
+            // Let the communication thread write the aborts out.
+            std::thread::sleep(Duration::from_millis(100));
+        });
         Ok(Arc::new(Cluster {
             comm,
             coll: Collectives::default(),
@@ -90,17 +92,7 @@ impl Cluster {
         let t = SignalThread::start(move |ev| {
             let Some(c) = weak.upgrade() else { return };
             match ev {
-                SignalEvent::Abort { signal } => {
-                    let cause = format!("node {} received {signal:?}", c.rank());
-                    eprintln!("hyfi: {cause}; aborting the job");
-                    // Tell the peers, but do not fail this node's own waits:
-                    // its program would exit with its own error status
-                    // first, and this node must exit with 128 + the signal.
-                    c.comm.abort_peers(&cause);
-                    // Give the writer a moment to pass the abort on.
-                    std::thread::sleep(Duration::from_millis(200));
-                    std::process::exit(signals::exit_code_for(signal));
-                }
+                SignalEvent::Abort { signal, from } => c.on_abort_signal(signal, from),
                 SignalEvent::DumpStats => {
                     let waits = hyfi_core::waits::report();
                     let waits = if waits.is_empty() {
@@ -114,6 +106,51 @@ impl Cluster {
         })?;
         *self.signals.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
         Ok(())
+    }
+
+    /// SIGINT, SIGTERM, SIGHUP or SIGQUIT from process `from`: from this
+    /// node's launcher, which stops the job (because another node failed,
+    /// or it was told to), the node ends quietly, printing what it knows;
+    /// from anywhere else, it is this node's failure, and the job's cause.
+    fn on_abort_signal(&self, signal: nix::sys::signal::Signal, from: Option<i32>) {
+        let me = self.rank();
+        // SAFETY: getppid has no preconditions.
+        let parent = unsafe { libc::getppid() };
+        let by_launcher = cause::has_launcher() && from == Some(parent);
+        if by_launcher {
+            cause::report_stopped(&format!("stopped by its launcher ({signal})"));
+            let known = self.comm.inbox().cause();
+            self.comm.exiting();
+            match known {
+                Some(c) => {
+                    if !cause::take_delivered() {
+                        eprintln!("hyfi: {}", c.line(me));
+                    }
+                    std::process::exit(c.kind.exit_code());
+                }
+                None => {
+                    eprintln!("hyfi: node {me}: stopped by its launcher ({signal})");
+                    std::process::exit(signals::exit_code_for(signal));
+                }
+            }
+        }
+        let sender = match from {
+            Some(pid) => format!(" from process {pid}"),
+            None => String::new(),
+        };
+        let c = Cause::new(
+            me,
+            CauseKind::Signal(signal as i32),
+            format!("received {signal}{sender}; the job ends"),
+        );
+        eprintln!("hyfi: {}", c.line(me));
+        // Tell the peers, but do not fail this node's own waits: its
+        // program would exit with its own error status first, and this
+        // node must exit with 128 + the signal.
+        self.comm.abort_peers(&c);
+        // Give the writer a moment to pass the abort on.
+        std::thread::sleep(Duration::from_millis(200));
+        std::process::exit(signals::exit_code_for(signal));
     }
 
     /// Makes [`Cluster::report`] (and SIGUSR1) include the runtime's
@@ -243,16 +280,25 @@ impl Drop for Cluster {
             // The program is unwinding past its runtime: the peers would
             // wait for this node at their next barrier. Tell them why.
             let what = last_panic().unwrap_or_else(|| "(no message)".into());
-            self.comm.abort(&format!(
-                "the program of node {} panicked: {what}",
-                self.rank()
-            ));
+            self.comm.abort(&format!("its program panicked: {what}"));
         }
         // As long as a peer reads its results out of pages homed here: a
         // dead, hung or diverged peer ends the wait (lost link, heartbeat,
         // SPMD step), a live one is served until its program ends.
         self.comm.close(None);
     }
+}
+
+/// Ends the process [`FAILURE_GRACE`] after node `me` failed with `cause`,
+/// if its program has not ended it by then: printing the cause, unless the
+/// program was given it as an error (and so printed it, or chose not to),
+/// and exiting with the cause's code (see [`CauseKind::exit_code`]).
+fn end_after_grace(me: usize, cause: &Cause) {
+    std::thread::sleep(FAILURE_GRACE);
+    if !cause::take_delivered() {
+        eprintln!("hyfi: {}", cause.line(me));
+    }
+    std::process::exit(cause.kind.exit_code());
 }
 
 /// The last panic's message and place on this process (any thread).

@@ -153,8 +153,9 @@ pub enum NetError {
         why: String,
     },
 
-    /// The job was aborted (a signal, or another node's failure).
-    #[error("node {me}: job aborted: {cause}")]
+    /// The job failed: this node's failure, or the first cause it heard of
+    /// (`node 1 failed first: …`, see [`crate::cause`]).
+    #[error("node {me}: {cause}")]
     Aborted {
         /// This node.
         me: usize,
@@ -176,6 +177,16 @@ pub enum NetError {
     /// The launcher could not start or supervise the nodes.
     #[error("launcher: {0}")]
     Launch(String),
+
+    /// The program to launch is not there (exit code 127) or cannot be
+    /// run (126), as a shell says.
+    #[error("launcher: {what}")]
+    NoProgram {
+        /// What happened, and what to check.
+        what: String,
+        /// 127 or 126.
+        code: i32,
+    },
 
     // --- the launcher's limits (launch.rs, hyfi-run) ---
     /// The launcher was asked for more local nodes than it may start.
@@ -208,6 +219,37 @@ pub enum NetError {
 }
 
 impl NetError {
+    /// What kind of failure this is, for the exit code (see
+    /// [`crate::cause::CauseKind::exit_code`]).
+    pub fn cause_kind(&self) -> crate::cause::CauseKind {
+        use crate::cause::CauseKind;
+        match self {
+            NetError::BadEnv { .. }
+            | NetError::NoRendezvous { .. }
+            | NetError::NoToken { .. }
+            | NetError::NodeCountMismatch { .. }
+            | NetError::DuplicateRank { .. }
+            | NetError::TooManyNodes { .. } => CauseKind::Config,
+            NetError::Core(e) if e.is_config() => CauseKind::Config,
+            NetError::Unreachable { .. }
+            | NetError::Rendezvous { .. }
+            | NetError::Rejected { .. }
+            | NetError::MissingNodes { .. }
+            | NetError::Handshake { .. } => CauseKind::Startup,
+            _ => CauseKind::Program,
+        }
+    }
+
+    /// The exit code of a launcher that failed with this error before its
+    /// nodes ran (the README's table): 2 for configuration, 126/127 for a
+    /// program that cannot be run or is not there, 1 otherwise.
+    pub fn launcher_exit_code(&self) -> i32 {
+        match self {
+            NetError::NoProgram { code, .. } => *code,
+            e => e.cause_kind().exit_code(),
+        }
+    }
+
     pub(crate) fn io(what: impl Into<String>, source: io::Error) -> Self {
         NetError::Io {
             what: what.into(),
@@ -224,6 +266,9 @@ impl From<NetError> for hyfi_core::Error {
     fn from(e: NetError) -> Self {
         match e {
             NetError::Core(e) => e,
+            e if e.cause_kind() == crate::cause::CauseKind::Config => {
+                hyfi_core::Error::Config(Box::new(e))
+            }
             e => hyfi_core::Error::Net(Box::new(e)),
         }
     }

@@ -23,6 +23,7 @@ use std::time::Duration;
 use hyfi_core::{Config, Runtime};
 
 pub mod bootstrap;
+pub mod cause;
 mod cluster;
 pub mod collective;
 pub mod comm;
@@ -84,8 +85,25 @@ pub fn init_nodes(cfg: Config, nodes: Option<usize>) -> Result<Runtime, NetError
     };
     match detected {
         bootstrap::Detected::Single => Ok(Runtime::new(cfg)?),
-        bootstrap::Detected::LaunchLocal { nodes } => launch::launch_self(nodes),
+        bootstrap::Detected::LaunchLocal { nodes } => {
+            // The program's own settings too, before any node starts.
+            cfg.check()?;
+            launch::launch_self(nodes)
+        }
         bootstrap::Detected::Member(spec) => {
+            cause::open_report_pipe();
+            let rank = spec.rank;
+            member(cfg, spec).inspect_err(|e| {
+                cause::report(&cause::Cause::new(rank, e.cause_kind(), e.to_string()))
+            })
+        }
+    }
+}
+
+/// Starts node `spec.rank` of a job.
+fn member(cfg: Config, spec: bootstrap::JobSpec) -> Result<Runtime, NetError> {
+    {
+        {
             let cfg = match bootstrap::local_share()? {
                 Some((index, count)) if cfg.get_cpu_share().is_none() => {
                     cfg.cpu_share(index, count)
@@ -101,6 +119,28 @@ pub fn init_nodes(cfg: Config, nodes: Option<usize>) -> Result<Runtime, NetError
             Ok(rt)
         }
     }
+}
+
+/// Checks every setting of this layer and the runtime's that a node reads
+/// (`HYFI_PROCS`, `HYFI_PIN`, `HYFI_PRUNE`, `HYFI_STACK_SIZE`,
+/// `HYFI_TIMEOUT`, `HYFI_HEARTBEAT`, `HYFI_PROGRESS`): the
+/// launchers call it before they start any node, so that a bad value is one
+/// error, exit code 2, not one per node.
+pub fn check_env() -> Result<(), NetError> {
+    Config::from_env()?.check()?;
+    heartbeat()?;
+    setup_timeout()?;
+    const PROGRESS: [&str; 9] = ["auto", "off", "0", "no", "force", "on", "1", "yes", "lines"];
+    if let Ok(v) = std::env::var(hyfi_core::progress::ENV) {
+        if !PROGRESS.contains(&v.trim()) {
+            return Err(NetError::BadEnv {
+                var: hyfi_core::progress::ENV,
+                value: v,
+                expected: "auto, off, force or lines",
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Default limit on how long a peer may send nothing at all before it is
@@ -136,12 +176,12 @@ pub fn setup_timeout() -> Result<Duration, NetError> {
             .trim()
             .parse::<f64>()
             .ok()
-            .filter(|s| s.is_finite() && *s > 0.0)
+            .filter(|s| s.is_finite() && *s >= 0.1 && *s <= 86_400.0)
             .map(Duration::from_secs_f64)
             .ok_or(NetError::BadEnv {
                 var: "HYFI_TIMEOUT",
                 value: v,
-                expected: "a positive number of seconds",
+                expected: "a number of seconds from 0.1 to 86400",
             }),
     }
 }

@@ -100,6 +100,8 @@ pub enum SignalEvent {
     Abort {
         /// The signal received.
         signal: Signal,
+        /// The process that sent it, when the kernel says (`si_pid`).
+        from: Option<i32>,
     },
     /// SIGUSR1: print the counters of every layer and keep running.
     DumpStats,
@@ -108,7 +110,7 @@ pub enum SignalEvent {
 impl fmt::Display for SignalEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SignalEvent::Abort { signal } => write!(f, "abort requested by {signal}"),
+            SignalEvent::Abort { signal, .. } => write!(f, "abort requested by {signal}"),
             SignalEvent::DumpStats => f.write_str("statistics requested by SIGUSR1"),
         }
     }
@@ -270,6 +272,36 @@ impl Drop for SignalThread {
     }
 }
 
+/// Waits for a signal of `set` and says which, and which process sent it
+/// (for signals sent by `kill`; `None` for those the kernel raised).
+fn wait_info(set: &SigSet) -> io::Result<(Signal, Option<i32>)> {
+    loop {
+        let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::zeroed();
+        // SAFETY: the set is a valid sigset_t, and `info` a zeroed siginfo
+        // that lives across the call, which writes it.
+        let n = unsafe { libc::sigwaitinfo(set.as_ref(), info.as_mut_ptr()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: sigwaitinfo filled `info` in.
+        let info = unsafe { info.assume_init() };
+        let signal = Signal::try_from(n).map_err(io::Error::from)?;
+        // SI_USER, SI_QUEUE and SI_TKILL (kill, sigqueue, tgkill) carry the
+        // sender's pid.
+        let from = matches!(
+            info.si_code,
+            libc::SI_USER | libc::SI_QUEUE | libc::SI_TKILL
+        )
+        // SAFETY: for these codes the kernel fills in si_pid.
+        .then(|| unsafe { info.si_pid() });
+        return Ok((signal, from));
+    }
+}
+
 /// The body of `hyfi-signals`: sigwait, dispatch, repeat until stopped.
 fn wait_loop(
     set: SigSet,
@@ -277,13 +309,13 @@ fn wait_loop(
     handler: &(impl Fn(SignalEvent) + Send),
 ) -> Result<(), NetError> {
     loop {
-        let signal = set.wait().map_err(|e| {
+        let signal = wait_info(&set).map_err(|e| {
             NetError::io(
-                "waiting for signals (sigwait) in the signal-handling thread",
-                io::Error::from(e),
+                "waiting for signals (sigwaitinfo) in the signal-handling thread",
+                e,
             )
         });
-        let signal = match signal {
+        let (signal, from) = match signal {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!("{e}; asynchronous signals will stay pending");
@@ -292,7 +324,7 @@ fn wait_loop(
         };
         let event = match signal {
             Signal::SIGINT | Signal::SIGTERM | Signal::SIGHUP | Signal::SIGQUIT => {
-                SignalEvent::Abort { signal }
+                SignalEvent::Abort { signal, from }
             }
             Signal::SIGUSR1 => SignalEvent::DumpStats,
             other => {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use hyfi_core::link::{StepError, Steps};
 
 use super::service::Services;
+use crate::cause::Cause;
 
 /// How long a waiting thread polls before it sleeps. It polls by yielding
 /// its CPU, not by spinning: the communication thread that will deliver the
@@ -70,6 +71,8 @@ pub(super) struct InboxState {
     pub(super) coll: HashMap<(usize, u64, Dir), Vec<u8>>,
     pub(super) bulk: HashMap<usize, std::collections::VecDeque<(u64, Vec<u8>)>>,
     pub(super) failed: Option<String>,
+    /// The first cause (see [`crate::cause`]): `failed` is its line.
+    pub(super) cause: Option<crate::cause::Cause>,
     /// The node's first failure was claimed (see [`Inbox::fail_announced`]):
     /// set before `failed`, which is published after the announcement.
     pub(super) claimed: bool,
@@ -111,9 +114,9 @@ impl Inbox {
     pub(super) fn put_bulk(&self, from: usize, tag: u64, data: Vec<u8>) {
         self.put(|s| s.bulk.entry(from).or_default().push_back((tag, data)));
     }
-    /// Records the first failure; returns true if it was the first.
-    pub(super) fn fail(&self, why: String) -> bool {
-        self.fail_announced(why, |_| {})
+    /// Records node `me`'s first failure; returns true if it was the first.
+    pub(super) fn fail(&self, me: usize, cause: Cause) -> bool {
+        self.fail_announced(me, cause, |_| {})
     }
 
     /// Records the first failure, running `announce` with its text before
@@ -123,7 +126,14 @@ impl Inbox {
     /// error to the program, which may print it and exit at once: the
     /// node's own line ("hyfi: node 0: lost node 1 …", the failure hook's)
     /// must already be out by then, or a loaded machine loses it.
-    pub(super) fn fail_announced(&self, why: String, announce: impl FnOnce(&str)) -> bool {
+    /// The cause also goes to the node's launcher ([`crate::cause`]), first
+    /// of all, so that a node that dies at once has said it.
+    pub(super) fn fail_announced(
+        &self,
+        me: usize,
+        cause: Cause,
+        announce: impl FnOnce(&Cause),
+    ) -> bool {
         if self.exiting.load(Ordering::SeqCst) {
             return false;
         }
@@ -134,9 +144,14 @@ impl Inbox {
             }
             s.claimed = true;
         }
-        announce(&why);
-        let text = why.clone();
-        self.put(|s| s.failed = Some(why));
+        crate::cause::report(&cause);
+        announce(&cause);
+        let text = cause.line(me);
+        let why = text.clone();
+        self.put(|s| {
+            s.failed = Some(why);
+            s.cause = Some(cause);
+        });
         for s in self.services.ready() {
             s.failed(&text);
         }
@@ -234,7 +249,16 @@ impl Inbox {
             s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
         }
     }
-    /// The failure, if the node has failed.
+    /// The first cause, if the node has failed.
+    pub fn cause(&self) -> Option<Cause> {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .cause
+            .clone()
+    }
+
+    /// The failure's line, if the node has failed.
     pub fn failure(&self) -> Option<String> {
         self.state
             .lock()

@@ -56,6 +56,7 @@ use std::time::{Duration, Instant};
 
 use hyfi_core::link::{Service, ServiceId};
 
+use crate::cause::{Cause, CauseKind};
 use crate::error::NetError;
 use crate::mesh::Links;
 use crate::wire::Msg;
@@ -84,7 +85,7 @@ impl std::ops::Deref for Comm {
 }
 
 /// Called once, on the communication thread, when the node fails.
-pub type FailureHook = Box<dyn Fn(&str) + Send + Sync>;
+pub type FailureHook = Box<dyn Fn(&Cause) + Send + Sync>;
 
 impl Comm {
     /// Starts the communication thread over an established mesh. A peer
@@ -148,8 +149,10 @@ impl Comm {
                         .map(|s| s.to_string())
                         .or_else(|| p.downcast_ref::<String>().cloned())
                         .unwrap_or_else(|| "(a non-string payload)".into());
-                    on_panic.fail(format!(
-                        "node {rank}: its communication thread panicked: {what}"
+                    on_panic.fail(Cause::new(
+                        rank,
+                        CauseKind::Program,
+                        format!("its communication thread panicked: {what}"),
                     ));
                 }
             })
@@ -186,9 +189,10 @@ impl Comm {
             }
             // An early frame the service refused: the node cannot go on.
             Err(e) => {
-                let why = e.to_string();
-                self.inbox.fail(why.clone());
-                return Err(self.aborted(why));
+                let cause = Cause::new(self.rank, CauseKind::Program, e.to_string());
+                let line = cause.line(self.rank);
+                self.inbox.fail(self.rank, cause);
+                return Err(self.aborted(self.inbox.failure().unwrap_or(line)));
             }
         }
         if let Some(f) = self.inbox.failure() {
@@ -242,21 +246,26 @@ impl Comm {
             .map_err(|cause| self.aborted(cause.to_string()))
     }
 
-    /// Tells every peer this node aborts, and fails the node.
+    /// Fails the node with its program's failure `cause` and tells every
+    /// peer (unless the node failed already: the first cause stands).
     pub fn abort(&self, cause: &str) {
-        if self
-            .inbox
-            .fail(format!("node {} aborted: {cause}", self.rank))
-        {
-            self.send_abort(cause);
-        }
+        let cause = Cause::new(self.rank, CauseKind::Program, cause);
+        self.sender.fail_and_tell(cause, |_| {});
     }
 
-    /// Tells every peer this node aborts, without failing this node's own
-    /// waits: the caller is about to end the process with its own status,
-    /// and from now on lost links are not reported to this node's program.
-    pub fn abort_peers(&self, cause: &str) {
+    /// From now on lost links are not reported to this node's program: the
+    /// caller ends the process in a moment, with its own status.
+    pub fn exiting(&self) {
         self.inbox.exiting.store(true, Ordering::SeqCst);
+    }
+
+    /// Tells every peer the job ends with `cause`, without failing this
+    /// node's own waits: the caller is about to end the process with its
+    /// own status, and from now on lost links are not reported to this
+    /// node's program.
+    pub fn abort_peers(&self, cause: &Cause) {
+        self.inbox.exiting.store(true, Ordering::SeqCst);
+        crate::cause::report(cause);
         self.send_abort(cause);
     }
 

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use hyfi_core::link::Class;
 
-use crate::error::NetError;
 use crate::mesh::Links;
 use crate::refusal::RefusalLog;
 use crate::wire::{self, Header, Kind, Msg, HANDSHAKE_LEN, HEADER_LEN};
@@ -21,6 +20,7 @@ use super::inbox::Dir;
 use super::service::{split_service_tag, SERVICE_TAG};
 use super::tx::{Sender, Waker};
 use super::FailureHook;
+use crate::cause::{Cause, CauseKind};
 
 /// What the communication thread shares with the failure path: the node's
 /// sending side (and through it the inbox) and its failure hook.
@@ -31,10 +31,10 @@ pub(super) struct Node {
 }
 
 impl Node {
-    /// The node fails with `why`: the first time, the hook runs, then its
-    /// program's waits return the error and every peer is told.
-    pub(super) fn fail(&self, why: String) {
-        self.sender.fail_and_tell(why, |why| (self.hook)(why));
+    /// The node fails with `cause`: the first time, the hook runs, then
+    /// its program's waits return the error and every peer is told.
+    pub(super) fn fail(&self, cause: Cause) {
+        self.sender.fail_and_tell(cause, |c| (self.hook)(c));
     }
 }
 
@@ -48,12 +48,21 @@ const READS_PER_TURN: usize = 16;
 /// under a flood, say).
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
+/// Node `peer`'s link ended without a `Bye`: it died, or was cut off.
+fn lost(peer: usize, why: &str) -> Cause {
+    Cause::new(
+        peer,
+        CauseKind::Lost,
+        format!("lost ({why}): it died or was cut off; its own output, or its launcher, says how"),
+    )
+}
+
 /// How a link's reading ended.
 enum Ended {
     /// End of stream after the peer's `Bye`.
     Cleanly,
-    /// The node fails with this text.
-    Failed(String),
+    /// The node fails with this cause.
+    Failed(Cause),
 }
 
 /// A frame whose payload is still arriving.
@@ -85,25 +94,16 @@ struct Link {
 
 impl Link {
     fn lost(&self, why: String) -> Ended {
-        Ended::Failed(
-            NetError::LostNode {
-                me: self.me,
-                lost: self.peer,
-                why,
-            }
-            .to_string(),
-        )
+        Ended::Failed(lost(self.peer, &why))
     }
 
+    /// Garbage from the peer: its failure (a node of this job sends none).
     fn protocol(&self, why: String) -> Ended {
-        Ended::Failed(
-            NetError::Protocol {
-                me: self.me,
-                from: self.peer,
-                why,
-            }
-            .to_string(),
-        )
+        Ended::Failed(Cause::new(
+            self.peer,
+            CauseKind::Program,
+            format!("sent a bad message to node {}: {why}", self.me),
+        ))
     }
 
     /// Reads what the socket has (up to [`READS_PER_TURN`] reads) and
@@ -206,7 +206,9 @@ impl Link {
     fn deliver(&mut self, node: &Node, h: Header, payload: Vec<u8>) -> Result<(), Ended> {
         let (me, peer) = (self.me, self.peer);
         let (inbox, stats) = (&*node.sender.inbox, &*node.sender.stats);
-        let spmd = |why: &dyn std::fmt::Display| Ended::Failed(format!("node {me}: {why}"));
+        let spmd = |origin: usize, why: &dyn std::fmt::Display| {
+            Ended::Failed(Cause::new(origin, CauseKind::Program, why.to_string()))
+        };
         let step = |w: [u64; 4]| hyfi_core::Step::from_words(w);
         let bytes = (HEADER_LEN + payload.len()) as u64;
         match h.kind {
@@ -249,20 +251,34 @@ impl Link {
                             }
                         };
                         if let Err(why) = r {
-                            return Err(spmd(&why));
+                            return Err(spmd(me, &why));
                         }
                     }
                     // The peer is going away; whatever follows changes nothing.
-                    Ok(Msg::Abort { cause }) => {
-                        return Err(Ended::Failed(format!(
-                            "node {peer} aborted the job: {cause}"
-                        )))
+                    Ok(Msg::Abort {
+                        origin,
+                        kind,
+                        cause,
+                    }) => {
+                        // The origin's cause, as the origin said it; a node
+                        // of another size naming no node of this job is the
+                        // sender's.
+                        let origin = usize::try_from(origin)
+                            .ok()
+                            .filter(|&o| o < node.sender.nodes)
+                            .unwrap_or(peer);
+                        return Err(Ended::Failed(Cause {
+                            origin,
+                            kind: CauseKind::from_wire(kind),
+                            text: cause,
+                        }));
                     }
                     Ok(Msg::Bye { steps, last }) => {
                         self.said_bye = true;
                         let last = if last == [0; 4] { None } else { step(last) };
+                        // The node that ended its program early diverged.
                         if let Err(why) = inbox.bye(peer, steps, last) {
-                            return Err(spmd(&why));
+                            return Err(spmd(peer, &why));
                         }
                     }
                     Ok(other) => return Err(self.protocol(format!("unexpected {other:?}"))),
@@ -335,9 +351,16 @@ struct Loop {
     /// When the refusal log's held-back lines are to be summed up.
     tick_at: Option<Instant>,
     limit: Duration,
+    /// How often a heartbeat goes to every peer: a quarter of the limit.
     every: Duration,
-    /// The next heartbeat (`None` once the node failed).
+    /// How often silent peers are judged: a fiftieth of the limit, so a
+    /// peer is lost within 2% of `HYFI_HEARTBEAT` (judging only when a beat
+    /// is sent would add up to a quarter).
+    judge_every: Duration,
+    /// The next turn of heartbeat duty (`None` once the node failed).
     next_beat: Option<Instant>,
+    /// When the next heartbeat is sent.
+    next_send: Instant,
     last_beat: Instant,
 }
 
@@ -346,6 +369,7 @@ pub(super) fn run(links: Links, node: Node, limit: Duration, waker: Arc<Waker>) 
     let me = links.rank;
     let now = Instant::now();
     let every = (limit / 4).max(Duration::from_millis(10));
+    let judge_every = (limit / 50).max(Duration::from_millis(2));
     let mut l = Loop {
         me,
         links: links
@@ -376,7 +400,9 @@ pub(super) fn run(links: Links, node: Node, limit: Duration, waker: Arc<Waker>) 
         waker,
         limit,
         every,
+        judge_every,
         next_beat: Some(now),
+        next_send: now,
         last_beat: now,
     };
     l.run();
@@ -499,14 +525,8 @@ impl Loop {
         tx.note(&st);
         drop(st);
         if let Err(e) = flushed {
-            self.node.fail(
-                NetError::LostNode {
-                    me: self.me,
-                    lost: peer,
-                    why: format!("writing to it failed: {e}"),
-                }
-                .to_string(),
-            );
+            self.node
+                .fail(lost(peer, &format!("writing to it failed: {e}")));
         }
     }
 
@@ -588,39 +608,43 @@ impl Loop {
     }
 
     /// Sends a heartbeat to every peer at a quarter of the limit, and fails
-    /// the node when a peer whose link is read has been silent past it.
+    /// the node when a peer whose link is read has been silent past it
+    /// (judged every fiftieth of the limit).
     fn heartbeat(&mut self, now: Instant) {
         if self.node.sender.inbox.failure().is_some() {
             self.next_beat = None;
             return;
         }
-        self.next_beat = Some(now + self.every);
+        self.next_beat = Some(now + self.judge_every);
         // If this thread itself did not run for a while (the process was
         // stopped, or starved), the peers' heartbeats waited unread in the
         // sockets: they were read this turn, but judge nobody yet.
-        let late = now.saturating_duration_since(self.last_beat) > 2 * self.every;
+        let late = now.saturating_duration_since(self.last_beat) > self.every;
         self.last_beat = now;
+        let send = now >= self.next_send;
+        if send {
+            self.next_send = now + self.every;
+        }
         let frame = wire::control_frame(&Msg::Heartbeat);
         for link in self.links.iter().filter(|l| l.reading) {
             // Not counted as traffic: it is the link's own upkeep.
-            let _ = self.node.sender.push(link.peer, frame.clone(), true);
+            if send {
+                let _ = self.node.sender.push(link.peer, frame.clone(), true);
+            }
             let silent = now.saturating_duration_since(link.heard);
             if silent > self.limit && !late {
                 self.next_beat = None;
-                self.node.fail(
-                    NetError::LostNode {
-                        me: self.me,
-                        lost: link.peer,
-                        why: format!(
-                            "it stopped answering: nothing, not even a heartbeat, for {:.1} s \
-                             (HYFI_HEARTBEAT={}): it is hung, stopped (SIGSTOP) or cut off \
-                             from this node",
-                            silent.as_secs_f64(),
-                            self.limit.as_secs_f64()
-                        ),
-                    }
-                    .to_string(),
-                );
+                self.node.fail(Cause::new(
+                    link.peer,
+                    CauseKind::Hung,
+                    format!(
+                        "it stopped answering node {}: nothing, not even a heartbeat, for \
+                         {:.1} s (HYFI_HEARTBEAT={}): it is hung, stopped (SIGSTOP) or cut off",
+                        self.me,
+                        silent.as_secs_f64(),
+                        self.limit.as_secs_f64()
+                    ),
+                ));
                 return;
             }
         }

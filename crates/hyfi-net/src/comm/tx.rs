@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use hyfi_core::link::{Class, ServiceId};
 
+use crate::cause::{Cause, CauseKind};
 use crate::error::NetError;
 use crate::wire::{self, Header, Kind, Msg, HEADER_LEN};
 
@@ -330,17 +331,16 @@ impl Sender {
         self.send_frame(peer, wire::bulk_frame(tag, bytes))
     }
 
-    /// Tells every peer this node aborts the job, with `cause`.
-    pub(super) fn send_abort(&self, cause: &str) {
-        // Failure texts name this node already; the peer names the sender.
-        let prefix = format!("node {}: ", self.rank);
-        let cause = cause.strip_prefix(&prefix).unwrap_or(cause);
+    /// Tells every peer the job ends, with its first `cause`.
+    pub(super) fn send_abort(&self, cause: &Cause) {
         for p in 0..self.nodes {
             if p != self.rank {
                 let _ = self.send(
                     p,
                     &Msg::Abort {
-                        cause: cause.to_string(),
+                        origin: cause.origin as u64,
+                        kind: cause.kind.to_wire(),
+                        cause: cause.text.clone(),
                     },
                 );
             }
@@ -373,9 +373,10 @@ impl Sender {
                 },
             ),
             Err(why) => {
-                let why = format!("node {}: {why}", self.rank);
-                self.fail_and_tell(why.clone(), |_| {});
-                Err(self.aborted(why))
+                let cause = Cause::new(self.rank, CauseKind::Program, why.to_string());
+                let line = cause.line(self.rank);
+                self.fail_and_tell(cause, |_| {});
+                Err(self.aborted(self.inbox.failure().unwrap_or(line)))
             }
         }
     }
@@ -383,15 +384,21 @@ impl Sender {
     /// Fails this node with `why` (its waits return the error) and tells
     /// every peer; returns false if the node had failed already.
     /// `announce` runs first (see [`Inbox::fail_announced`]).
-    pub(super) fn fail_and_tell(&self, why: String, announce: impl FnOnce(&str)) -> bool {
-        if self.inbox.fail_announced(why.clone(), announce) {
-            self.send_abort(&why);
+    pub(crate) fn fail_and_tell(&self, cause: Cause, announce: impl FnOnce(&Cause)) -> bool {
+        if self
+            .inbox
+            .fail_announced(self.rank, cause.clone(), announce)
+        {
+            self.send_abort(&cause);
             return true;
         }
         false
     }
 
+    /// The error the program gets for the node's failure, `cause` its
+    /// line. The program prints it, so hyfi's own line is not needed.
     pub(crate) fn aborted(&self, cause: String) -> NetError {
+        crate::cause::mark_delivered();
         // Failure texts already name this node; do not name it twice.
         let prefix = format!("node {}: ", self.rank);
         let cause = cause

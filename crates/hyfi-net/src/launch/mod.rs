@@ -71,6 +71,7 @@
 //! ```
 
 use std::ffi::OsString;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::ExitStatus;
@@ -102,6 +103,7 @@ pub mod limits;
 pub mod output;
 pub mod status;
 
+mod causes;
 mod forward;
 mod node;
 mod outcome;
@@ -117,6 +119,13 @@ pub const GRACE: Duration = Duration::from_secs(5);
 
 /// Failures reported one by one; the rest are grouped by how they ended.
 pub const REPORTS_SHOWN: usize = 8;
+
+/// How long after a node failed the launcher lets the others end by
+/// themselves before it stops them: a hyfi node ends within
+/// [`FAILURE_GRACE`](crate::FAILURE_GRACE) of learning of a failure,
+/// printing the first cause; stopped sooner, it could only say it was
+/// stopped.
+pub const STOP_DELAY: Duration = Duration::from_secs(3);
 
 /// How often the supervising loop looks at the nodes.
 const POLL: Duration = Duration::from_millis(20);
@@ -170,10 +179,14 @@ impl LocalLaunch {
     /// [`launch_self`] and `hyfi-run` do).
     pub fn run(&self) -> Result<LaunchOutcome, NetError> {
         if self.nodes == 0 {
-            return Err(NetError::Launch(
-                "cannot start 0 nodes; ask for at least 1".into(),
-            ));
+            return Err(NetError::BadEnv {
+                var: "the node count (HYFI_NODES, --nodes or hyfi-run -n)",
+                value: "0".into(),
+                expected: "at least 1 node",
+            });
         }
+        // Every setting the nodes will read, before any starts.
+        crate::check_env()?;
         limits::Limits::read()?.check(self.nodes)?;
         let mut blocked = SigSet::empty();
         for s in FORWARDED.into_iter().filter(|&s| !ignored(s)) {
@@ -218,6 +231,7 @@ impl LocalLaunch {
         let render = Setting::from_env().launcher_renders();
         let status = Arc::new(Status::new(render));
         let (done_tx, done_rx) = mpsc::channel::<()>();
+        let causes = Arc::new(causes::Causes::default());
         let mut sup = Supervisor::new(self.nodes, self.timeout, Arc::clone(&status));
         let mut forwarders = 0;
         let mut spawn_error = None;
@@ -245,8 +259,23 @@ impl LocalLaunch {
                     break;
                 }
             }
-            let mut cmd = self.command(rank, port, job, &token, render);
-            match cmd.spawn() {
+            let report = match causes::pipe(rank, &causes, done_tx.clone()) {
+                Ok((fd, readers)) => {
+                    forwarders += readers;
+                    Some(fd)
+                }
+                // The job runs without it; the verdict then rests on how
+                // the nodes ended.
+                Err(_) => None,
+            };
+            let report_fd = report.as_ref().map(|fd| fd.as_raw_fd());
+            let mut cmd = self.command(rank, port, job, &token, render, report_fd);
+            let spawned = cmd.spawn();
+            // The node has its copy; ours must go, or the reader never
+            // sees the end of the pipe.
+            drop(cmd);
+            drop(report);
+            match spawned {
                 Ok(mut child) => {
                     if let Some(out) = child.stdout.take() {
                         forwarders +=
@@ -262,12 +291,7 @@ impl LocalLaunch {
                 Err(e) => {
                     // Without this node the job cannot run: stop the others
                     // (through the loop below, with its bounded waits).
-                    spawn_error = Some(NetError::Launch(format!(
-                        "could not start node {rank} of {} ({}): {e}; if the host is out of \
-                         processes or memory, start fewer nodes",
-                        self.nodes,
-                        self.program.display()
-                    )));
+                    spawn_error = Some(spawn_failed(rank, self.nodes, &self.program, e));
                     sup.stop(Signal::SIGTERM);
                     break;
                 }
@@ -290,7 +314,14 @@ impl LocalLaunch {
         for line in stderr.summary() {
             eprintln!("{line}");
         }
-        sup.report_the_rest();
+        // A signal or the timeout stopped the job: the launcher said so
+        // when it happened, and the nodes' failures follow from it.
+        let verdict = if sup.interrupted.is_some() || sup.timed_out {
+            None
+        } else {
+            causes::verdict(&sup.endings(), &causes.snapshot(), sup.first_failure)
+        };
+        sup.report(verdict.as_ref());
 
         if let Some(e) = spawn_error {
             return Err(e);
@@ -312,9 +343,40 @@ impl LocalLaunch {
                 .iter()
                 .map(|n| n.status.unwrap_or(ExitStatus::from_raw(libc::SIGKILL)))
                 .collect(),
-            first_failure: sup.first_failure,
+            first_failure: verdict.as_ref().map(|v| v.node).or(sup.first_failure),
+            first_cause: verdict.map(|v| (v.why, v.code)),
             interrupted: sup.interrupted,
         })
+    }
+}
+
+/// The error for node `rank`'s process not starting: a program that is not
+/// there or cannot be run says so; only a host out of processes or memory
+/// is told to start fewer nodes.
+fn spawn_failed(
+    rank: usize,
+    nodes: usize,
+    program: &std::path::Path,
+    e: std::io::Error,
+) -> NetError {
+    let hint = match e.raw_os_error() {
+        Some(libc::ENOENT) => "; no such program: check its path",
+        Some(libc::EACCES) | Some(libc::ENOEXEC) => {
+            "; it cannot be run: check that it is an executable this host can run"
+        }
+        Some(libc::EAGAIN) | Some(libc::ENOMEM) => {
+            "; the host is out of processes or memory: start fewer nodes"
+        }
+        _ => "",
+    };
+    let what = format!(
+        "could not start node {rank} of {nodes} ({}): {e}{hint}",
+        program.display()
+    );
+    match e.raw_os_error() {
+        Some(libc::ENOENT) => NetError::NoProgram { what, code: 127 },
+        Some(libc::EACCES) | Some(libc::ENOEXEC) => NetError::NoProgram { what, code: 126 },
+        _ => NetError::Launch(what),
     }
 }
 
@@ -354,7 +416,7 @@ pub fn launch_self(nodes: usize) -> ! {
         Ok(outcome) => std::process::exit(outcome.exit_code()),
         Err(e) => {
             eprintln!("hyfi: {e}");
-            std::process::exit(1);
+            std::process::exit(e.launcher_exit_code());
         }
     }
 }

@@ -25,6 +25,7 @@ impl LocalLaunch {
         job: u64,
         token: &str,
         progress: bool,
+        report: Option<std::os::fd::RawFd>,
     ) -> Command {
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.args)
@@ -59,9 +60,13 @@ impl LocalLaunch {
         if let Some(p) = self.procs {
             cmd.env("HYFI_PROCS", p.to_string());
         }
+        match report {
+            Some(fd) => cmd.env(crate::cause::REPORT_FD_ENV, fd.to_string()),
+            None => cmd.env_remove(crate::cause::REPORT_FD_ENV),
+        };
         let parent = std::process::id();
         // SAFETY: the closure runs in the child between fork and exec, where
-        // only async-signal-safe calls are allowed: prctl, getppid and
+        // only async-signal-safe calls are allowed: prctl, getppid, fcntl and
         // pthread_sigmask are, and it allocates nothing (the error paths
         // build io::Errors from an errno, which does not allocate).
         unsafe {
@@ -81,6 +86,13 @@ impl LocalLaunch {
                 // which case no death signal will come: give up now.
                 if libc::getppid() as u32 != parent {
                     return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                // The node's end of its cause pipe stays open across exec
+                // (every other descriptor of ours is closed on exec).
+                if let Some(fd) = report {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 // std resets the mask already; do it here too, since a node
                 // that inherited our blocked SIGTERM could not be stopped.

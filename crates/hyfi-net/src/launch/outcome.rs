@@ -12,9 +12,13 @@ pub struct LaunchOutcome {
     /// Node i's exit status at index i, for the nodes started: fewer than
     /// asked for if a signal or a failure stopped the start-up.
     pub statuses: Vec<ExitStatus>,
-    /// The node that failed first in time, if any: the likely cause, since
-    /// the others may have been stopped by the launcher because of it.
+    /// The node that failed first, if any: the one whose cause every node
+    /// reported first (see `causes`), or else the first reaped with a
+    /// failure.
     pub first_failure: Option<usize>,
+    /// Why it failed (the rest of "node N failed first: …") and the
+    /// launcher's exit code for it.
+    pub first_cause: Option<(String, i32)>,
     /// The first forwarded signal the launcher received, if any.
     pub interrupted: Option<Signal>,
 }
@@ -25,13 +29,19 @@ impl LaunchOutcome {
         self.interrupted.is_none() && self.statuses.iter().all(ExitStatus::success)
     }
 
-    /// The exit code the launcher should end with: 128 + the signal if one
-    /// stopped the job (130 for Ctrl-C, as a shell reports it, whatever the
-    /// nodes made of it); else 0 if every node succeeded, else the code of
-    /// the first node to fail, or 128 + signal if a signal killed it.
+    /// The exit code the launcher should end with (the README's table):
+    /// 128 + the signal if one stopped the job (130 for Ctrl-C, as a shell
+    /// reports it, whatever the nodes made of it); else 0 if every node
+    /// succeeded; else the code of the first cause (1 a program's error or
+    /// panic, 2 configuration, 3 a node that stopped answering, 4 start-up,
+    /// 128 + n a node killed by signal n, or that took it); else the
+    /// status of the first node to fail.
     pub fn exit_code(&self) -> i32 {
         if let Some(sig) = self.interrupted {
             return crate::signals::exit_code_for(sig);
+        }
+        if let Some((_, code)) = &self.first_cause {
+            return *code;
         }
         let failed = self
             .first_failure
@@ -43,7 +53,7 @@ impl LaunchOutcome {
     }
 }
 
-fn status_code(s: ExitStatus) -> i32 {
+pub(super) fn status_code(s: ExitStatus) -> i32 {
     match (s.code(), s.signal()) {
         (Some(c), _) => c,
         (None, Some(sig)) => 128 + sig,

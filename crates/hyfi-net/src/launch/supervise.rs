@@ -12,17 +12,19 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
+use super::causes::{self, Ending, Verdict};
 use super::node::Node;
-use super::outcome::describe;
 use super::status::Status;
-use super::{output, GRACE, POLL, REPORTS_SHOWN};
+use super::{output, GRACE, POLL, REPORTS_SHOWN, STOP_DELAY};
 
 /// The supervising loop's state: the nodes, and how far stopping them got.
 pub(super) struct Supervisor {
     pub(super) nodes: Vec<Node>,
     timeout: Option<Duration>,
     deadline: Option<Instant>,
+    /// The first node reaped with a failure, and when.
     pub(super) first_failure: Option<usize>,
+    failed_at: Option<Instant>,
     /// When the nodes were first told to stop (SIGTERM or a forwarded signal).
     stopping_since: Option<Instant>,
     /// When they were SIGKILLed.
@@ -30,9 +32,6 @@ pub(super) struct Supervisor {
     pub(super) timed_out: bool,
     pub(super) interrupted: Option<Signal>,
     signals: usize,
-    /// Failures after the first [`REPORTS_SHOWN`]: how they ended → ranks.
-    unreported: BTreeMap<String, Vec<usize>>,
-    reported: usize,
     /// The job's status line, erased before each line the launcher says.
     status: Arc<Status>,
 }
@@ -48,13 +47,12 @@ impl Supervisor {
             timeout,
             deadline: timeout.map(|t| Instant::now() + t),
             first_failure: None,
+            failed_at: None,
             stopping_since: None,
             killed_at: None,
             timed_out: false,
             interrupted: None,
             signals: 0,
-            unreported: BTreeMap::new(),
-            reported: 0,
             status,
         }
     }
@@ -83,9 +81,12 @@ impl Supervisor {
             };
             n.status = Some(status);
             if !status.success() {
-                let signalled = n.signalled;
-                self.first_failure.get_or_insert(rank);
-                self.report(rank, status, signalled);
+                // Reported at the end, once every node said its cause: the
+                // first reaped is not always the first to fail.
+                if self.first_failure.is_none() {
+                    self.first_failure = Some(rank);
+                    self.failed_at = Some(Instant::now());
+                }
             }
         }
     }
@@ -126,11 +127,13 @@ impl Supervisor {
                 return;
             }
             let now = Instant::now();
-            if self.first_failure.is_some() && self.stopping_since.is_none() {
-                say!(
-                    self.status,
-                    "hyfi launcher: a node failed; stopping the others"
-                );
+            // hyfi nodes end by themselves within FAILURE_GRACE of a
+            // failure, each saying why; those still there then are stopped.
+            if self
+                .failed_at
+                .is_some_and(|t| now.duration_since(t) >= STOP_DELAY)
+                && self.stopping_since.is_none()
+            {
                 self.stop(Signal::SIGTERM);
             }
             if self.deadline.is_some_and(|d| now >= d) && !self.timed_out {
@@ -177,27 +180,51 @@ impl Supervisor {
         }
     }
 
-    /// Reports a failed node: at once for the first few, later grouped.
-    fn report(&mut self, rank: usize, status: ExitStatus, signalled: Option<Signal>) {
-        let by_us = if signalled.is_some() {
-            " (stopped by the launcher)"
+    /// How each node ended.
+    pub(super) fn endings(&self) -> Vec<Ending> {
+        self.nodes
+            .iter()
+            .map(|n| Ending {
+                status: n.status,
+                signalled: n.signalled.is_some(),
+            })
+            .collect()
+    }
+
+    /// The job's end on stderr: the node that failed first and why (the
+    /// launcher's first line, unless a signal or the timeout stopped the
+    /// job, which the launcher said when it happened), then the nodes that
+    /// failed after it, the first [`REPORTS_SHOWN`] one by one and the rest
+    /// a line per way of ending.
+    pub(super) fn report(&self, verdict: Option<&Verdict>) {
+        if let Some(v) = verdict {
+            eprintln!("hyfi launcher: node {} failed first: {}", v.node, v.why);
+        }
+        let first = verdict.map(|v| v.node);
+        let because = if first.is_some() {
+            " because of it"
         } else {
             ""
         };
-        let how = format!("{}{by_us}", describe(status));
-        if self.reported < REPORTS_SHOWN {
-            self.reported += 1;
-            say!(self.status, "hyfi launcher: node {rank} {how}");
-        } else {
-            self.unreported.entry(how).or_default().push(rank);
+        let mut shown = 0;
+        let mut grouped: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (rank, ending) in self.endings().iter().enumerate() {
+            if Some(rank) == first {
+                continue;
+            }
+            let Some(how) = causes::after(ending) else {
+                continue;
+            };
+            if shown < REPORTS_SHOWN {
+                shown += 1;
+                eprintln!("hyfi launcher: node {rank} ended{because}: {how}");
+            } else {
+                grouped.entry(how).or_default().push(rank);
+            }
         }
-    }
-
-    /// The failures not reported one by one, a line per way of ending.
-    pub(super) fn report_the_rest(&self) {
-        for (how, ranks) in &self.unreported {
+        for (how, ranks) in &grouped {
             eprintln!(
-                "hyfi launcher: {} more node(s) (ranks {}): each {how}",
+                "hyfi launcher: {} more node(s) (ranks {}) ended{because}: each {how}",
                 ranks.len(),
                 output::ranges(ranks)
             );

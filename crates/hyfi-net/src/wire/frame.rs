@@ -61,9 +61,14 @@ pub enum Msg {
         /// The result.
         data: Vec<u8>,
     },
-    /// The sender is aborting the job.
+    /// The job ends: the first cause the sender knows
+    /// ([`crate::cause::Cause`]), its own or one it heard of.
     Abort {
-        /// Why.
+        /// The node where it started.
+        origin: u64,
+        /// Its kind ([`crate::cause::CauseKind`], as a number).
+        kind: u32,
+        /// What happened.
         cause: String,
     },
     /// The sender is done and will close the link: not a failure. It will
