@@ -151,6 +151,13 @@ impl Cause {
     }
 }
 
+/// `node 1: its text`: the cause as its origin says it.
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "node {}: {}", self.origin, self.text)
+    }
+}
+
 /// Whether this node's failure was given to its program as an error (which
 /// prints it), or printed by hyfi already: then hyfi does not print it
 /// (again). One node per process.

@@ -300,12 +300,26 @@ mod tests {
 
     #[test]
     fn converts_into_the_core_error_with_its_message_and_source() {
-        let net = NetError::DuplicateRank { rank: 3 };
+        let net = NetError::Aborted {
+            me: 0,
+            cause: "node 1 failed first: x".into(),
+        };
         let msg = net.to_string();
         let e = hyfi_core::Error::from(net);
         assert!(matches!(e, hyfi_core::Error::Net(_)));
         assert_eq!(e.to_string(), msg);
         assert_eq!(format!("{e:?}"), msg);
+        assert_eq!(e.exit_code(), 1);
+        let src = std::error::Error::source(&e).expect("the layer's error is the source");
+        assert!(matches!(
+            src.downcast_ref::<NetError>(),
+            Some(NetError::Aborted { me: 0, .. })
+        ));
+
+        // A setting to change is a configuration error: exit code 2.
+        let e = hyfi_core::Error::from(NetError::DuplicateRank { rank: 3 });
+        assert!(matches!(e, hyfi_core::Error::Config(_)));
+        assert_eq!(e.exit_code(), 2);
         let src = std::error::Error::source(&e).expect("the layer's error is the source");
         assert!(matches!(
             src.downcast_ref::<NetError>(),

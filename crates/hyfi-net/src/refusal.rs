@@ -23,6 +23,8 @@ pub(crate) struct RefusalLog {
 }
 
 struct State {
+    /// Every refusal, logged or held back.
+    total: u64,
     window: Instant,
     written: u32,
     held_back: u64,
@@ -34,6 +36,7 @@ impl RefusalLog {
         RefusalLog {
             me,
             state: Mutex::new(State {
+                total: 0,
                 window: Instant::now(),
                 written: 0,
                 held_back: 0,
@@ -52,6 +55,7 @@ impl RefusalLog {
     pub(crate) fn refuse(&self, from: impl Display, why: impl Display) -> Option<Duration> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
+        st.total += 1;
         if now >= st.window + WINDOW {
             self.summarise(&mut st);
             st.window = now;
@@ -71,6 +75,11 @@ impl RefusalLog {
         }
         st.summary_due = true;
         Some((st.window + WINDOW).saturating_duration_since(now))
+    }
+
+    /// How many connections were refused, logged or not.
+    pub(crate) fn total(&self) -> u64 {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).total
     }
 
     /// Sums up the held-back lines if their window is over.
@@ -123,6 +132,7 @@ mod tests {
         // stalls; either way at most 5 lines per window, one summary each.
         assert!(st.written <= LINES_PER_WINDOW);
         assert!(asked >= 1 && asked <= 1000 / (LINES_PER_WINDOW as usize + 1));
+        assert_eq!(st.total, 1000);
         drop(st);
         log.flush();
         let st = log.state.lock().unwrap();

@@ -147,6 +147,39 @@ impl Drop for Published {
     }
 }
 
+/// Removes the rendezvous files in this user's private directory `dir`
+/// (other than `keep`) whose publisher is gone: a node 0 killed while it
+/// waited for its peers leaves its file, with the token in it.
+fn remove_stale(dir: &Path, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if path == keep || !name.starts_with("hyfi-") || !name.ends_with(".addr") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let pid = text
+            .lines()
+            .find_map(|l| l.strip_prefix("pid "))
+            .and_then(|p| p.trim().parse::<i32>().ok());
+        // Only a publisher known to be gone: a file without a pid, or of a
+        // live process (even one that reused the pid), stays.
+        if let Some(pid) = pid {
+            if pid > 0
+                && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+                    == Err(nix::errno::Errno::ESRCH)
+            {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+}
+
 /// Publishes `job addr [token]` at `path` (see the module docs).
 pub(crate) fn publish(
     path: &Path,
@@ -168,7 +201,15 @@ pub(crate) fn publish(
     if let Some(t) = token {
         line += &format!(" {}", token_hex(t));
     }
-    line.push('\n');
+    // The second line names the publisher, so that a later job of this
+    // user can tell a file left by a node 0 that was killed (SIGKILL gives
+    // no chance to remove it) and remove it.
+    line += &format!("\npid {}\n", std::process::id());
+    if is_private(path) {
+        if let Some(dir) = path.parent() {
+            remove_stale(dir, path);
+        }
+    }
     let create = || {
         std::fs::OpenOptions::new()
             .write(true)
@@ -311,7 +352,8 @@ pub(crate) fn read(path: &Path, job: u64) -> Result<Entry, EntryError> {
     f.take(4096)
         .read_to_string(&mut s)
         .map_err(EntryError::Unreadable)?;
-    let mut it = s.split_whitespace();
+    let first = s.lines().next().unwrap_or("");
+    let mut it = first.split_whitespace();
     let (Some(j), Some(addr)) = (it.next(), it.next()) else {
         return Err(EntryError::Incomplete);
     };

@@ -65,9 +65,9 @@ fn nodes(n: usize) -> Vec<Arc<Cluster>> {
 /// thread, no `Cluster` around them), as threads; returns them in rank
 /// order.
 fn comms(n: usize) -> Vec<Arc<Comm>> {
-    comms_with_hooks(
-        (0..n).map(|_| -> FailureHook { Box::new(|why: &str| eprintln!("comm test: {why}")) }),
-    )
+    comms_with_hooks((0..n).map(|_| -> FailureHook {
+        Box::new(|why: &hyfi_net::cause::Cause| eprintln!("comm test: {why}"))
+    }))
 }
 
 /// [`comms`] with a failure hook of the caller's per node.
@@ -313,8 +313,8 @@ fn the_failure_hook_runs_before_a_waiter_sees_the_failure() {
     let announced = Arc::new(AtomicBool::new(false));
     let seen = Arc::clone(&announced);
     let hooks: Vec<FailureHook> = vec![
-        Box::new(|why: &str| eprintln!("comm test: {why}")),
-        Box::new(move |why: &str| {
+        Box::new(|why: &hyfi_net::cause::Cause| eprintln!("comm test: {why}")),
+        Box::new(move |why: &hyfi_net::cause::Cause| {
             std::thread::sleep(Duration::from_millis(300));
             eprintln!("comm test, node 1: {why}");
             seen.store(true, Ordering::SeqCst);

@@ -99,6 +99,8 @@ impl Comm {
         let inbox = Arc::new(Inbox::default());
         inbox.state.lock().unwrap_or_else(|e| e.into_inner()).steps = Some(Steps::new(rank));
         let stats = Arc::new(NetStats::default());
+        // Refusals are counted from the first connection, setup's included.
+        stats.refused.store(links.refused, Ordering::Relaxed);
         let on_failure: Arc<FailureHook> = Arc::new(on_failure);
         let mut txs = Vec::with_capacity(nodes);
         for p in &links.peers {

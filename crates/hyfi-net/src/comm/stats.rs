@@ -23,7 +23,8 @@ pub struct NetStats {
     pub bulk_received: AtomicU64,
     /// Bulk bytes received.
     pub bulk_bytes_received: AtomicU64,
-    /// Connections refused after setup (garbage, wrong token, stale job).
+    /// Connections refused (garbage, wrong token, stale job), from the
+    /// first: those refused while the mesh was set up included.
     pub refused: AtomicU64,
 }
 

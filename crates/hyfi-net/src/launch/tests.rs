@@ -7,6 +7,7 @@ fn outcome(raw: &[i32], first: Option<usize>) -> LaunchOutcome {
     LaunchOutcome {
         statuses: raw.iter().map(|&r| ExitStatus::from_raw(r)).collect(),
         first_failure: first,
+        first_cause: None,
         interrupted: None,
     }
 }
@@ -21,6 +22,10 @@ fn exit_codes() {
     assert_eq!(outcome(&[9, 0], None).exit_code(), 137);
     // The first failure in time wins over the lowest rank.
     assert_eq!(outcome(&[15, 3 << 8], Some(1)).exit_code(), 3);
+    // The first cause the nodes reported decides, whatever their statuses.
+    let mut o = outcome(&[1 << 8, 9], Some(0));
+    o.first_cause = Some(("was killed by signal 9 (SIGKILL)".into(), 137));
+    assert_eq!(o.exit_code(), 137);
     // A signal to the launcher wins over whatever the nodes made of it.
     let mut o = outcome(&[0, 0], None);
     o.interrupted = Some(Signal::SIGINT);

@@ -106,5 +106,6 @@ pub(super) fn coordinator(
         token,
         peers,
         listeners: vec![listener],
+        refused: 0,
     })
 }

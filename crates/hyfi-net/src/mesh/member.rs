@@ -302,5 +302,6 @@ pub(super) fn member(
         token,
         peers,
         listeners: vec![mesh],
+        refused: 0,
     })
 }

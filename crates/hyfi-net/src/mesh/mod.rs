@@ -76,6 +76,9 @@ pub struct Links {
     /// Listeners kept open during the run, so that stray connections are
     /// refused (and logged) instead of hanging in the backlog.
     pub listeners: Vec<TcpListener>,
+    /// Connections refused while the mesh was being set up: the node's
+    /// count of refusals starts there.
+    pub refused: u64,
 }
 
 /// How often setup's loops look again (accepting, retrying).
@@ -97,7 +100,9 @@ pub fn connect(spec: &JobSpec, timeout: Duration) -> Result<Links, NetError> {
         member::member(spec, deadline, timeout, &log)
     };
     log.flush();
-    links
+    let mut links = links?;
+    links.refused = log.total();
+    Ok(links)
 }
 
 /// A link as the communication thread wants it: no Nagle delay, and no
