@@ -101,7 +101,8 @@ fn main() {
         },
     );
     if let Err(e) = rt.start(&mut prog) {
-        eprintln!("exact_sum: node {}: {e}", rt.node());
+        // hyfi's errors name the node (and the node that failed first).
+        eprintln!("exact_sum: {e}");
         std::process::exit(1);
     }
     drop(prog);

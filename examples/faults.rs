@@ -78,7 +78,9 @@ struct Args {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let rt = args.runtime.start(|cfg| cfg)?;
+    // A configuration error exits 2 (hyfi::Error::exit_code), as in every
+    // example; `?` from `main` would exit 1.
+    let rt = common::or_exit("faults", args.runtime.start(|cfg| cfg));
     let me = rt.node();
     let faulty = args.fault != Fault::None && me == args.on;
     let fault = |f: Fault| faulty && args.fault == f;

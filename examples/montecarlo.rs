@@ -130,7 +130,8 @@ fn main() {
     let ran = rt.start(&mut prog);
     progress.finish();
     if let Err(e) = ran {
-        eprintln!("montecarlo: node {}: {e}", rt.node());
+        // hyfi's errors name the node (and the node that failed first).
+        eprintln!("montecarlo: {e}");
         std::process::exit(1);
     }
     drop(prog);

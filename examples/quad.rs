@@ -362,7 +362,6 @@ fn run(args: &Args) -> Result<(), String> {
     PIECE_X6.register().map_err(|e| e.to_string())?;
     PIECE_SPIKY.register().map_err(|e| e.to_string())?;
     let prune = if rt.config().get_prune() { "on" } else { "off" };
-    let node = rt.node();
     println!(
         "quad: f(x) = {} on [{a}, {b}], eps {eps:e} (absolute at the root, halved per level)",
         f.describe()
@@ -371,7 +370,7 @@ fn run(args: &Args) -> Result<(), String> {
     let t = Instant::now();
     let par = rt
         .run_distributed(|ctx| quad_hyfi(ctx, f, a, b, eps))
-        .map_err(|e| format!("node {node}: {e}"))?;
+        .map_err(|e| e.to_string())?;
     let t_par = t.elapsed().as_secs_f64();
 
     let seq = if args.no_seq {

@@ -374,7 +374,7 @@ fn a_node_lost_while_pages_are_in_flight_ends_the_job_everywhere() {
         job.fail("node 0 should fail");
     }
     let err = job.stderr(0);
-    if !err.contains("hyfi: node 0: lost node 1") {
+    if !err.contains("node 0: node 1 failed first: lost") {
         job.fail(&format!(
             "node 0 did not report the lost node (after {took:?})"
         ));

@@ -93,17 +93,30 @@ fn without_a_fault_every_configuration_gives_the_sequential_answer() {
 #[test]
 fn a_panicking_filament_on_one_node_ends_the_job_everywhere_with_its_message() {
     let job = fault_on_node_1("panic-filament");
-    let cause =
-        "a filament panicked on node 1, processor 0 (phase 0 filament): filament 19999 gave up";
-    says(&job, 0, &["node 1 aborted the job", cause]);
-    says(&job, 1, &[cause]);
+    says(
+        &job,
+        0,
+        &[
+            "node 0: node 1 failed first: a filament panicked on processor 0 (phase 0 filament): \
+           filament 19999 gave up",
+        ],
+    );
+    says(
+        &job,
+        1,
+        &["a filament panicked on node 1, processor 0 (phase 0 filament): filament 19999 gave up"],
+    );
 }
 
 #[test]
 fn panicking_post_phase_code_on_one_node_ends_the_job_everywhere() {
     let job = fault_on_node_1("panic-post");
     let cause = "(phase 0 post-phase): post-phase code gave up";
-    says(&job, 0, &["node 1 aborted the job", cause]);
+    says(
+        &job,
+        0,
+        &["node 0: node 1 failed first: a filament panicked", cause],
+    );
     says(&job, 1, &[cause]);
 }
 
@@ -114,7 +127,7 @@ fn a_program_that_panics_outside_the_runtime_tells_its_peers() {
         &job,
         0,
         &[
-            "node 1 aborted the job: the program of node 1 panicked: the program of node 1 gave up between its programs",
+            "node 0: node 1 failed first: its program panicked: the program of node 1 gave up between its programs",
             "examples/faults.rs",
         ],
     );
@@ -214,7 +227,7 @@ fn post_phase_decisions_that_differ_are_named() {
 #[test]
 fn a_node_that_exits_without_ending_its_runtime_is_a_lost_node() {
     let job = fault_on_node_1("exit");
-    says(&job, 0, &["lost node 1"]);
+    says(&job, 0, &["node 0: node 1 failed first: lost"]);
     job.no_panics();
 }
 
@@ -248,8 +261,7 @@ fn a_stopped_peer_is_lost_at_the_heartbeat_limit() {
         &job,
         0,
         &[
-            "lost node 1",
-            "it stopped answering",
+            "node 0: node 1 failed first: it stopped answering node 0",
             "HYFI_HEARTBEAT=2",
             "hung, stopped (SIGSTOP)",
         ],
@@ -287,7 +299,7 @@ fn sigusr1_says_what_each_processor_waits_for() {
     if status.success() {
         job.fail("node 0 should fail once node 1 is killed");
     }
-    says(&job, 0, &["lost node 1"]);
+    says(&job, 0, &["node 0: node 1 failed first: lost"]);
     job.no_panics();
 }
 

@@ -90,7 +90,11 @@ fn a_node_count_beyond_the_bound_is_refused_before_any_node_starts() {
         let mut job = Job::new(name);
         let i = job.spawn("launcher", cmd);
         let st = job.wait(i, BOUND);
-        check(&job, st.code() == Some(1), "should exit with status 1");
+        check(
+            &job,
+            st.code() == Some(2),
+            "should exit with status 2 (configuration)",
+        );
         let err = job.stderr(i);
         check(
             &job,
@@ -118,7 +122,11 @@ fn the_bound_can_be_lowered_and_is_then_enforced() {
     cmd.env("HYFI_MAX_LOCAL_NODES", "3");
     let i = job.spawn("hyfi-run -n 4", cmd);
     let st = job.wait(i, BOUND);
-    check(&job, st.code() == Some(1), "4 > 3 nodes should be refused");
+    check(
+        &job,
+        st.code() == Some(2),
+        "4 > 3 nodes should be refused (exit 2, configuration)",
+    );
     check(&job, job.stderr(i).contains("at most 3"), "no bound named");
     let mut cmd = hyfi_run(3, &mark, &["true"]);
     cmd.env("HYFI_MAX_LOCAL_NODES", "3");

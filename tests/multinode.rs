@@ -121,7 +121,7 @@ fn check_nodes(
     // a lost peer or an abort on the way out.
     for i in 0..job.procs.len() {
         let err = job.stderr(i);
-        if err.contains("lost node") || err.contains("aborted") {
+        if err.contains("failed first") || err.contains("aborted") {
             job.fail("a clean run reported a failure on its way out");
         }
     }
@@ -467,19 +467,23 @@ fn kill_9_of_a_node_stops_the_job() {
         ));
     }
     let err = job.stderr(0);
-    if !err.contains("hyfi launcher: node 1 was killed by signal 9") {
-        job.fail("the launcher does not report node 1 killed by signal 9");
+    // The launcher's first line names the cause, and its code is SIGKILL's.
+    let first = err.lines().find(|l| l.starts_with("hyfi launcher:"));
+    if first != Some("hyfi launcher: node 1 failed first: was killed by signal 9 (SIGKILL)") {
+        job.fail(&format!("the launcher's first line is {first:?}"));
+    }
+    if status.code() != Some(137) {
+        job.fail(&format!(
+            "the launcher should exit 137 (SIGKILL), not {status}"
+        ));
     }
     for rank in [0, 2] {
         let prefix = format!("[node {rank}] ");
-        let said_lost = err
-            .lines()
-            .any(|l| l.starts_with(&prefix) && l.contains("lost node 1"));
-        let stopped = err.contains("hyfi launcher: a node failed; stopping the others");
-        if !said_lost && !stopped {
-            job.fail(&format!(
-                "node {rank} neither reported `lost node 1` nor was stopped by the launcher"
-            ));
+        let said = err.lines().any(|l| {
+            l.starts_with(&prefix) && l.contains(&format!("node {rank}: node 1 failed first: lost"))
+        });
+        if !said {
+            job.fail(&format!("node {rank} does not say node 1 failed first"));
         }
     }
     // No node left behind.
@@ -494,7 +498,7 @@ fn kill_9_of_a_node_stops_the_job() {
         ));
     }
     job.no_panics();
-    // Each message names its node once (`hyfi: node 0: lost node 1 ...`).
+    // Each message names its node once (`node 0: node 1 failed first: ...`).
     for rank in [0, 2] {
         let twice = format!("node {rank}: node {rank}:");
         if let Some(l) = err.lines().find(|l| l.contains(&twice)) {
@@ -548,11 +552,12 @@ fn signal_a_node(signal: &str, victim: usize, code: i32) {
         ));
     }
     let other = 1 - victim;
-    if !job
-        .stderr(other)
-        .contains(&format!("node {victim} aborted"))
-    {
-        job.fail(&format!("node {other} does not say node {victim} aborted"));
+    if !job.stderr(other).contains(&format!(
+        "node {other}: node {victim} failed first: received SIG{signal}"
+    )) {
+        job.fail(&format!(
+            "node {other} does not say node {victim} failed first"
+        ));
     }
     job.no_panics();
 }

@@ -240,7 +240,8 @@ fn without_a_token_the_rendezvous_file_is_private_and_removed() {
     // Node 0's entry: job, address, and a token of its own.
     let (addr, token) = loop {
         if let Ok(s) = std::fs::read_to_string(&file) {
-            let f: Vec<&str> = s.split_whitespace().collect();
+            // `job addr token`, then `pid <publisher>` on a line of its own.
+            let f: Vec<&str> = s.lines().next().unwrap_or("").split_whitespace().collect();
             if f.len() == 3 && f[1] != "127.0.0.1:1" {
                 break (f[1].to_owned(), parse_hex(f[2]));
             }

@@ -389,6 +389,29 @@ mod tests {
     }
 
     #[test]
+    fn a_file_whose_publisher_is_gone_is_removed_and_a_live_ones_stays() {
+        let d = scratch("stale");
+        // A pid no process has: a child that ran and was reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let stale = d.join("hyfi-job-1.addr");
+        std::fs::write(&stale, format!("1 127.0.0.1:1\npid {dead}\n")).unwrap();
+        let live = d.join("hyfi-job-2.addr");
+        std::fs::write(
+            &live,
+            format!("2 127.0.0.1:2\npid {}\n", std::process::id()),
+        )
+        .unwrap();
+        let unnamed = d.join("hyfi-job-3.addr");
+        std::fs::write(&unnamed, "3 127.0.0.1:3\n").unwrap();
+        remove_stale(&d, &d.join("hyfi-job-4.addr"));
+        assert!(!stale.exists(), "the dead publisher's file stays");
+        assert!(live.exists() && unnamed.exists());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
     fn published_file_is_private_replaces_a_stale_one_and_goes_away() {
         let d = scratch("pub");
         let path = d.join("job.addr");

@@ -234,7 +234,10 @@ fn a_failing_node_stops_the_others() {
         started.elapsed()
     );
     assert_eq!(status.code(), Some(3), "{stderr}");
-    assert!(stderr.contains("node 1 exited with status 3"), "{stderr}");
+    assert!(
+        stderr.contains("hyfi launcher: node 1 failed first: exited with status 3"),
+        "{stderr}"
+    );
     let pids = seen_ranks(&stdout, &stderr, 3);
     assert!(pids[1].is_some(), "{stdout:?}");
     for pid in pids.into_iter().flatten() {
@@ -254,7 +257,7 @@ fn a_node_killed_by_sigkill_fails_the_job() {
     ]);
     assert_eq!(status.code(), Some(128 + 9), "{stderr}");
     assert!(
-        stderr.contains("node 0 was killed by signal 9 (SIGKILL)"),
+        stderr.contains("hyfi launcher: node 0 failed first: was killed by signal 9 (SIGKILL)"),
         "{stderr}"
     );
     let pids = seen_ranks(&stdout, &stderr, 2);

@@ -15,11 +15,14 @@
 //! `hyfi_net::launch::limits`): a larger count is refused before any node
 //! starts.
 //!
-//! Exit status: 128 + the signal if SIGINT, SIGTERM or SIGHUP stopped the job
-//! (130 for Ctrl-C, even while nodes are still starting); else that of the
-//! first node to fail (128 + signal if a signal killed it), 0 if all succeed,
-//! 1 if the launch itself fails (too many nodes, or a timeout), 2 on bad
-//! usage, 127 if PROGRAM cannot be found.
+//! Exit status (the README's table): 128 + the signal if SIGINT, SIGTERM or
+//! SIGHUP stopped the job (130 for Ctrl-C, even while nodes are still
+//! starting); else 0 if all succeed; else the code of the first cause, as
+//! the nodes report it (1 a program's failure, 3 a node that stopped
+//! answering, 4 start-up, 128 + n a node killed by signal n, or the status of
+//! a program that is not a hyfi program); 2 on bad usage or a bad setting
+//! (checked before any node starts), 1 if the launch itself fails (a
+//! timeout), 126/127 if PROGRAM cannot be run or found.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::PermissionsExt;
@@ -180,7 +183,7 @@ fn main() {
         Ok(outcome) => exit(outcome.exit_code()),
         Err(e) => {
             eprintln!("hyfi-run: {e}");
-            exit(1);
+            exit(e.launcher_exit_code());
         }
     }
 }

@@ -28,9 +28,13 @@
 //!   node started is stopped with it. A node therefore does not get the
 //!   terminal's Ctrl-C itself: the launcher forwards it (below).
 //! - **Failure.** When a node fails (non-zero exit or a signal), the others
-//!   get SIGTERM, then SIGKILL after [`GRACE`]; every node is reaped and its
-//!   failure reported on stderr (the first [`REPORTS_SHOWN`] one by one, the
-//!   rest grouped at the end). A node still running at the optional deadline
+//!   are given [`STOP_DELAY`] to end by themselves (a hyfi node does, within
+//!   [`FAILURE_GRACE`](crate::FAILURE_GRACE), printing the first cause),
+//!   then get SIGTERM, then SIGKILL after [`GRACE`]. Every node is reaped;
+//!   then the launcher says which node failed first and why (its first
+//!   line, from the causes the nodes wrote on their pipes: see `causes` and
+//!   [`crate::cause`]) and how the others ended because of it (the first
+//!   [`REPORTS_SHOWN`] one by one, the rest grouped). A node still running at the optional deadline
 //!   is stopped the same way, and the launch is an error. A node that has
 //!   not gone [`GRACE`] after its SIGKILL is given up on, so no wait is
 //!   unbounded. A node failing while others are still being started stops
