@@ -91,7 +91,8 @@ fn comms(n: usize, job: u64) -> Vec<Arc<Comm>> {
             let spec = spec(rank, n, coord.clone(), job);
             std::thread::spawn(move || {
                 let links = mesh::connect(&spec, SETUP_TIMEOUT).expect("mesh::connect");
-                let hook = Box::new(|why: &str| eprintln!("bench node failed: {why}"));
+                let hook =
+                    Box::new(|why: &hyfi_net::cause::Cause| eprintln!("bench node failed: {why}"));
                 Arc::new(
                     Comm::start(links, hook, hyfi_net::DEFAULT_HEARTBEAT).expect("Comm::start"),
                 )
