@@ -56,33 +56,48 @@ fn fault_gives(fault: &str, runs: usize, first: &str, code: i32, zero_says: &str
         let err = job.stderr(0);
         let ours = launcher_lines(&err);
         let want = format!("hyfi launcher: node 1 failed first: {first}");
-        if !ours.first().is_some_and(|l| l.starts_with(&want)) {
-            job.fail(&format!(
-                "the launcher's first line should start with {want:?}"
-            ));
-        }
-        if st.code() != Some(code) {
-            job.fail(&format!("the launcher should exit {code}, not {st}"));
-        }
-        if !ours
-            .iter()
-            .any(|l| l.starts_with("hyfi launcher: node 0 ended because of it"))
-        {
-            job.fail("node 0 is not reported as ended because of node 1");
-        }
+        assert!(
+            !(!ours.first().is_some_and(|l| l.starts_with(&want))),
+            "{}\n{}",
+            format!("the launcher's first line should start with {want:?}"),
+            job.dump()
+        );
+        assert!(
+            !(st.code() != Some(code)),
+            "{}\n{}",
+            format!("the launcher should exit {code}, not {st}"),
+            job.dump()
+        );
+        assert!(
+            !(!ours
+                .iter()
+                .any(|l| l.starts_with("hyfi launcher: node 0 ended because of it"))),
+            "{}\n{}",
+            "node 0 is not reported as ended because of node 1",
+            job.dump()
+        );
         let cause = format!("node 0: node 1 failed first: {zero_says}");
         let said = node_lines(&err, 0)
             .iter()
             .filter(|l| l.contains(&cause))
             .count();
-        if said != 1 {
-            job.fail(&format!("node 0 says {cause:?} {said} times, not once"));
-        }
+        assert!(
+            !(said != 1),
+            "{}\n{}",
+            format!("node 0 says {cause:?} {said} times, not once"),
+            job.dump()
+        );
         for rank in 0..2 {
             let twice = format!("node {rank}: node {rank}:");
-            if let Some(l) = node_lines(&err, rank).iter().find(|l| l.contains(&twice)) {
-                job.fail(&format!("a line names node {rank} twice: {l:?}"));
-            }
+            let named_twice = node_lines(&err, rank)
+                .into_iter()
+                .find(|l| l.contains(&twice));
+            assert_eq!(
+                named_twice,
+                None,
+                "a line names node {rank} twice\n{}",
+                job.dump()
+            );
         }
     }
 }
@@ -111,9 +126,12 @@ fn a_stack_overflow_reaches_every_node_and_exits_134() {
         .iter()
         .filter(|l| l.contains(overflow))
         .count();
-    if n != 1 {
-        job.fail(&format!("node 1 printed the overflow {n} times"));
-    }
+    assert!(
+        !(n != 1),
+        "{}\n{}",
+        format!("node 1 printed the overflow {n} times"),
+        job.dump()
+    );
 }
 
 #[test]
@@ -170,15 +188,24 @@ fn bad_settings_are_refused_before_any_node_starts_with_code_2() {
             let mut job = launched(&what, exe, &["--nodes", "2"], &[(var, value)]);
             let st = job.wait(0, Duration::from_secs(60));
             let err = job.stderr(0);
-            if st.code() != Some(2) {
-                job.fail(&format!("should exit 2 (configuration), not {st}"));
-            }
-            if err.contains("[node ") {
-                job.fail("a node started");
-            }
-            if !err.contains(var) || err.lines().count() != 1 {
-                job.fail(&format!("should say one line naming {var}"));
-            }
+            assert!(
+                !(st.code() != Some(2)),
+                "{}\n{}",
+                format!("should exit 2 (configuration), not {st}"),
+                job.dump()
+            );
+            assert!(
+                !(err.contains("[node ")),
+                "{}\n{}",
+                "a node started",
+                job.dump()
+            );
+            assert!(
+                !(!err.contains(var) || err.lines().count() != 1),
+                "{}\n{}",
+                format!("should say one line naming {var}"),
+                job.dump()
+            );
         }
     }
 }
@@ -191,10 +218,16 @@ fn hyfi_run_with_a_program_that_is_not_there_exits_127_and_says_so() {
     job.spawn("hyfi-run", cmd);
     let st = job.wait(0, Duration::from_secs(30));
     let err = job.stderr(0);
-    if st.code() != Some(127) {
-        job.fail(&format!("should exit 127, not {st}"));
-    }
-    if err.contains("fewer nodes") || !err.contains("no/such/program") {
-        job.fail("should name the program, and not blame the host's limits");
-    }
+    assert!(
+        !(st.code() != Some(127)),
+        "{}\n{}",
+        format!("should exit 127, not {st}"),
+        job.dump()
+    );
+    assert!(
+        !(err.contains("fewer nodes") || !err.contains("no/such/program")),
+        "{}\n{}",
+        "should name the program, and not blame the host's limits",
+        job.dump()
+    );
 }
