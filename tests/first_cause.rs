@@ -63,7 +63,7 @@ fn fault_gives(fault: &str, runs: usize, first: &str, code: i32, zero_says: &str
             job.dump()
         );
         assert!(
-            !(st.code() != Some(code)),
+            (st.code() == Some(code)),
             "{}\n{}",
             format!("the launcher should exit {code}, not {st}"),
             job.dump()
@@ -82,7 +82,7 @@ fn fault_gives(fault: &str, runs: usize, first: &str, code: i32, zero_says: &str
             .filter(|l| l.contains(&cause))
             .count();
         assert!(
-            !(said != 1),
+            (said == 1),
             "{}\n{}",
             format!("node 0 says {cause:?} {said} times, not once"),
             job.dump()
@@ -127,7 +127,7 @@ fn a_stack_overflow_reaches_every_node_and_exits_134() {
         .filter(|l| l.contains(overflow))
         .count();
     assert!(
-        !(n != 1),
+        (n == 1),
         "{}\n{}",
         format!("node 1 printed the overflow {n} times"),
         job.dump()
@@ -189,7 +189,7 @@ fn bad_settings_are_refused_before_any_node_starts_with_code_2() {
             let st = job.wait(0, Duration::from_secs(60));
             let err = job.stderr(0);
             assert!(
-                !(st.code() != Some(2)),
+                (st.code() == Some(2)),
                 "{}\n{}",
                 format!("should exit 2 (configuration), not {st}"),
                 job.dump()
@@ -219,7 +219,7 @@ fn hyfi_run_with_a_program_that_is_not_there_exits_127_and_says_so() {
     let st = job.wait(0, Duration::from_secs(30));
     let err = job.stderr(0);
     assert!(
-        !(st.code() != Some(127)),
+        (st.code() == Some(127)),
         "{}\n{}",
         format!("should exit 127, not {st}"),
         job.dump()
