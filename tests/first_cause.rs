@@ -57,23 +57,19 @@ fn fault_gives(fault: &str, runs: usize, first: &str, code: i32, zero_says: &str
         let ours = launcher_lines(&err);
         let want = format!("hyfi launcher: node 1 failed first: {first}");
         assert!(
-            !(!ours.first().is_some_and(|l| l.starts_with(&want))),
-            "{}\n{}",
-            format!("the launcher's first line should start with {want:?}"),
+            ours.first().is_some_and(|l| l.starts_with(&want)),
+            "the launcher's first line should start with {want:?}\n{}",
             job.dump()
         );
         assert!(
             (st.code() == Some(code)),
-            "{}\n{}",
-            format!("the launcher should exit {code}, not {st}"),
+            "the launcher should exit {code}, not {st}\n{}",
             job.dump()
         );
         assert!(
-            !(!ours
-                .iter()
-                .any(|l| l.starts_with("hyfi launcher: node 0 ended because of it"))),
-            "{}\n{}",
-            "node 0 is not reported as ended because of node 1",
+            ours.iter()
+                .any(|l| l.starts_with("hyfi launcher: node 0 ended because of it")),
+            "node 0 is not reported as ended because of node 1\n{}",
             job.dump()
         );
         let cause = format!("node 0: node 1 failed first: {zero_says}");
@@ -83,8 +79,7 @@ fn fault_gives(fault: &str, runs: usize, first: &str, code: i32, zero_says: &str
             .count();
         assert!(
             (said == 1),
-            "{}\n{}",
-            format!("node 0 says {cause:?} {said} times, not once"),
+            "node 0 says {cause:?} {said} times, not once\n{}",
             job.dump()
         );
         for rank in 0..2 {
@@ -128,8 +123,7 @@ fn a_stack_overflow_reaches_every_node_and_exits_134() {
         .count();
     assert!(
         (n == 1),
-        "{}\n{}",
-        format!("node 1 printed the overflow {n} times"),
+        "node 1 printed the overflow {n} times\n{}",
         job.dump()
     );
 }
@@ -190,20 +184,13 @@ fn bad_settings_are_refused_before_any_node_starts_with_code_2() {
             let err = job.stderr(0);
             assert!(
                 (st.code() == Some(2)),
-                "{}\n{}",
-                format!("should exit 2 (configuration), not {st}"),
+                "should exit 2 (configuration), not {st}\n{}",
                 job.dump()
             );
+            assert!(!(err.contains("[node ")), "a node started\n{}", job.dump());
             assert!(
-                !(err.contains("[node ")),
-                "{}\n{}",
-                "a node started",
-                job.dump()
-            );
-            assert!(
-                !(!err.contains(var) || err.lines().count() != 1),
-                "{}\n{}",
-                format!("should say one line naming {var}"),
+                err.contains(var) && err.lines().count() == 1,
+                "should say one line naming {var}\n{}",
                 job.dump()
             );
         }
@@ -220,14 +207,12 @@ fn hyfi_run_with_a_program_that_is_not_there_exits_127_and_says_so() {
     let err = job.stderr(0);
     assert!(
         (st.code() == Some(127)),
-        "{}\n{}",
-        format!("should exit 127, not {st}"),
+        "should exit 127, not {st}\n{}",
         job.dump()
     );
     assert!(
-        !(err.contains("fewer nodes") || !err.contains("no/such/program")),
-        "{}\n{}",
-        "should name the program, and not blame the host's limits",
+        !err.contains("fewer nodes") && err.contains("no/such/program"),
+        "should name the program, and not blame the host's limits\n{}",
         job.dump()
     );
 }
