@@ -243,14 +243,17 @@ pub fn run_dsm(rt: &Runtime, dsm: &Dsm, args: &Args) -> Result<Output, Box<dyn s
     let secs = t.elapsed().as_secs_f64();
     drop(prog);
     progress.finish();
+    // After `iters` sweeps the newest grid is the one sweep `iters` would
+    // read (on several nodes, read through the DSM from every home).
+    let grid = grids[iters % 2].to_vec();
+    // After the read, so that the counters hold every page this node
+    // fetched (a trace's summary counts them all).
     let dsm_stats = dsm.stats();
     Ok(Output {
         iters,
         maxdiff: last,
         converged,
-        // After `iters` sweeps the newest grid is the one sweep `iters` would
-        // read (on several nodes, read through the DSM from every home).
-        grid: grids[iters % 2].to_vec(),
+        grid,
         secs,
         dsm: Some(dsm_stats),
     })

@@ -165,6 +165,9 @@ pub use hyfi_core::link::{ClassTraffic, Traffic};
 pub use hyfi_core::Progress;
 pub use hyfi_core::{ProcStats, RemoteStats, Stats, StatsHandle};
 
+/// A timeline of every node and processor (`HYFI_TRACE`, [`Config::trace`]).
+pub use hyfi_core::trace;
+
 // --- Errors ---
 pub use hyfi_core::Error;
 

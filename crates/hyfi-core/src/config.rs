@@ -6,6 +6,8 @@
 //! | `HYFI_PIN`        | pin server thread *p* to the *p*-th CPU   | `1`                |
 //! | `HYFI_STACK_SIZE` | filthread stack size (`512K`, `4M`, ...)  | `1M`               |
 //! | `HYFI_PRUNE`      | pruning of fork-join filaments            | `1`                |
+//! | `HYFI_TRACE`      | record a timeline into this file ([`crate::trace`]) | off      |
+//! | `HYFI_TRACE_EVENTS` | events a trace keeps per node, at most  | 1048576 (about 56 MiB) |
 //!
 //! Values in code override nothing: [`Config::from_env`] starts from the
 //! defaults and applies the variables that are set; builder calls made after
@@ -37,6 +39,8 @@ pub struct Config {
     cpu_share: Option<(usize, usize)>,
     stack_size: usize,
     prune: bool,
+    trace: Option<std::path::PathBuf>,
+    trace_events: u64,
 }
 
 impl Default for Config {
@@ -56,6 +60,8 @@ impl Config {
             cpu_share: None,
             stack_size: DEFAULT_STACK_SIZE,
             prune: true,
+            trace: None,
+            trace_events: crate::trace::DEFAULT_CAP,
         }
     }
 
@@ -98,6 +104,22 @@ impl Config {
                 expected: "a size in bytes, optionally with K, M or G (e.g. 512K, 4M)",
             })?;
         }
+        if let Some(v) = get("HYFI_TRACE").filter(|v| !v.is_empty()) {
+            cfg.trace = Some(v.into());
+        }
+        if let Some(v) = get("HYFI_TRACE_EVENTS") {
+            cfg.trace_events =
+                v.trim()
+                    .parse()
+                    .ok()
+                    .filter(|&n: &u64| n >= 1)
+                    .ok_or(Error::BadEnv {
+                        var: "HYFI_TRACE_EVENTS",
+                        value: v.clone(),
+                        expected:
+                            "a whole number of events, at least 1 (each takes about 56 bytes)",
+                    })?;
+        }
         Ok(cfg)
     }
 
@@ -132,6 +154,36 @@ impl Config {
     pub fn prune(mut self, on: bool) -> Self {
         self.prune = on;
         self
+    }
+
+    /// Records a timeline of every processor of the node into `path` (see
+    /// [`crate::trace`]); `HYFI_TRACE` does the same. On several nodes each
+    /// writes `path.node<i>` and hyfi's launchers merge them into `path`.
+    ///
+    /// ```
+    /// let cfg = hyfi_core::Config::new().trace("jacobi.trace.json");
+    /// assert_eq!(cfg.get_trace(), Some(std::path::Path::new("jacobi.trace.json")));
+    /// ```
+    pub fn trace(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.trace = Some(path.into());
+        self
+    }
+
+    /// The most events a trace keeps per node (later ones are counted as
+    /// dropped); `HYFI_TRACE_EVENTS` sets it too.
+    pub fn trace_events(mut self, cap: u64) -> Self {
+        self.trace_events = cap.max(1);
+        self
+    }
+
+    /// The trace's file, if tracing is on.
+    pub fn get_trace(&self) -> Option<&std::path::Path> {
+        self.trace.as_deref()
+    }
+
+    /// The most events a trace keeps per node.
+    pub fn get_trace_events(&self) -> u64 {
+        self.trace_events
     }
 
     /// Processors asked for, `None` meaning all available.

@@ -61,6 +61,10 @@ impl Latch {
             return;
         }
         let _w = crate::waits::waiting(|_| "a stolen child to finish (a join)".into(), [0; 3]);
+        let traced = crate::trace::on().then(|| {
+            let ft = crate::sched::try_current_ctx().map_or(0, |c| c.current.get());
+            (crate::trace::now(), ft)
+        });
         suspend(|w| {
             // SAFETY: only the joiner writes the slot, before publishing
             // WAITING; the setter reads it only after observing WAITING.
@@ -78,6 +82,9 @@ impl Latch {
                 }
             }
         });
+        if let Some((t, ft)) = traced {
+            crate::trace::span(crate::trace::Kind::JoinWait, t, [ft, 0, 0, 0]);
+        }
         debug_assert!(self.probe());
     }
 }

@@ -105,6 +105,7 @@ pub mod sleep;
 mod stack;
 pub mod state;
 mod stats;
+pub mod trace;
 pub mod waits;
 
 /// Fork-join across nodes, the node's side (now `remote::balance`; kept at

@@ -89,6 +89,14 @@ impl Runtime {
                 crate::sleep::set_own_cpu();
             }
         }
+        if let Some(path) = cfg.get_trace() {
+            crate::trace::start(
+                path,
+                link.my_node(),
+                link.num_nodes(),
+                cfg.get_trace_events(),
+            );
+        }
         crate::stack::install_overflow_handler(cfg.get_stack_size());
         // The wait table (a leaf) learns from the scheduler who waits.
         crate::waits::set_locator(sched::locate);

@@ -234,12 +234,28 @@ pub(crate) fn report_stopped(text: &str) {
     });
 }
 
+/// What starts a report-pipe line that names the node's trace (see
+/// [`hyfi_core::trace`]): the launcher merges the nodes' files into it.
+pub const TRACE_RECORD: &str = "hyfi-trace ";
+
+/// Tells the launcher (if any) that this node wrote its part of the trace
+/// `path` (registered with [`hyfi_core::trace::on_written`]).
+pub(crate) fn report_trace(path: &std::path::Path) {
+    let path = std::env::current_dir()
+        .map(|d| d.join(path))
+        .unwrap_or_else(|_| path.to_path_buf());
+    write_line(&format!("{TRACE_RECORD}{}\n", path.display()));
+}
+
 fn write_record(r: &Record) {
+    write_line(&r.encode());
+}
+
+fn write_line(line: &str) {
     let fd = REPORT_FD.load(Ordering::Relaxed);
     if fd < 0 {
         return;
     }
-    let line = r.encode();
     // One write of less than PIPE_BUF bytes is atomic: the launcher reads
     // whole lines. A launcher gone already makes it fail; nothing to do.
     // SAFETY: writes from a live buffer of the length given.

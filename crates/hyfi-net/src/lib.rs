@@ -92,6 +92,10 @@ pub fn init_nodes(cfg: Config, nodes: Option<usize>) -> Result<Runtime, NetError
         }
         bootstrap::Detected::Member(spec) => {
             cause::open_report_pipe();
+            if cause::has_launcher() {
+                // The launcher merges the nodes' traces into one file.
+                hyfi_core::trace::on_written(cause::report_trace);
+            }
             let rank = spec.rank;
             member(cfg, spec).inspect_err(|e| {
                 cause::report(&cause::Cause::new(rank, e.cause_kind(), e.to_string()))

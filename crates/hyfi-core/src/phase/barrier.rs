@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 
 use super::{Control, PhaseBody, PostPhase, ProgramRun, DONE};
 use crate::sched::{Ctx, Sched};
+use crate::trace::{self, Kind};
 
 /// The body of [`Command::Program`](crate::registry::Command::Program):
 /// runs the program `run` (a [`ProgramRun`]) on this server thread.
@@ -42,8 +43,10 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
                 run.fail(crate::Error::Link(e));
             }
         }
+        let t_phase = trace::on().then(trace::now);
         run_phase(sched, ctx, body, run, cur);
         ctx.stats.phases.set(ctx.stats.phases.get() + 1);
+        let t_barrier = t_phase.map(|_| trace::now());
         let next = if ctx.proc == 0 {
             // Master: wait for the others, then the node-level step, then the
             // post-phase code, then release everyone with the decision.
@@ -56,6 +59,9 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
                     [cur as u64, 0, 0],
                 );
                 parker.wait_until(|| run.arrived.load(Ordering::SeqCst) == p - 1);
+            }
+            if let Some(t) = t_barrier {
+                trace::span(Kind::Barrier, t, [cur as u64, 0, 0, 0]);
             }
             run.arrived.store(0, Ordering::SeqCst);
             let next = post_phase(ctx, run, cur, body, phases.len());
@@ -85,8 +91,14 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
                 );
                 parker.wait_until(|| run.gen.load(Ordering::SeqCst) != gen);
             }
+            if let Some(t) = t_barrier {
+                trace::span(Kind::Barrier, t, [cur as u64, 0, 0, 0]);
+            }
             run.next.load(Ordering::SeqCst)
         };
+        if let Some(t) = t_phase {
+            trace::span(Kind::Phase, t, [cur as u64, ctx.iteration.get(), 0, 0]);
+        }
         gen += 1;
         if next == DONE {
             return;
@@ -105,10 +117,14 @@ fn post_phase(
     if run.aborted() {
         return DONE;
     }
+    let t = trace::on().then(trace::now);
     let ended = match ctx.shared.phase_end.get() {
         Some(h) => h.end_phase(cur, &*ctx.shared.link),
         None => ctx.shared.link.barrier(),
     };
+    if let Some(t) = t {
+        trace::span(Kind::Release, t, [cur as u64, 0, 0, 0]);
+    }
     if let Err(e) = ended {
         run.fail(crate::Error::Link(e));
         return DONE;
@@ -118,7 +134,12 @@ fn post_phase(
     // the phase's filaments read as read-only.
     ctx.shared.next_access_epoch();
     let mut post = PostPhase::new(&ctx.shared, cur, iteration);
-    match catch_unwind(AssertUnwindSafe(|| body.post(&mut post))) {
+    let t = trace::on().then(trace::now);
+    let decided = catch_unwind(AssertUnwindSafe(|| body.post(&mut post)));
+    if let Some(t) = t {
+        trace::span(Kind::PostPhase, t, [cur as u64, 0, 0, 0]);
+    }
+    match decided {
         Ok(Control::Continue) => (cur + 1) % nphases,
         Ok(Control::Done) => DONE,
         Err(p) => {

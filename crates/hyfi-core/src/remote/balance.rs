@@ -216,6 +216,7 @@ impl FjNode {
             let proc = at.map_or((start + k) % p, |a| a.min(p - 1));
             let job_ref = HeapJob::into_job_ref(move |ctx: &Ctx| {
                 let token = job.token;
+                crate::trace::instant(crate::trace::Kind::RemoteRun, [from as u64, 0, 0, 0]);
                 let out = with_startup(ctx, job.startup, || {
                     ctx.count_filaments(1);
                     remote::run_imported(ctx, &job.name, &job.args)

@@ -204,6 +204,10 @@ impl Stealing {
         match msg {
             FjMsg::StealReq { run } => {
                 let jobs = self.node.export_half(run);
+                crate::trace::instant(
+                    crate::trace::Kind::StealServed,
+                    [from as u64, jobs.len() as u64, 0, 0],
+                );
                 // A failed send means the node failed: the failure path ends the run.
                 let _ = self.send(from, &FjMsg::StealReply { run, jobs });
             }
@@ -227,6 +231,14 @@ impl Stealing {
                         st.backoff = MIN_BACKOFF;
                         st.not_before = None;
                     }
+                }
+                if let (Some(t), true) = (asked, crate::trace::on()) {
+                    let since = crate::trace::now() - t.elapsed().as_nanos() as u64;
+                    crate::trace::span(
+                        crate::trace::Kind::RemoteSteal,
+                        since,
+                        [from as u64, jobs.len() as u64, 0, 0],
+                    );
                 }
                 if jobs.is_empty() {
                     // An idle processor asks again (or waits out the pause).

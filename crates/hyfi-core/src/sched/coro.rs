@@ -22,6 +22,8 @@ pub(crate) struct Filthread {
     pub(crate) id: u64,
     pub(crate) co: Co,
     pub(crate) bounds: StackBounds,
+    /// It ran before (a resumption, for the trace).
+    pub(crate) started: bool,
 }
 
 /// What happened when a worker resumed a filthread.
@@ -46,7 +48,12 @@ impl Filthread {
             ctx.yielder.set(y as *const Yld);
             body(ctx);
         });
-        Filthread { id, co, bounds }
+        Filthread {
+            id,
+            co,
+            bounds,
+            started: false,
+        }
     }
 
     /// Runs the filthread until it suspends or finishes.
@@ -54,6 +61,7 @@ impl Filthread {
         let prev_bounds = ctx.set_bounds(self.bounds);
         let prev_guard = enter_guard(self.bounds.guard);
         ctx.current.set(self.id);
+        self.started = true;
         let r = self.co.resume(());
         ctx.current.set(0);
         enter_guard(prev_guard);

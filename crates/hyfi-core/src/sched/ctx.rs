@@ -298,6 +298,10 @@ impl Ctx {
                         // make its next fork a real one.
                         sh.workers[v].want_fork();
                         self.stats.steals.set(self.stats.steals.get() + 1);
+                        crate::trace::instant(
+                            crate::trace::Kind::Steal,
+                            [self.proc as u64, v as u64, 1, 0],
+                        );
                         return Some(j);
                     }
                     Steal::Retry => continue,
@@ -308,6 +312,10 @@ impl Ctx {
             // start-up distribution) are fair game too.
             if let Some(j) = steal_from(&sh.workers[v].incoming) {
                 self.stats.steals.set(self.stats.steals.get() + 1);
+                crate::trace::instant(
+                    crate::trace::Kind::Steal,
+                    [self.proc as u64, v as u64, 1, 0],
+                );
                 return Some(j);
             }
         }

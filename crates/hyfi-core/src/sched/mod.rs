@@ -43,6 +43,9 @@ pub(crate) use ctx::{current_ctx, locate, try_current_ctx};
 pub(crate) struct Sched {
     ready: VecDeque<Filthread>,
     suspended: HashMap<u64, Filthread, BuildHasherDefault<IdHasher>>,
+    /// Running a fork-join command (the trace names segments by pool
+    /// otherwise).
+    fork_join: bool,
 }
 
 /// Filthread ids are distinct counters: hash them as themselves.
@@ -91,12 +94,39 @@ impl Sched {
     }
 
     pub(crate) fn run(&mut self, ctx: &Ctx, ft: Filthread) {
+        if crate::trace::on() {
+            return self.run_traced(ctx, ft);
+        }
         match ft.resume(ctx) {
             Ran::Suspended(ft) => {
                 self.suspended.insert(ft.id, ft);
             }
             Ran::Finished(stack) => ctx.stacks.borrow_mut().give(stack),
         }
+    }
+
+    /// [`Sched::run`], recording the segment: its pool, the filaments it
+    /// ran, whether it was a resumption and whether it suspended.
+    #[cold]
+    fn run_traced(&mut self, ctx: &Ctx, ft: Filthread) {
+        let (t0, f0, id) = (crate::trace::now(), ctx.stats.filaments.get(), ft.id);
+        let mut flags = u64::from(ft.started) | (u64::from(self.fork_join) << 2);
+        match ft.resume(ctx) {
+            Ran::Suspended(ft) => {
+                flags |= 2;
+                self.suspended.insert(ft.id, ft);
+            }
+            Ran::Finished(stack) => ctx.stacks.borrow_mut().give(stack),
+        }
+        // The pool is the filthread's: it set it, and no other filthread
+        // ran on this processor meanwhile.
+        let pool = if self.fork_join { 0 } else { ctx.pool.get() };
+        let ran = ctx.stats.filaments.get() - f0;
+        crate::trace::span(
+            crate::trace::Kind::Segment,
+            t0,
+            [pool as u64, ran, id, flags],
+        );
     }
 
     /// Runs `body` on a new filthread from the stack pool. If no stack can be
@@ -130,17 +160,27 @@ impl Sched {
         deadline: Option<Instant>,
     ) {
         let t = Instant::now();
+        let t0 = crate::trace::on().then(crate::trace::now);
         ctx.ws()
             .parker()
             .wait_until_deadline(|| !ctx.ws().wakeups.is_empty() || ready(), deadline);
         ctx.stats
             .idle_ns
             .set(ctx.stats.idle_ns.get() + t.elapsed().as_nanos() as u64);
+        if let Some(t0) = t0 {
+            crate::trace::span(crate::trace::Kind::Idle, t0, [0; 4]);
+        }
     }
 
     /// Fork-join mode: runs jobs until the root has finished and nothing of
     /// this server thread is left suspended.
     fn run_fork_join(&mut self, ctx: &Ctx) {
+        self.fork_join = true;
+        self.fork_join_loop(ctx);
+        self.fork_join = false;
+    }
+
+    fn fork_join_loop(&mut self, ctx: &Ctx) {
         let sh = &*ctx.shared;
         loop {
             self.drain_wakeups(ctx);
@@ -239,7 +279,9 @@ pub(crate) fn main(start: Start) {
     let mut sched = Sched {
         ready: VecDeque::new(),
         suspended: HashMap::default(),
+        fork_join: false,
     };
+    crate::trace::processor_track(proc);
     let mut seen = 0u64;
     loop {
         let ws = ctx.ws();

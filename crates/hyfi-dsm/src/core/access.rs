@@ -74,9 +74,23 @@ impl Core {
             if reqs.is_empty() && wait_on.is_empty() {
                 return;
             }
+            let traced = (hyfi_core::trace::on() && !wait_on.is_empty())
+                .then(|| (hyfi_core::trace::now(), wait_on[0], wait_on.len()));
             self.request(reqs, slot);
             for p in wait_on {
                 self.wait_valid(seg, p, slot);
+            }
+            if let Some((t, first, pages)) = traced {
+                hyfi_core::trace::span(
+                    hyfi_core::trace::Kind::PageWait,
+                    t,
+                    [
+                        seg.seq,
+                        first as u64,
+                        pages as u64,
+                        u64::from(seg.homes[first]),
+                    ],
+                );
             }
         }
     }

@@ -80,6 +80,21 @@ impl Core {
     }
 
     pub(super) fn on_pages(&self, from: usize, frame: &[u8]) -> Result<(), ProtocolError> {
+        let mut installed = 0u64;
+        let r = self.install_pages(from, frame, &mut installed);
+        hyfi_core::trace::instant(
+            hyfi_core::trace::Kind::PagesIn,
+            [from as u64, installed, 0, 0],
+        );
+        r
+    }
+
+    fn install_pages(
+        &self,
+        from: usize,
+        frame: &[u8],
+        installed: &mut u64,
+    ) -> Result<(), ProtocolError> {
         for (gp, bytes) in Pages::decode(frame)?.iter() {
             let (seg, p) = self.page_homed_at(gp, from, "a reply with")?;
             let waiters = {
@@ -104,6 +119,7 @@ impl Core {
                 });
                 std::mem::take(&mut m.waiters)
             };
+            *installed += 1;
             for w in waiters {
                 w.wake();
             }

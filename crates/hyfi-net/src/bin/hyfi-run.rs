@@ -1,6 +1,11 @@
 //! `hyfi-run -n NODES [-p PROCS] [--timeout SECS] [--] PROGRAM [ARGS...]`:
 //! starts a hyfi program as NODES nodes on this host, like `mpirun`.
 //!
+//! `hyfi-run --merge-trace PATH`: merges the files `PATH.node<i>` that the
+//! nodes of a traced job (`HYFI_TRACE=PATH`) wrote under another launcher
+//! (`mpirun`, `srun`) into `PATH`, and prints the trace's summary. Under
+//! hyfi-run itself, and the embedded launcher, that happens by itself.
+//!
 //! Each node gets `HYFI_RANK`, `HYFI_NODES`, `HYFI_COORD`, `HYFI_JOB`,
 //! `HYFI_TOKEN` (and `HYFI_PROCS` with `-p`); its output comes back prefixed
 //! with `[node i] `. See `hyfi_net::launch` for how nodes are supervised.
@@ -34,6 +39,7 @@ use hyfi_net::launch::LocalLaunch;
 
 const USAGE: &str = "\
 usage: hyfi-run -n NODES [-p PROCS] [--timeout SECS] [--] PROGRAM [ARGS...]
+       hyfi-run --merge-trace PATH
 
 Starts PROGRAM as NODES nodes of one hyfi job on this host.
 
@@ -42,6 +48,10 @@ Starts PROGRAM as NODES nodes of one hyfi job on this host.
                        process limits leave room for
   -p, --procs PROCS    worker threads per node (sets HYFI_PROCS), >= 1
       --timeout SECS   stop the nodes and fail after SECS seconds
+      --merge-trace PATH
+                       merge the trace files PATH.node<i> the nodes of a
+                       job run with HYFI_TRACE=PATH wrote (under mpirun or
+                       srun) into PATH, and print its summary
   -h, --help           show this help
 
 With stderr a terminal (or HYFI_PROGRESS=force), the nodes' progress is
@@ -153,8 +163,36 @@ fn resolve(program: &OsStr) -> Option<PathBuf> {
         })
 }
 
+/// `hyfi-run --merge-trace PATH`.
+fn merge_trace(path: &OsStr) -> ! {
+    match hyfi_core::trace::merge(Path::new(path), None) {
+        Ok(merged) => {
+            eprint!("{merged}");
+            exit(0)
+        }
+        Err(e) => {
+            eprintln!(
+                "hyfi-run: cannot merge the trace {}: {e}",
+                Path::new(path).display()
+            );
+            exit(1)
+        }
+    }
+}
+
 fn main() {
-    let args = match parse(std::env::args_os().skip(1)) {
+    let mut argv = std::env::args_os().skip(1).peekable();
+    if argv.peek().is_some_and(|a| a == "--merge-trace") {
+        argv.next();
+        match (argv.next(), argv.next()) {
+            (Some(path), None) => merge_trace(&path),
+            _ => {
+                eprint!("hyfi-run: --merge-trace needs exactly one PATH\n{USAGE}");
+                exit(2);
+            }
+        }
+    }
+    let args = match parse(argv) {
         Ok(a) => a,
         Err(Stop::Help) => {
             print!("{USAGE}");

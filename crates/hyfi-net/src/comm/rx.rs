@@ -219,6 +219,10 @@ impl Link {
                     Class::Bulk
                 };
                 stats.count_received(class, bytes);
+                hyfi_core::trace::instant(
+                    hyfi_core::trace::Kind::Recv,
+                    [peer as u64, u64::from(class == Class::Bulk), bytes, 0],
+                );
                 if h.tag & SERVICE_TAG != 0 {
                     if let Err(why) = inbox.services.to_service(peer, h.tag, payload) {
                         return Err(self.protocol(why.to_string()));
@@ -230,6 +234,10 @@ impl Link {
             Kind::Control => {
                 let msg = wire::decode_msg(&payload);
                 if !matches!(msg, Ok(Msg::Heartbeat)) {
+                    hyfi_core::trace::instant(
+                        hyfi_core::trace::Kind::Recv,
+                        [peer as u64, 0, bytes, 0],
+                    );
                     stats.control_received.fetch_add(1, Ordering::Relaxed);
                     stats
                         .control_bytes_received

@@ -195,6 +195,10 @@ impl Sender {
         let Some(Some(tx)) = self.tx.get(peer) else {
             return Err(self.failed_error(format!("no link to node {peer}")));
         };
+        hyfi_core::trace::instant(
+            hyfi_core::trace::Kind::Send,
+            [peer as u64, u64::from(!control), frame.len() as u64, 0],
+        );
         let mut guard = tx.st.lock().unwrap_or_else(|e| e.into_inner());
         let st = &mut *guard;
         let Some(sock) = st.sock.as_mut() else {

@@ -40,9 +40,16 @@ const MAX_RECORDS: usize = 16;
 #[derive(Default)]
 pub(super) struct Causes {
     by_node: Mutex<Vec<Vec<Record>>>,
+    /// The trace the nodes wrote their parts of, if they did.
+    trace: Mutex<Option<std::path::PathBuf>>,
 }
 
 impl Causes {
+    /// The trace the nodes said they wrote parts of.
+    pub(super) fn trace(&self) -> Option<std::path::PathBuf> {
+        self.trace.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     fn add(&self, rank: usize, r: Record) {
         let mut all = self.by_node.lock().unwrap_or_else(|e| e.into_inner());
         if all.len() <= rank {
@@ -84,7 +91,10 @@ pub(super) fn pipe(
             let reader = BufReader::new(std::fs::File::from(read));
             for line in reader.split(b'\n') {
                 let Ok(line) = line else { break };
-                if let Some(r) = std::str::from_utf8(&line).ok().and_then(Record::decode) {
+                let text = std::str::from_utf8(&line).ok();
+                if let Some(path) = text.and_then(|t| t.strip_prefix(crate::cause::TRACE_RECORD)) {
+                    *causes.trace.lock().unwrap_or_else(|e| e.into_inner()) = Some(path.into());
+                } else if let Some(r) = text.and_then(Record::decode) {
                     causes.add(rank, r);
                 }
             }

@@ -326,6 +326,18 @@ impl LocalLaunch {
             causes::verdict(&sup.endings(), &causes.snapshot(), sup.first_failure)
         };
         sup.report(verdict.as_ref());
+        if let Some(path) = causes.trace() {
+            // The nodes wrote their parts of a trace: one file for the job.
+            match hyfi_core::trace::merge(&path, Some(self.nodes)) {
+                Ok(merged) => eprint!("{merged}"),
+                Err(e) => eprintln!(
+                    "hyfi launcher: could not merge the nodes' traces into {}: {e}; \
+                     their files {}.node<i> are left as they are",
+                    path.display(),
+                    path.display()
+                ),
+            }
+        }
 
         if let Some(e) = spawn_error {
             return Err(e);

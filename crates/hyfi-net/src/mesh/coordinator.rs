@@ -99,6 +99,11 @@ pub(super) fn coordinator(
         )
         .map_err(|e| NetError::io("node 0: sending the address table", e))?;
     }
+    for (rank, s) in peers.iter_mut().enumerate() {
+        if let Some(s) = s {
+            super::clock::serve(s, rank, deadline)?;
+        }
+    }
     Ok(Links {
         rank: 0,
         nodes: n,

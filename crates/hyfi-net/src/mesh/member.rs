@@ -244,6 +244,7 @@ pub(super) fn member(
             why: format!("address table has {} entries for {n} nodes", addrs.len()),
         });
     }
+    hyfi_core::trace::set_clock_offset(super::clock::measure(&mut c, rank)?);
     configure(&c)?;
     let mut peers: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
     peers[0] = Some(c);

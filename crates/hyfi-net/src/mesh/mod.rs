@@ -46,6 +46,7 @@
 
 mod accept;
 mod addr;
+mod clock;
 mod coordinator;
 mod handshake;
 mod member;

@@ -90,6 +90,12 @@ pub enum Msg {
     /// "Still here": sent on every link at a fixed interval, so that a
     /// peer that stops answering (hung, stopped, cut off) is noticed.
     Heartbeat,
+    /// A clock reading, during setup (the nodes' clocks are aligned for
+    /// traces: `mesh::clock`).
+    Clock {
+        /// The sender's monotonic clock (ns).
+        t: u64,
+    },
 }
 
 /// A frame's header.

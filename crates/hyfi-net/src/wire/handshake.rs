@@ -47,7 +47,7 @@ use crate::token::Token;
 
 /// Protocol version; a peer speaking another is refused. Version 2 replaced
 /// the token in the handshake with a nonce and a challenge–response.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 const MAGIC: [u8; 4] = *b"HYFI";
 /// Size of the handshake.
 pub const HANDSHAKE_LEN: usize = 40;
