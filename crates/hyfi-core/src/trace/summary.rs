@@ -243,3 +243,69 @@ pub(super) fn table(path: &Path, all: &[Summary]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(kind: Kind, t: u64, dur: u64, args: [u64; 4]) -> Event {
+        Event {
+            t,
+            dur,
+            args,
+            kind: kind as u8,
+        }
+    }
+
+    #[test]
+    fn overlap_is_the_computation_inside_page_waits() {
+        // Processor 0: pool 0 runs 0..10 and waits for pages 10..50; pool 1
+        // runs 12..30 and 40..60 meanwhile: 18 + 10 of the 40 ns hidden.
+        let p0 = vec![
+            ev(Kind::Segment, 0, 10, [0, 5, 1, 2]),
+            ev(Kind::PageWait, 10, 40, [0, 3, 1, 1]),
+            ev(Kind::Segment, 12, 18, [1, 4, 2, 2]),
+            ev(Kind::Segment, 40, 20, [1, 4, 2, 1]),
+            ev(Kind::Segment, 60, 5, [0, 5, 1, 1]),
+            ev(Kind::Phase, 0, 70, [0, 0, 0, 0]),
+            ev(Kind::Barrier, 65, 5, [0, 0, 0, 0]),
+        ];
+        // The communication thread: pages in, messages.
+        let comm = vec![
+            ev(Kind::PagesIn, 49, 0, [1, 3, 0, 0]),
+            ev(Kind::Recv, 49, 0, [1, 1, 4096, 0]),
+            ev(Kind::Send, 11, 0, [1, 0, 40, 0]),
+        ];
+        let tracks = vec![
+            (0, "processor 0".to_string(), p0),
+            (OTHER_TID, "hyfi-comm".to_string(), comm),
+        ];
+        let s = Summary::of(3, &tracks, 7);
+        assert_eq!(s.node, 3);
+        assert_eq!(s.procs, 1);
+        assert_eq!(s.compute_ns, 10 + 18 + 20 + 5);
+        assert_eq!(s.page_wait_ns, 40);
+        assert_eq!(s.overlap_ns, 18 + 10);
+        assert_eq!(s.sync_ns, 5);
+        assert_eq!(s.phases, 1);
+        assert_eq!(s.pages_fetched, 3);
+        assert_eq!((s.sent, s.sent_bytes, s.received), (1, 40, 1));
+        assert_eq!((s.events, s.dropped), (10, 7));
+        assert_eq!(s.span_ns, 70);
+        assert!((s.overlap() - 0.7).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_summary_round_trips_through_its_text() {
+        let s = Summary {
+            node: 2,
+            procs: 4,
+            compute_ns: 123,
+            overlap_ns: 5,
+            dropped: 9,
+            ..Summary::default()
+        };
+        assert_eq!(Summary::decode(&s.encode()), Some(s));
+        assert_eq!(Summary::decode("not a summary"), None);
+    }
+}
