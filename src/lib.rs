@@ -144,7 +144,9 @@ pub use hyfi_core::{block, Control, Ctx, Index, Pool, PoolArray, PostPhase, Prog
 pub use hyfi_core::bytemuck;
 /// The exact, order-independent floating-point sum ([`ExactSum`]).
 pub use hyfi_core::exact;
-pub use hyfi_core::{Arith, ExactAccumulator, ExactLocal, ExactSum, Local, Op, Reduction};
+pub use hyfi_core::{
+    Arith, ExactAccumulator, ExactLocal, ExactSum, Local, LocalWith, Op, Reduction,
+};
 
 // --- Fork-join filaments, on one node or across nodes ---
 pub use hyfi_core::{Fork, Pruned, RemoteFn};
