@@ -1,59 +1,8 @@
-//! Reduction variables (paper §3.4): private copies combined by post-phase
-//! code with [`PostPhase::reduce`](crate::PostPhase::reduce).
-//!
-//! The paper keeps one private copy per processor. Here each *pool* of a
-//! processor has its own copy (pool 0's is the processor's, and fork-join
-//! filaments use it): the pools of a processor interleave whenever one
-//! waits for a shared page, in an order that depends on when pages arrive,
-//! so with one copy per processor a floating-point sum would come out
-//! differently from run to run. Filaments read and write their pool's
-//! copy through the [`Ctx`] they are given, with no synchronization: a
-//! copy belongs to one filthread at a time, and copies sit on separate
-//! cache lines.
-//!
-//! A reduce combines the copies in a fixed order — on each processor in
-//! pool order, then the processors of the node in order, then the nodes
-//! in the node layer's fixed tree order — and writes the result back into
-//! every copy. A given configuration (nodes, processors, pools and what
-//! each pool holds) therefore reproduces its result bit for bit, whatever
-//! the order in which pages arrive. A pool's copy starts from the
-//! variable's `init` (or from the value a reduce or
-//! [`PostPhase::set`](crate::PostPhase::set) last wrote to every copy), so
-//! start a sum from 0 or reset it after each reduce, as below.
-//!
-//! In fork-join runs the filthreads of a processor share its copy and the
-//! order of their updates depends on stealing: reduce exact types there
-//! (integers), or return values through joins.
-//!
-//! A reduction of a type of your own (here: the largest value and where it
-//! is, lowest index on ties, as a sequential scan would find it):
-//!
-//! ```
-//! use hyfi_core::{bytemuck, Config, Control, PoolArray, Program, Runtime};
-//!
-//! #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-//! #[bytemuck(crate = "hyfi_core::bytemuck")]
-//! #[repr(C)]
-//! struct ArgMax { value: f64, index: u64 }
-//!
-//! fn better(a: ArgMax, b: ArgMax) -> ArgMax {
-//!     if b.value > a.value || (b.value == a.value && b.index < a.index) { b } else { a }
-//! }
-//! let f = |i: usize| ((i * 37) % 101) as f64;
-//! let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
-//! let best = rt.reduction(ArgMax { value: f64::MIN, index: u64::MAX });
-//! let mut found = None;
-//! let mut prog = Program::new();
-//! prog.phase(
-//!     PoolArray::block(&rt, 0..1000, 1),
-//!     |ctx, i| best.update(ctx, |b| better(b, ArgMax { value: f(i), index: i as u64 })),
-//!     |post| { found = Some(post.reduce_with(&best, better)); Control::Done },
-//! );
-//! rt.start(&mut prog).unwrap();
-//! drop(prog);
-//! let seq = (0..1000).fold(ArgMax { value: f64::MIN, index: u64::MAX }, |b, i| better(b, ArgMax { value: f(i), index: i as u64 }));
-//! assert_eq!(found, Some(seq));
-//! ```
+//! Reduction variables (paper §3.4): private copies, one per pool,
+//! combined by post-phase code with
+//! [`PostPhase::reduce`](crate::PostPhase::reduce). What a program sees is
+//! on [`Reduction`]; this module also holds the segment-local accumulators
+//! ([`Local`], [`LocalWith`]) and the built-in operators ([`Op`], [`Arith`]).
 
 use std::cell::UnsafeCell;
 
@@ -62,7 +11,69 @@ use crossbeam_utils::CachePadded;
 use crate::error::Error;
 use crate::sched::Ctx;
 
-/// A reduction variable of plain-data type `T`.
+/// A reduction variable of plain-data type `T` (paper §3.4): private
+/// copies combined by post-phase code with
+/// [`PostPhase::reduce`](crate::PostPhase::reduce).
+///
+/// The paper keeps one private copy per processor. Here each *pool* of a
+/// processor has its own copy (pool 0's is the processor's, and fork-join
+/// filaments use it): the pools of a processor interleave whenever one
+/// waits for a shared page, in an order that depends on when pages arrive,
+/// so with one copy per processor a floating-point sum would come out
+/// differently from run to run. Filaments read and write their pool's
+/// copy through the [`Ctx`] they are given, with no synchronization: a
+/// copy belongs to one filthread at a time, and copies sit on separate
+/// cache lines.
+///
+/// A reduce combines the copies in a fixed order — on each processor in
+/// pool order, then the processors of the node in order, then the nodes
+/// in the node layer's fixed tree order — and writes the result back into
+/// every copy. A given configuration (nodes, processors, pools and what
+/// each pool holds) therefore reproduces its result bit for bit, whatever
+/// the order in which pages arrive. A pool's copy starts from the
+/// variable's `init` (or from the value a reduce or
+/// [`PostPhase::set`](crate::PostPhase::set) last wrote to every copy), so
+/// start a sum from 0 and reset it with `set` after each reduce.
+///
+/// In fork-join runs the filthreads of a processor share its copy and the
+/// order of their updates depends on stealing: reduce exact types there
+/// (integers), or return values through joins.
+///
+/// A reduction of a type of your own (here: the largest value and where it
+/// is, lowest index on ties, as a sequential scan would find it):
+///
+/// ```
+/// use hyfi::{bytemuck, Config, Control, PoolArray, Program, Runtime};
+///
+/// #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+/// #[bytemuck(crate = "hyfi::bytemuck")]
+/// #[repr(C)]
+/// struct ArgMax { value: f64, index: u64 }
+///
+/// fn better(a: ArgMax, b: ArgMax) -> ArgMax {
+///     if b.value > a.value || (b.value == a.value && b.index < a.index) { b } else { a }
+/// }
+/// let f = |i: usize| ((i * 37) % 101) as f64;
+/// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+/// let best = rt.reduction(ArgMax { value: f64::MIN, index: u64::MAX });
+/// let mut found = None;
+/// let mut prog = Program::new();
+/// prog.phase(
+///     PoolArray::block(&rt, 0..1000, 1),
+///     |ctx, i| best.update(ctx, |b| better(b, ArgMax { value: f(i), index: i as u64 })),
+///     |post| { found = Some(post.reduce_with(&best, better)); Control::Done },
+/// );
+/// rt.start(&mut prog).unwrap();
+/// drop(prog);
+/// let seq = (0..1000).fold(ArgMax { value: f64::MIN, index: u64::MAX }, |b, i| better(b, ArgMax { value: f(i), index: i as u64 }));
+/// assert_eq!(found, Some(seq));
+/// ```
+///
+/// In a phase declared with [`Program::phase_with`](crate::Program::phase_with),
+/// a segment folds into an accumulator in a register instead:
+/// [`local`](Reduction::local) for the built-in numbers and operators,
+/// [`local_with`](Reduction::local_with) for a type and combining function
+/// of your own, as here.
 pub struct Reduction<T> {
     rt: u64,
     copies: Box<[CachePadded<ProcCopies<T>>]>,
@@ -199,10 +210,11 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
     /// arithmetic:
     ///
     /// ```
-    /// use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime, SharedVec};
+    /// use hyfi::{Config, Control, Dsm, Op, PoolArray, Program, Runtime};
     ///
-    /// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
-    /// let data = SharedVec::from_fn(100, |i| i as u64);
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+    /// let dsm = Dsm::new(&rt)?;
+    /// let data = dsm.vec::<u64>(100).from_fn(|i| i as u64)?;
     /// let total = rt.reduction(0u64);
     /// let mut sum = 0;
     /// let mut prog = Program::new();
@@ -214,9 +226,10 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
     ///     },
     ///     |post| { sum = post.reduce(&total, Op::Sum); Control::Done },
     /// );
-    /// rt.start(&mut prog).unwrap();
+    /// rt.start(&mut prog)?;
     /// drop(prog);
     /// assert_eq!(sum, 4950);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline(always)]
     pub fn update(&self, ctx: &Ctx, f: impl FnOnce(T) -> T) {

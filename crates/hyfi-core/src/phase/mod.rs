@@ -181,7 +181,7 @@ impl<'a> Program<'a> {
     /// reduction accumulators ([`Reduction::local`](crate::Reduction::local)), anything else. Each
     /// filament then gets `&mut` of it: `filament(ctx, index, &mut bound)`.
     /// What `bind` returned is dropped at the segment's end (a local
-    /// accumulator folds into the processor's copy then).
+    /// accumulator folds into its pool's copy then).
     ///
     /// This is the fast path for regular access: the per-element checks of
     /// [`Program::phase`] are paid once per segment, the filament is
@@ -190,7 +190,7 @@ impl<'a> Program<'a> {
     /// point, then cost what the plain loop costs:
     ///
     /// ```
-    /// use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime};
+    /// use hyfi::{Config, Control, Op, PoolArray, Program, Runtime};
     ///
     /// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
     /// let data: Vec<f64> = (0..1000).map(|i| ((i * 7919) % 1000) as f64).collect();
