@@ -19,8 +19,9 @@
 //! filaments touch with [`Program::phase_with`]: per pool segment, read
 //! views ([`DsmMatrix::read_rows`], plain memory), write views
 //! ([`DsmMatrix::write_rows`]) and register accumulators
-//! ([`Reduction::local`]); the filament is then inlined into the pool's loop.
-//! Write recursive filaments generic over [`Fork`] and name their pruned
+//! ([`Reduction::local`], [`Reduction::local_with`]); the filament is then
+//! inlined into the pool's loop. Write recursive filaments generic over
+//! [`Fork`] and name their pruned
 //! copy ([`RemoteFn::with_pruned`]) so that pruned subtrees are the plain
 //! recursion.
 //!
