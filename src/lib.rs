@@ -21,9 +21,8 @@
 //! ([`DsmMatrix::write_rows`]) and register accumulators
 //! ([`Reduction::local`], [`Reduction::local_with`]); the filament is then
 //! inlined into the pool's loop. Write recursive filaments generic over
-//! [`Fork`] and name their pruned
-//! copy ([`RemoteFn::with_pruned`]) so that pruned subtrees are the plain
-//! recursion.
+//! [`Fork`] and name their pruned copy ([`RemoteFn::with_pruned`]) so that
+//! pruned subtrees are the plain recursion.
 //!
 //! ```
 //! use hyfi::{Config, Ctx, Runtime};
