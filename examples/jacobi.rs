@@ -33,7 +33,7 @@
 //! A run longer than a few seconds shows the sweeps done and the last
 //! maxdiff on the terminal (one status line, per node under a local
 //! launcher), erased before the results; nothing when stderr is not a
-//! terminal (see `hyfi::progress`, `HYFI_PROGRESS`).
+//! terminal (see `hyfi::Progress`, `HYFI_PROGRESS`).
 
 #[path = "common/mod.rs"]
 mod common;

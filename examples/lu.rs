@@ -192,7 +192,7 @@ pub fn factor_dsm(
     let mut singular_at = None;
 
     // Steps done on the terminal in a long run, with the share of the
-    // flops (step k updates (n-k)² entries): see `hyfi::progress`.
+    // flops (step k updates (n-k)² entries): see `hyfi::Progress`.
     let progress = Progress::new(rt, "steps");
     let flops_left = |k: usize| ((n - k) as f64 / n as f64).powi(3);
 

@@ -94,7 +94,7 @@ fn main() {
     let hits = rt.reduction(0u64);
     let area = rt.reduction(0.0f64);
     let (mut total_hits, mut last_area) = (0u64, 0.0f64);
-    // Phases done on the terminal in a long run (see `hyfi::progress`).
+    // Phases done on the terminal in a long run (see `hyfi::Progress`).
     let progress = Progress::new(&rt, "phases");
     let t = Instant::now();
     let mut prog = Program::new();

@@ -19,10 +19,10 @@
 //! filaments touch with [`Program::phase_with`]: per pool segment, read
 //! views ([`DsmMatrix::read_rows`], plain memory), write views
 //! ([`DsmMatrix::write_rows`]) and register accumulators
-//! ([`Reduction::local`]); the filament is then inlined into the pool's loop.
-//! Write recursive filaments generic over [`Fork`] and name their pruned
-//! copy ([`RemoteFn::with_pruned`]) so that pruned subtrees are the plain
-//! recursion.
+//! ([`Reduction::local`], [`Reduction::local_with`]); the filament is then
+//! inlined into the pool's loop. Write recursive filaments generic over
+//! [`Fork`] and name their pruned copy ([`RemoteFn::with_pruned`]) so that
+//! pruned subtrees are the plain recursion.
 //!
 //! ```
 //! use hyfi::{Config, Ctx, Runtime};
@@ -144,7 +144,9 @@ pub use hyfi_core::{block, Control, Ctx, Index, Pool, PoolArray, PostPhase, Prog
 pub use hyfi_core::bytemuck;
 /// The exact, order-independent floating-point sum ([`ExactSum`]).
 pub use hyfi_core::exact;
-pub use hyfi_core::{Arith, ExactAccumulator, ExactLocal, ExactSum, Local, Op, Reduction};
+pub use hyfi_core::{
+    Arith, ExactAccumulator, ExactLocal, ExactSum, Local, LocalWith, Op, Reduction,
+};
 
 // --- Fork-join filaments, on one node or across nodes ---
 pub use hyfi_core::{Fork, Pruned, RemoteFn};

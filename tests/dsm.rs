@@ -199,6 +199,26 @@ fn jacobi_gives_the_same_bits_on_every_configuration() {
     }
 }
 
+/// Red-black SOR in place: every node's halo rows are another node's rows,
+/// taken in a write view each phase.
+#[test]
+fn sor_gives_the_same_bits_on_every_configuration() {
+    let args = ["--n", "66", "--iters", "30", "--pools-per-proc", "2"];
+    let mut bits = Vec::new();
+    for (nodes, procs) in CONFIGS {
+        let what = format!("sor on {nodes}x{procs}");
+        let out = run_ok(&what, on(&bins().sor, nodes, procs, &args), nodes);
+        all_say(&what, &out, "OK: hyfi and sequential results are identical");
+        for lines in out.values() {
+            bits.push((what.clone(), ok_field(lines, "grid_bits")));
+        }
+    }
+    let first = &bits[0].1;
+    for (what, b) in &bits {
+        assert_eq!(b, first, "{what} differs from {}", bits[0].0);
+    }
+}
+
 #[test]
 fn lu_and_matmul_match_sequential_on_every_configuration() {
     for (nodes, procs) in CONFIGS {

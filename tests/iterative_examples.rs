@@ -1,6 +1,6 @@
-//! The iterative-filament examples (Jacobi, LU, matrix multiplication) at
-//! small sizes: each must match its sequential version bit for bit, and one
-//! and two processors must agree bit for bit.
+//! The iterative-filament examples (Jacobi, red-black SOR, LU, matrix
+//! multiplication) at small sizes: each must match its sequential version
+//! bit for bit, and one and two processors must agree bit for bit.
 
 // Each example is a standalone program that includes examples/common;
 // including several examples here loads that file once per example.
@@ -18,6 +18,9 @@ mod lu;
 #[path = "../examples/matmul.rs"]
 #[allow(dead_code)]
 mod matmul;
+#[path = "../examples/sor.rs"]
+#[allow(dead_code)]
+mod sor;
 
 /// Unpinned, so tests running side by side may oversubscribe the CPUs.
 fn runtime(procs: usize) -> Runtime {
@@ -129,6 +132,53 @@ fn jacobi_runtime_is_reusable() {
     let second = jacobi::run_hyfi(&rt, &a).expect("runs");
     assert_eq!(first.check_same(&second), Ok(()));
     assert_eq!(first.check_same(&jacobi::run_seq(&a)), Ok(()));
+}
+
+/// Runs red-black SOR on 1 and 2 processors; checks both against the
+/// sequential sweeps and each other; returns the sequential result.
+fn sor_1_2(cmdline: &str) -> sor::Output {
+    let a: sor::Args = args("sor", cmdline);
+    let seq = sor::run_seq(&a);
+    let one = sor::run_hyfi(&runtime(1), &a).expect("1 processor runs");
+    let two = sor::run_hyfi(&runtime(2), &a).expect("2 processors run");
+    assert_eq!(
+        one.check_same(&seq),
+        Ok(()),
+        "sor {cmdline}, 1 processor vs sequential"
+    );
+    assert_eq!(
+        two.check_same(&seq),
+        Ok(()),
+        "sor {cmdline}, 2 processors vs sequential"
+    );
+    assert_eq!(
+        one.check_same(&two),
+        Ok(()),
+        "sor {cmdline}, 1 vs 2 processors"
+    );
+    assert_eq!(one.converged, seq.converged);
+    seq
+}
+
+#[test]
+fn sor_in_place_matches_sequential() {
+    let seq = sor_1_2("--n 34 --iters 40");
+    assert_eq!(seq.iters, 40);
+    assert!(seq.grid[34 + 17] > 0.0, "heat has flowed in");
+    // Several pools per processor (some empty on 7 rows); Gauss–Seidel.
+    sor_1_2("--n 32 --iters 25 --pools-per-proc 3");
+    sor_1_2("--n 9 --iters 10 --pools-per-proc 3 --omega 1");
+}
+
+#[test]
+fn sor_reduction_decides_when_to_stop() {
+    let seq = sor_1_2("--n 12 --eps 1e-6 --iters 100000");
+    assert!(seq.converged);
+    assert!(seq.iters > 1 && seq.iters < 100000, "{} sweeps", seq.iters);
+    assert!(seq.maxdiff < 1e-6);
+    // Over-relaxation converges in fewer sweeps than Gauss–Seidel here.
+    let gs = sor::run_seq(&args("sor", "--n 12 --eps 1e-6 --iters 100000 --omega 1"));
+    assert!(seq.iters < gs.iters, "{} vs {}", seq.iters, gs.iters);
 }
 
 fn lu_1_2(cmdline: &str) -> lu::Output {
@@ -283,6 +333,12 @@ fn checks_catch_a_one_bit_difference() {
     let mut bad = good.clone();
     bad.iters += 1;
     assert!(good.check_same(&bad).is_err());
+
+    let a: sor::Args = args("sor", "--n 10 --iters 3");
+    let good = sor::run_seq(&a);
+    let mut bad = good.clone();
+    flip(&mut bad.grid[4 * 10 + 5]);
+    assert!(good.check_same(&bad).unwrap_err().contains("(4, 5)"));
 
     let a: lu::Args = args("lu", "--n 10");
     let good = lu::run_seq(&a);

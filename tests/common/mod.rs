@@ -34,6 +34,7 @@ pub struct Bins {
     pub fj_probe: PathBuf,
     pub faults: PathBuf,
     pub exact_sum: PathBuf,
+    pub sor: PathBuf,
 }
 
 /// The examples and `hyfi-run`, built once per test process with this test's
@@ -83,6 +84,8 @@ pub fn bins() -> &'static Bins {
             "faults",
             "--example",
             "exact_sum",
+            "--example",
+            "sor",
             "--bin",
             "hyfi-run",
             "-p",
@@ -123,6 +126,7 @@ pub fn bins() -> &'static Bins {
             fj_probe: ex("fj_probe"),
             faults: ex("faults"),
             exact_sum: ex("exact_sum"),
+            sor: ex("sor"),
         };
         for exe in [
             &bins.montecarlo,
@@ -138,6 +142,7 @@ pub fn bins() -> &'static Bins {
             &bins.fj_probe,
             &bins.faults,
             &bins.exact_sum,
+            &bins.sor,
         ] {
             assert!(
                 exe.exists(),

@@ -27,7 +27,7 @@ pub const DEFAULT_STACK_SIZE: usize = 1 << 20;
 /// [`Config::from_env`] and the builder methods.
 ///
 /// ```
-/// let cfg = hyfi_core::Config::new().procs(2).pin(false);
+/// let cfg = hyfi::Config::new().procs(2).pin(false);
 /// assert_eq!(cfg.get_procs(), Some(2));
 /// ```
 #[derive(Clone, Debug)]
@@ -200,7 +200,7 @@ impl Config {
     /// launcher (`hyfi-run`, the embedded launcher, Open MPI's local rank).
     ///
     /// ```
-    /// let cfg = hyfi_core::Config::new().cpu_share(1, 2);
+    /// let cfg = hyfi::Config::new().cpu_share(1, 2);
     /// assert_eq!(cfg.get_cpu_share(), Some((1, 2)));
     /// ```
     pub fn cpu_share(mut self, index: usize, count: usize) -> Self {
@@ -364,8 +364,8 @@ fn parse_bool(v: &str) -> Option<bool> {
 /// T suffix (powers of 1024). `None` if it is not one.
 ///
 /// ```
-/// assert_eq!(hyfi_core::parse_size("512K"), Some(512 << 10));
-/// assert_eq!(hyfi_core::parse_size("lots"), None);
+/// assert_eq!(hyfi::layers::parse_size("512K"), Some(512 << 10));
+/// assert_eq!(hyfi::layers::parse_size("lots"), None);
 /// ```
 pub fn parse_size(v: &str) -> Option<usize> {
     let t = v.trim();

@@ -236,13 +236,13 @@ impl Error {
     /// for any other.
     ///
     /// ```
-    /// let e = hyfi_core::Error::BadEnv {
+    /// let e = hyfi::Error::BadEnv {
     ///     var: "HYFI_PROCS",
     ///     value: "abc".into(),
     ///     expected: "a processor count",
     /// };
     /// assert_eq!(e.exit_code(), 2);
-    /// assert_eq!(hyfi_core::Error::EmptyProgram.exit_code(), 1);
+    /// assert_eq!(hyfi::Error::EmptyProgram.exit_code(), 1);
     /// ```
     pub fn exit_code(&self) -> i32 {
         if self.is_config() {

@@ -33,7 +33,7 @@
 //! processor's copy also give the same bits whatever the stealing did.
 //!
 //! ```
-//! use hyfi_core::{Config, Control, ExactAccumulator, PoolArray, Program, Runtime};
+//! use hyfi::{Config, Control, ExactAccumulator, PoolArray, Program, Runtime};
 //!
 //! // 1e16 + 1 − 1e16 + …: in f64, the 1s vanish or not depending on order.
 //! let x = |i: usize| match i % 3 { 0 => 1e16, 1 => 1.0, _ => -1e16 };
@@ -89,7 +89,7 @@ const NEG_INF: u64 = 4;
 /// gives the same bits.
 ///
 /// ```
-/// use hyfi_core::ExactAccumulator;
+/// use hyfi::ExactAccumulator;
 ///
 /// let mut a = ExactAccumulator::new();
 /// for x in [1e16, 1.0, -1e16] { a.add(x); }

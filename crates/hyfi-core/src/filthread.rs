@@ -14,7 +14,8 @@
 //! layers above.
 //!
 //! ```
-//! use hyfi_core::{Config, Runtime, filthread};
+//! use hyfi::layers::filthread;
+//! use hyfi::{Config, Runtime};
 //! use std::sync::mpsc;
 //!
 //! let rt = Runtime::new(Config::new().procs(1).pin(false)).unwrap();

@@ -8,15 +8,15 @@
 //! only hyfi-core implements them.
 //!
 //! ```
-//! use hyfi_core::layer::RuntimeExt;
-//! use hyfi_core::{Config, Runtime, SingleNode};
+//! use hyfi::layers::{RuntimeExt, SingleNode};
+//! use hyfi::{Config, Runtime};
 //! use std::sync::Arc;
 //!
 //! // A runtime over a link of the layer's choosing (here the one-node link).
 //! let rt = Runtime::with_link(Config::new().procs(1).pin(false), Arc::new(SingleNode))?;
 //! assert_eq!(rt.link().num_nodes(), 1);
 //! assert!(rt.phase_end().is_none());
-//! # Ok::<(), hyfi_core::Error>(())
+//! # Ok::<(), hyfi::Error>(())
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};

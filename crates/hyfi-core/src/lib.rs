@@ -129,7 +129,7 @@ pub use node::{LinkError, NodeLink, PhaseEnd, SingleNode, Step};
 pub use phase::{Control, PostPhase, Program};
 pub use pool::{block, Index, Pool, PoolArray, Span};
 pub use progress::Progress;
-pub use reduce::{Arith, Local, Op, Reduction};
+pub use reduce::{Arith, Local, LocalWith, Op, Reduction};
 pub use remote::join::Fork;
 pub use remote::startup::Slot;
 pub use remote::{is_registered, Failure, RemoteFn};

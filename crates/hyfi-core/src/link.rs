@@ -45,8 +45,8 @@
 //!
 //! ```
 //! use std::sync::{Arc, Mutex};
-//! use hyfi_core::link::{Class, FrameError, InProcess, Service, ServiceId};
-//! use hyfi_core::NodeLink;
+//! use hyfi::layers::link::{Class, FrameError, InProcess, Service, ServiceId};
+//! use hyfi::layers::NodeLink;
 //!
 //! /// Collects what it receives.
 //! #[derive(Default)]

@@ -149,7 +149,7 @@ impl Pool<(usize, usize)> {
     /// dense pool's do.
     ///
     /// ```
-    /// use hyfi_core::Pool;
+    /// use hyfi::Pool;
     /// let mut red = Pool::<(usize, usize)>::default();
     /// red.push_red_black(1..4, 1..6, 0);
     /// assert_eq!(red.segments(), 3);
@@ -305,7 +305,7 @@ impl PoolArray<(usize, usize)> {
     /// cost per point what one dense phase does.
     ///
     /// ```
-    /// use hyfi_core::{Config, PoolArray, Runtime};
+    /// use hyfi::{Config, PoolArray, Runtime};
     /// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
     /// let red = PoolArray::block_rows_red_black(&rt, 1..9, 1..9, 0, 1);
     /// let black = PoolArray::block_rows_red_black(&rt, 1..9, 1..9, 1, 1);
@@ -331,7 +331,7 @@ impl PoolArray<(usize, usize, usize)> {
     /// [`PoolArray::block_rows`] splits rows.
     ///
     /// ```
-    /// use hyfi_core::{Config, PoolArray, Runtime};
+    /// use hyfi::{Config, PoolArray, Runtime};
     /// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
     /// let mut pools = PoolArray::block_planes(&rt, 1..5, 1..5, 1..5, 2);
     /// assert_eq!(pools.len(), 64);

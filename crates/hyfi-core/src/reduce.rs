@@ -1,59 +1,8 @@
-//! Reduction variables (paper §3.4): private copies combined by post-phase
-//! code with [`PostPhase::reduce`](crate::PostPhase::reduce).
-//!
-//! The paper keeps one private copy per processor. Here each *pool* of a
-//! processor has its own copy (pool 0's is the processor's, and fork-join
-//! filaments use it): the pools of a processor interleave whenever one
-//! waits for a shared page, in an order that depends on when pages arrive,
-//! so with one copy per processor a floating-point sum would come out
-//! differently from run to run. Filaments read and write their pool's
-//! copy through the [`Ctx`] they are given, with no synchronization: a
-//! copy belongs to one filthread at a time, and copies sit on separate
-//! cache lines.
-//!
-//! A reduce combines the copies in a fixed order — on each processor in
-//! pool order, then the processors of the node in order, then the nodes
-//! in the node layer's fixed tree order — and writes the result back into
-//! every copy. A given configuration (nodes, processors, pools and what
-//! each pool holds) therefore reproduces its result bit for bit, whatever
-//! the order in which pages arrive. A pool's copy starts from the
-//! variable's `init` (or from the value a reduce or
-//! [`PostPhase::set`](crate::PostPhase::set) last wrote to every copy), so
-//! start a sum from 0 or reset it after each reduce, as below.
-//!
-//! In fork-join runs the filthreads of a processor share its copy and the
-//! order of their updates depends on stealing: reduce exact types there
-//! (integers), or return values through joins.
-//!
-//! A reduction of a type of your own (here: the largest value and where it
-//! is, lowest index on ties, as a sequential scan would find it):
-//!
-//! ```
-//! use hyfi_core::{bytemuck, Config, Control, PoolArray, Program, Runtime};
-//!
-//! #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-//! #[bytemuck(crate = "hyfi_core::bytemuck")]
-//! #[repr(C)]
-//! struct ArgMax { value: f64, index: u64 }
-//!
-//! fn better(a: ArgMax, b: ArgMax) -> ArgMax {
-//!     if b.value > a.value || (b.value == a.value && b.index < a.index) { b } else { a }
-//! }
-//! let f = |i: usize| ((i * 37) % 101) as f64;
-//! let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
-//! let best = rt.reduction(ArgMax { value: f64::MIN, index: u64::MAX });
-//! let mut found = None;
-//! let mut prog = Program::new();
-//! prog.phase(
-//!     PoolArray::block(&rt, 0..1000, 1),
-//!     |ctx, i| best.update(ctx, |b| better(b, ArgMax { value: f(i), index: i as u64 })),
-//!     |post| { found = Some(post.reduce_with(&best, better)); Control::Done },
-//! );
-//! rt.start(&mut prog).unwrap();
-//! drop(prog);
-//! let seq = (0..1000).fold(ArgMax { value: f64::MIN, index: u64::MAX }, |b, i| better(b, ArgMax { value: f(i), index: i as u64 }));
-//! assert_eq!(found, Some(seq));
-//! ```
+//! Reduction variables (paper §3.4): private copies, one per pool,
+//! combined by post-phase code with
+//! [`PostPhase::reduce`](crate::PostPhase::reduce). What a program sees is
+//! on [`Reduction`]; this module also holds the segment-local accumulators
+//! ([`Local`], [`LocalWith`]) and the built-in operators ([`Op`], [`Arith`]).
 
 use std::cell::UnsafeCell;
 
@@ -62,7 +11,69 @@ use crossbeam_utils::CachePadded;
 use crate::error::Error;
 use crate::sched::Ctx;
 
-/// A reduction variable of plain-data type `T`.
+/// A reduction variable of plain-data type `T` (paper §3.4): private
+/// copies combined by post-phase code with
+/// [`PostPhase::reduce`](crate::PostPhase::reduce).
+///
+/// The paper keeps one private copy per processor. Here each *pool* of a
+/// processor has its own copy (pool 0's is the processor's, and fork-join
+/// filaments use it): the pools of a processor interleave whenever one
+/// waits for a shared page, in an order that depends on when pages arrive,
+/// so with one copy per processor a floating-point sum would come out
+/// differently from run to run. Filaments read and write their pool's
+/// copy through the [`Ctx`] they are given, with no synchronization: a
+/// copy belongs to one filthread at a time, and copies sit on separate
+/// cache lines.
+///
+/// A reduce combines the copies in a fixed order — on each processor in
+/// pool order, then the processors of the node in order, then the nodes
+/// in the node layer's fixed tree order — and writes the result back into
+/// every copy. A given configuration (nodes, processors, pools and what
+/// each pool holds) therefore reproduces its result bit for bit, whatever
+/// the order in which pages arrive. A pool's copy starts from the
+/// variable's `init` (or from the value a reduce or
+/// [`PostPhase::set`](crate::PostPhase::set) last wrote to every copy), so
+/// start a sum from 0 and reset it with `set` after each reduce.
+///
+/// In fork-join runs the filthreads of a processor share its copy and the
+/// order of their updates depends on stealing: reduce exact types there
+/// (integers), or return values through joins.
+///
+/// A reduction of a type of your own (here: the largest value and where it
+/// is, lowest index on ties, as a sequential scan would find it):
+///
+/// ```
+/// use hyfi::{bytemuck, Config, Control, PoolArray, Program, Runtime};
+///
+/// #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+/// #[bytemuck(crate = "hyfi::bytemuck")]
+/// #[repr(C)]
+/// struct ArgMax { value: f64, index: u64 }
+///
+/// fn better(a: ArgMax, b: ArgMax) -> ArgMax {
+///     if b.value > a.value || (b.value == a.value && b.index < a.index) { b } else { a }
+/// }
+/// let f = |i: usize| ((i * 37) % 101) as f64;
+/// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+/// let best = rt.reduction(ArgMax { value: f64::MIN, index: u64::MAX });
+/// let mut found = None;
+/// let mut prog = Program::new();
+/// prog.phase(
+///     PoolArray::block(&rt, 0..1000, 1),
+///     |ctx, i| best.update(ctx, |b| better(b, ArgMax { value: f(i), index: i as u64 })),
+///     |post| { found = Some(post.reduce_with(&best, better)); Control::Done },
+/// );
+/// rt.start(&mut prog).unwrap();
+/// drop(prog);
+/// let seq = (0..1000).fold(ArgMax { value: f64::MIN, index: u64::MAX }, |b, i| better(b, ArgMax { value: f(i), index: i as u64 }));
+/// assert_eq!(found, Some(seq));
+/// ```
+///
+/// In a phase declared with [`Program::phase_with`](crate::Program::phase_with),
+/// a segment folds into an accumulator in a register instead:
+/// [`local`](Reduction::local) for the built-in numbers and operators,
+/// [`local_with`](Reduction::local_with) for a type and combining function
+/// of your own, as here.
 pub struct Reduction<T> {
     rt: u64,
     copies: Box<[CachePadded<ProcCopies<T>>]>,
@@ -199,10 +210,11 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
     /// arithmetic:
     ///
     /// ```
-    /// use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime, SharedVec};
+    /// use hyfi::{Config, Control, Dsm, Op, PoolArray, Program, Runtime};
     ///
-    /// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
-    /// let data = SharedVec::from_fn(100, |i| i as u64);
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+    /// let dsm = Dsm::new(&rt)?;
+    /// let data = dsm.vec::<u64>(100).from_fn(|i| i as u64)?;
     /// let total = rt.reduction(0u64);
     /// let mut sum = 0;
     /// let mut prog = Program::new();
@@ -214,9 +226,10 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
     ///     },
     ///     |post| { sum = post.reduce(&total, Op::Sum); Control::Done },
     /// );
-    /// rt.start(&mut prog).unwrap();
+    /// rt.start(&mut prog)?;
     /// drop(prog);
     /// assert_eq!(sum, 4950);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline(always)]
     pub fn update(&self, ctx: &Ctx, f: impl FnOnce(T) -> T) {
@@ -252,6 +265,22 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
     /// fork-join (where the filthreads of a processor share its copy)
     /// another filthread may fold into the copy meanwhile without either
     /// losing an update.
+    ///
+    /// **Rounding.** The segment's values are combined with each other
+    /// first and their total with the copy at the end: `copy + (v1 + v2 +
+    /// …)`, where [`update`](Reduction::update) and
+    /// [`fold`](Reduction::fold) compute `(copy + v1) + v2 …`. For
+    /// integers and for `Max`/`Min` that is the same value; a
+    /// floating-point `Sum` or `Product` rounds differently, so the same
+    /// phase written with `local` and with `update` may differ in the last
+    /// bits (each is still the same from run to run on a given
+    /// configuration). For a sum that does not depend on the grouping at
+    /// all, use an [`ExactSum`](crate::ExactSum).
+    ///
+    /// Only the built-in numbers ([`Arith`]) have an `Op`; for a type of
+    /// your own, reduced with
+    /// [`PostPhase::reduce_with`](crate::PostPhase::reduce_with), use
+    /// [`local_with`](Reduction::local_with).
     #[inline]
     pub fn local<'r>(&'r self, ctx: &Ctx, op: Op) -> Local<'r, T>
     where
@@ -266,6 +295,70 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
             pool: ctx.pool.get(),
             acc: T::identity(op),
             op,
+            _not_send: std::marker::PhantomData,
+        }
+    }
+
+    /// A segment-local accumulator, as [`local`](Reduction::local), for a
+    /// reduction combined by a function of your own (the one you give
+    /// [`PostPhase::reduce_with`](crate::PostPhase::reduce_with)): it
+    /// starts from `identity` (a value `combine` leaves the other operand
+    /// unchanged with), folds with `combine(acc, v)`, and when dropped,
+    /// at the segment's end, replaces this pool's copy `c` by
+    /// `combine(c, acc)`.
+    ///
+    /// `combine` must be associative, as for `reduce_with`, and must not
+    /// wait (as [`update`](Reduction::update)'s closure: touching a shared
+    /// page that is not here panics while it folds into the copy).
+    ///
+    /// The largest value and where it is, lowest index on ties, as a
+    /// sequential scan finds it:
+    ///
+    /// ```
+    /// use hyfi::{bytemuck, Config, Control, PoolArray, Program, Runtime};
+    ///
+    /// #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+    /// #[bytemuck(crate = "hyfi::bytemuck")]
+    /// #[repr(C)]
+    /// struct ArgMax { value: f64, index: u64 }
+    ///
+    /// fn better(a: ArgMax, b: ArgMax) -> ArgMax {
+    ///     if b.value > a.value || (b.value == a.value && b.index < a.index) { b } else { a }
+    /// }
+    /// const NONE: ArgMax = ArgMax { value: f64::MIN, index: u64::MAX }; // better(NONE, x) == x
+    ///
+    /// let data: Vec<f64> = (0..1000).map(|i| ((i * 37) % 101) as f64).collect();
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+    /// let best = rt.reduction(NONE);
+    /// let mut found = NONE;
+    /// let mut prog = Program::new();
+    /// prog.phase_with(
+    ///     PoolArray::block(&rt, 0..data.len(), 1),
+    ///     |ctx, _span| best.local_with(ctx, NONE, better),
+    ///     |_ctx, i, best| best.fold(ArgMax { value: data[i], index: i as u64 }),
+    ///     |post| { found = post.reduce_with(&best, better); Control::Done },
+    /// );
+    /// rt.start(&mut prog)?;
+    /// drop(prog);
+    /// let seq = (0..data.len()).fold(NONE, |b, i| better(b, ArgMax { value: data[i], index: i as u64 }));
+    /// assert_eq!(found, seq);
+    /// assert_eq!(found, ArgMax { value: 100.0, index: 30 });
+    /// # Ok::<(), hyfi::Error>(())
+    /// ```
+    #[inline]
+    pub fn local_with<'r, F>(&'r self, ctx: &Ctx, identity: T, combine: F) -> LocalWith<'r, T, F>
+    where
+        F: Fn(T, T) -> T,
+    {
+        if ctx.rt_id != self.rt {
+            foreign();
+        }
+        LocalWith {
+            r: self,
+            proc: ctx.proc(),
+            pool: ctx.pool.get(),
+            acc: identity,
+            combine,
             _not_send: std::marker::PhantomData,
         }
     }
@@ -367,6 +460,52 @@ impl<T: Arith> Drop for Local<'_, T> {
         // !Send, is dropped on that server thread; no user code runs
         // between the read and the write.
         unsafe { *slot = self.op.apply(*slot, self.acc) }
+    }
+}
+
+/// A segment-local accumulator of a [`Reduction`] combined by a function
+/// of your own (see [`Reduction::local_with`]). Like [`Local`], it is
+/// neither `Send` nor `Sync`.
+pub struct LocalWith<'r, T: bytemuck::Pod + Send + Sync, F: Fn(T, T) -> T> {
+    // As in `Local`: the copy is found at the drop.
+    r: &'r Reduction<T>,
+    proc: usize,
+    pool: usize,
+    acc: T,
+    combine: F,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl<T: bytemuck::Pod + Send + Sync, F: Fn(T, T) -> T> LocalWith<'_, T, F> {
+    /// Folds `v` into the accumulator: `acc = combine(acc, v)`.
+    #[inline(always)]
+    pub fn fold(&mut self, v: T) {
+        self.acc = (self.combine)(self.acc, v);
+    }
+    /// The value accumulated so far (the identity at first).
+    #[inline]
+    pub fn value(&self) -> T {
+        self.acc
+    }
+}
+
+impl<T: bytemuck::Pod + Send + Sync, F: Fn(T, T) -> T> Drop for LocalWith<'_, T, F> {
+    fn drop(&mut self) {
+        let slot = self.r.copy_of(self.proc, self.pool);
+        // `combine` is user code run between the read and the write: it
+        // must not suspend, or another filthread of this processor could
+        // write the copy meanwhile (fork-join) and lose an update. The
+        // accumulator is dropped on its server thread (it is !Send), whose
+        // Ctx the thread-local finds.
+        let _no_wait = crate::sched::try_current_ctx().map(NoSuspend::enter);
+        // SAFETY: `slot` is the copy of the pool and processor that made
+        // the accumulator (as in `Local`'s drop); the value is read out
+        // before `combine` runs, so no reference into the copy is alive
+        // while user code runs.
+        unsafe {
+            let c = *slot;
+            *slot = (self.combine)(c, self.acc);
+        }
     }
 }
 

@@ -16,10 +16,10 @@
 //! a server thread, and the wait is the OS thread's.
 //!
 //! ```
-//! let w = hyfi_core::waits::waiting(|a| format!("page {} from node {}", a[0], a[1]), [7, 1, 0]);
-//! assert!(hyfi_core::waits::report().contains("page 7 from node 1"));
+//! let w = hyfi::layers::waits::waiting(|a| format!("page {} from node {}", a[0], a[1]), [7, 1, 0]);
+//! assert!(hyfi::layers::waits::report().contains("page 7 from node 1"));
 //! drop(w);
-//! assert!(!hyfi_core::waits::report().contains("page 7 from node 1"));
+//! assert!(!hyfi::layers::waits::report().contains("page 7 from node 1"));
 //! ```
 
 use std::collections::HashMap;

@@ -1,5 +1,6 @@
 //! Reductions are reproducible however the pools of a processor interleave,
-//! and `Reduction::update` cannot lose an update.
+//! `Reduction::update` cannot lose an update, and `Reduction::local_with`
+//! reduces a type of the user's own as a sequential scan does.
 //!
 //! Every filament here waits once (as one waiting for a shared page does)
 //! before it contributes; a "network" thread ends the waits in an order
@@ -9,7 +10,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use hyfi_core::{filthread, Config, Control, Error, Op, PoolArray, Program, Runtime};
+use hyfi_core::{bytemuck, filthread, Config, Control, Error, Op, PoolArray, Program, Runtime};
 
 const PROCS: usize = 2;
 const POOLS: usize = 8;
@@ -243,5 +244,118 @@ fn an_update_closure_that_waits_is_refused_in_a_phase() {
     assert!(
         s.contains("Reduction::update") && s.contains("phase 0"),
         "{s}"
+    );
+}
+
+/// The largest value and its index, lowest index on ties: a reduction of
+/// a user's own type, with no `Op`.
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[bytemuck(crate = "hyfi_core::bytemuck")]
+#[repr(C)]
+struct ArgMax {
+    value: f64,
+    index: u64,
+}
+
+/// `better(NONE, x) == x` for every `x`: the identity.
+const NONE: ArgMax = ArgMax {
+    value: f64::NEG_INFINITY,
+    index: u64::MAX,
+};
+
+fn better(a: ArgMax, b: ArgMax) -> ArgMax {
+    if b.value > a.value || (b.value == a.value && b.index < a.index) {
+        b
+    } else {
+        a
+    }
+}
+
+/// Values with many ties (the lowest index must win) and a few
+/// negatives, so a wrong identity shows.
+fn arg_value(i: usize) -> f64 {
+    ((i * 7919) % 503) as f64 - 250.0
+}
+
+#[test]
+fn local_with_matches_a_sequential_scan() {
+    let n = 5000;
+    let want = (0..n).fold(NONE, |b, i| {
+        better(
+            b,
+            ArgMax {
+                value: arg_value(i),
+                index: i as u64,
+            },
+        )
+    });
+    assert_eq!(want.value, 252.0);
+    for procs in [1, 2] {
+        for pools in [1, 3] {
+            let rt = Runtime::new(Config::new().procs(procs).pin(false)).expect("runtime");
+            let best = rt.reduction(NONE);
+            let (mut got, mut sweeps) = (Vec::new(), 0);
+            let mut prog = Program::new();
+            prog.phase_with(
+                PoolArray::block(&rt, 0..n, pools),
+                |ctx, _span| best.local_with(ctx, NONE, better),
+                |_ctx, i, acc| {
+                    acc.fold(ArgMax {
+                        value: arg_value(i),
+                        index: i as u64,
+                    })
+                },
+                |post| {
+                    got.push(post.reduce_with(&best, better));
+                    // Reset every copy, as a sum is reset after a reduce.
+                    post.set(&best, NONE);
+                    sweeps += 1;
+                    if sweeps == 3 {
+                        Control::Done
+                    } else {
+                        Control::Continue
+                    }
+                },
+            );
+            rt.start(&mut prog).expect("program runs");
+            drop(prog);
+            assert_eq!(got, vec![want; 3], "{procs} processors, {pools} pools each");
+        }
+    }
+}
+
+/// Its combine function runs on the copy at the segment's end, so it may
+/// not wait either: in fork-join, another filthread could update the copy
+/// meanwhile.
+#[test]
+fn a_local_with_combine_that_waits_is_refused() {
+    let rt = Runtime::new(Config::new().procs(1).pin(false)).expect("runtime");
+    let count = rt.reduction(0u64);
+    let (tx, net) = shuffler(7);
+    let tx = std::sync::Mutex::new(tx);
+    let waits = std::sync::atomic::AtomicBool::new(false);
+    let combine = |a: u64, b: u64| {
+        if waits.load(std::sync::atomic::Ordering::Relaxed) {
+            filthread::suspend(|w| {
+                tx.lock().unwrap().send(w).expect("shuffler alive");
+                true
+            });
+        }
+        a + b
+    };
+    let e = rt
+        .run(|ctx| {
+            let mut acc = count.local_with(ctx, 0, combine);
+            acc.fold(1);
+            // Folding into the accumulator is plain arithmetic; the drop
+            // combines into the copy, where waiting is refused.
+            waits.store(true, std::sync::atomic::Ordering::Relaxed);
+        })
+        .expect_err("a combine that waits on the copy must be refused");
+    drop(tx);
+    net.join().expect("shuffler");
+    assert!(
+        e.to_string().contains("local_with"),
+        "the message names local_with: {e}"
     );
 }

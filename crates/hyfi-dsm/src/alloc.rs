@@ -25,15 +25,17 @@ pub enum Placement {
     /// Every page at one node.
     Node(usize),
     /// Rows (of a matrix; elements of a vector) in blocks over the nodes
-    /// exactly as [`hyfi_core::PoolArray::block`] and `block_rows` deal out
-    /// `range` (rows before it go to node 0, after it to the last node), so
-    /// a node's filaments write pages homed on that node. A page's home is
+    /// exactly as [`PoolArray::block`](hyfi_core::PoolArray::block) and
+    /// `block_rows` deal out `range` (rows before it go to node 0, after it
+    /// to the last node), so a node's filaments write pages homed on that
+    /// node. A page's home is
     /// the home of the row holding its first byte: pad rows to whole pages
     /// ([`MatrixAlloc::pad_rows`]) for an exact match.
     BlockRows(Range<usize>),
     /// Rows dealt cyclically over the global processors as
-    /// [`hyfi_core::PoolArray::cyclic`] deals `range` (row `i` to global
-    /// processor `(i - start) % (nodes × procs)`, whose node is its home).
+    /// [`PoolArray::cyclic`](hyfi_core::PoolArray::cyclic) deals `range`
+    /// (row `i` to global processor `(i - start) % (nodes × procs)`, whose
+    /// node is its home).
     CyclicRows(Range<usize>),
     /// The home of every page, explicitly (one entry per page).
     Explicit(Vec<usize>),

@@ -59,9 +59,9 @@
 //! the filament that took it:
 //!
 //! ```compile_fail,E0521
-//! use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
+//! use hyfi::{Config, Control, PoolArray, Program, Runtime};
 //! let rt = Runtime::new(Config::new().procs(1).pin(false))?;
-//! let dsm = hyfi_dsm::Dsm::new(&rt)?;
+//! let dsm = hyfi::Dsm::new(&rt)?;
 //! let m = dsm.matrix::<f64>(4, 4).zeroed()?;
 //! let kept = std::sync::Mutex::new(None);
 //! let mut prog = Program::new();
@@ -78,7 +78,7 @@
 //! atomic; only read views index as `&T`):
 //!
 //! ```compile_fail,E0608
-//! fn f(v: &hyfi_dsm::WriteRows<'_, f64>) -> f64 { v[(0, 0)] }
+//! fn f(v: &hyfi::WriteRows<'_, f64>) -> f64 { v[(0, 0)] }
 //! ```
 //!
 //! [`DsmMatrix::get`]: crate::DsmMatrix::get
@@ -533,9 +533,9 @@ impl<T: Pod> RowWriter<'_, T> {
     /// diffusion step, measured:
     ///
     /// ```
-    /// use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime};
+    /// use hyfi::{Config, Control, Op, PoolArray, Program, Runtime};
     /// let rt = Runtime::new(Config::new().procs(1))?;
-    /// let dsm = hyfi_dsm::Dsm::new(&rt)?;
+    /// let dsm = hyfi::Dsm::new(&rt)?;
     /// let n = 8;
     /// let a = dsm.matrix::<f64>(n, n).from_fn(|i, j| (i * n + j) as f64)?;
     /// let b = dsm.matrix::<f64>(n, n).zeroed()?;

@@ -48,8 +48,7 @@
 //! main thread right after the local run.
 //!
 //! ```
-//! use hyfi_core::{Config, Control, Ctx, Op, PoolArray, Program, Runtime};
-//! use hyfi_dsm::{Dsm, DsmVec, Placement};
+//! use hyfi::{Config, Control, Ctx, Dsm, DsmVec, Op, Placement, PoolArray, Program, Runtime};
 //!
 //! fn fill(ctx: &Ctx, v: &DsmVec<u64>, lo: usize, hi: usize) {
 //!     if hi - lo <= 64 {
@@ -87,8 +86,7 @@
 //! rest of a hyfi program); a mismatch is detected and reported.
 //!
 //! ```
-//! use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
-//! use hyfi_dsm::{Dsm, Placement};
+//! use hyfi::{Config, Control, Dsm, Placement, PoolArray, Program, Runtime};
 //!
 //! let rt = Runtime::new(Config::new().procs(2).pin(false))?;
 //! let dsm = Dsm::new(&rt)?;

@@ -237,7 +237,7 @@ impl Ctx {
     /// their results in index order (the n-way form of [`Ctx::join`]).
     ///
     /// ```
-    /// use hyfi_core::{Config, Runtime};
+    /// use hyfi::{Config, Runtime};
     /// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
     /// let v = rt.run(|ctx| ctx.join_n(5, |_, i| i * i)).unwrap();
     /// assert_eq!(v, vec![0, 1, 4, 9, 16]);

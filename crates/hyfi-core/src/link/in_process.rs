@@ -322,8 +322,8 @@ fn watch(hub: Arc<Hub>) {
 /// runtimes of this process. See the [module docs](crate::link::InProcess) of `link::in_process`.
 ///
 /// ```
-/// use hyfi_core::link::InProcess;
-/// use hyfi_core::NodeLink;
+/// use hyfi::layers::link::InProcess;
+/// use hyfi::layers::NodeLink;
 ///
 /// let nodes = InProcess::connect(3);
 /// let handles: Vec<_> = nodes

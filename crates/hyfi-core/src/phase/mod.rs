@@ -146,6 +146,50 @@ where
 ///
 /// Filament and post-phase closures may borrow from the caller's stack:
 /// `start` returns only after they have all finished.
+///
+/// Post-phase code runs on a server thread, so its closure must be `Send`:
+/// one closure may capture a local `&mut`, but two post-phase closures
+/// cannot both borrow one variable mutably, and a `&Cell` is not `Send`.
+/// Share a variable between them through a type made for sharing: an
+/// atomic for a counter or a flag (an `f64` as `AtomicU64` of its bits), a
+/// `Mutex` for anything else. Only one post-phase code runs at a time, so
+/// neither is ever contended (an uncontended lock is tens of nanoseconds).
+/// (A count of sweeps is also [`PostPhase::iteration`].)
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+/// use std::sync::Mutex;
+/// use hyfi::{Config, Control, Op, PoolArray, Program, Runtime};
+///
+/// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+/// let total = rt.reduction(0u64);
+/// let rounds = AtomicUsize::new(0); // both post-phase closures use it
+/// let sums = Mutex::new(Vec::new()); // and this
+/// let mut prog = Program::new();
+/// prog.phase(
+///     PoolArray::block(&rt, 0..100, 1),
+///     |ctx, i| total.fold(ctx, Op::Sum, i as u64),
+///     |post| {
+///         sums.lock().unwrap().push(post.reduce(&total, Op::Sum));
+///         post.set(&total, 0);
+///         rounds.fetch_add(1, Relaxed);
+///         Control::Continue
+///     },
+/// );
+/// prog.phase(
+///     PoolArray::block(&rt, 0..10, 1),
+///     |ctx, i| total.fold(ctx, Op::Sum, i as u64),
+///     |post| {
+///         sums.lock().unwrap().push(post.reduce(&total, Op::Sum));
+///         post.set(&total, 0);
+///         if rounds.load(Relaxed) == 3 { Control::Done } else { Control::Continue }
+///     },
+/// );
+/// rt.start(&mut prog)?;
+/// drop(prog);
+/// assert_eq!(sums.into_inner().unwrap(), [4950, 45, 4950, 45, 4950, 45]);
+/// # Ok::<(), hyfi::Error>(())
+/// ```
 #[derive(Default)]
 pub struct Program<'a> {
     phases: Vec<Box<dyn PhaseBody + 'a>>,
@@ -181,7 +225,7 @@ impl<'a> Program<'a> {
     /// reduction accumulators ([`Reduction::local`](crate::Reduction::local)), anything else. Each
     /// filament then gets `&mut` of it: `filament(ctx, index, &mut bound)`.
     /// What `bind` returned is dropped at the segment's end (a local
-    /// accumulator folds into the processor's copy then).
+    /// accumulator folds into its pool's copy then).
     ///
     /// This is the fast path for regular access: the per-element checks of
     /// [`Program::phase`] are paid once per segment, the filament is
@@ -190,7 +234,7 @@ impl<'a> Program<'a> {
     /// point, then cost what the plain loop costs:
     ///
     /// ```
-    /// use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime};
+    /// use hyfi::{Config, Control, Op, PoolArray, Program, Runtime};
     ///
     /// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
     /// let data: Vec<f64> = (0..1000).map(|i| ((i * 7919) % 1000) as f64).collect();

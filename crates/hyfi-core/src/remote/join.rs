@@ -38,7 +38,7 @@ use crate::sched::Ctx;
 /// above those subtrees.
 ///
 /// ```
-/// use hyfi_core::{Config, Fork, RemoteFn, Runtime};
+/// use hyfi::{Config, Fork, RemoteFn, Runtime};
 ///
 /// fn fib(ctx: &impl Fork, n: u64) -> u64 {
 ///     if n < 2 { return n; }
@@ -50,7 +50,7 @@ use crate::sched::Ctx;
 /// FIB.register()?;
 /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
 /// assert_eq!(rt.run_distributed(|ctx| fib(ctx, 25))?, 75025);
-/// # Ok::<(), hyfi_core::Error>(())
+/// # Ok::<(), hyfi::Error>(())
 /// ```
 ///
 /// The trait is sealed: `Ctx` and `Pruned` are its only implementations.

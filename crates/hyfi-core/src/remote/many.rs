@@ -91,7 +91,7 @@ impl Ctx {
     /// halves are plain [`Ctx::join`]s that never leave the node.
     ///
     /// ```
-    /// use hyfi_core::{Config, Ctx, RemoteFn, Runtime};
+    /// use hyfi::{Config, Ctx, RemoteFn, Runtime};
     ///
     /// fn square(_ctx: &Ctx, x: u64) -> u64 { x * x }
     /// static SQUARE: RemoteFn<u64, u64> = RemoteFn::new("doc::square", square);
@@ -100,7 +100,7 @@ impl Ctx {
     /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
     /// let v = rt.run_distributed(|ctx| ctx.join_remote_n(&SQUARE, (0..10).collect()))?;
     /// assert_eq!(v, (0..10u64).map(|x| x * x).collect::<Vec<_>>());
-    /// # Ok::<(), hyfi_core::Error>(())
+    /// # Ok::<(), hyfi::Error>(())
     /// ```
     pub fn join_remote_n<A, R>(&self, f: &'static RemoteFn<A, R>, args: Vec<A>) -> Vec<R>
     where

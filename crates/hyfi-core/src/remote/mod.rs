@@ -22,7 +22,7 @@
 //! the processors and nodes that ask for work.
 //!
 //! ```
-//! use hyfi_core::{Config, Ctx, RemoteFn, Runtime};
+//! use hyfi::{Config, Ctx, RemoteFn, Runtime};
 //!
 //! /// fib(n) with the forked branch a serializable filament.
 //! fn fib(ctx: &Ctx, n: u64) -> u64 {
@@ -36,7 +36,7 @@
 //! let rt = Runtime::new(Config::new().procs(2).pin(false))?;
 //! // `run_distributed` is `run` on one node, and spans every node of a cluster.
 //! assert_eq!(rt.run_distributed(|ctx| fib(ctx, 20))?, 6765);
-//! # Ok::<(), hyfi_core::Error>(())
+//! # Ok::<(), hyfi::Error>(())
 //! ```
 //!
 //! Across nodes, this directory holds the rest of the protocol: `startup`

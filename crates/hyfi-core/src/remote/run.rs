@@ -39,7 +39,7 @@ impl Runtime {
     /// [`Error::UnknownFilament`]; a lost node, as [`Error::Link`].
     ///
     /// ```
-    /// use hyfi_core::{Config, Ctx, RemoteFn, Runtime};
+    /// use hyfi::{Config, Ctx, RemoteFn, Runtime};
     /// fn sum(ctx: &Ctx, (lo, hi): (u64, u64)) -> u64 {
     ///     if hi - lo <= 1000 { return (lo..hi).sum(); }
     ///     let mid = lo + (hi - lo) / 2;
@@ -50,7 +50,7 @@ impl Runtime {
     /// SUM.register()?;
     /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
     /// assert_eq!(rt.run_distributed(|ctx| sum(ctx, (0, 1_000_000)))?, 499_999_500_000);
-    /// # Ok::<(), hyfi_core::Error>(())
+    /// # Ok::<(), hyfi::Error>(())
     /// ```
     pub fn run_distributed<R, F>(&self, root: F) -> Result<R, Error>
     where

@@ -189,10 +189,11 @@ fn suspend_current(ctx: &Ctx) {
 #[inline(never)]
 fn update_suspends() -> ! {
     panic!(
-        "hyfi: a Reduction::update closure waited (for a shared page, a stolen child or a \
-         message): another filthread of this processor could update the same copy meanwhile \
-         and one update would be lost. Read what the update needs (shared elements, join \
-         results) before calling update, and keep the closure to arithmetic on the copy; or \
-         fold with Reduction::fold / Reduction::local"
+        "hyfi: a Reduction::update closure (or the combine function of a \
+         Reduction::local_with) waited (for a shared page, a stolen child or a message): \
+         another filthread of this processor could update the same copy meanwhile and one \
+         update would be lost. Read what the update needs (shared elements, join results) \
+         before calling update, and keep the closure to arithmetic on the copy; or fold with \
+         Reduction::fold / Reduction::local"
     )
 }

@@ -59,18 +59,18 @@ pub(crate) fn locate() -> Option<(usize, Option<u64>)> {
 ///
 /// ```compile_fail,E0277
 /// fn needs_send<T: Send>(_: T) {}
-/// fn leak(ctx: &hyfi_core::Ctx) { needs_send(ctx) }
+/// fn leak(ctx: &hyfi::Ctx) { needs_send(ctx) }
 /// ```
 ///
 /// ```compile_fail,E0277
-/// let rt = hyfi_core::Runtime::new(hyfi_core::Config::new().procs(1).pin(false)).unwrap();
+/// let rt = hyfi::Runtime::new(hyfi::Config::new().procs(1).pin(false)).unwrap();
 /// rt.run(|ctx| std::thread::scope(|s| { s.spawn(|| ctx.proc()); })).unwrap();
 /// ```
 ///
 /// Fork-join closures must be `Send`, since a stolen one runs elsewhere:
 ///
 /// ```compile_fail,E0277
-/// let rt = hyfi_core::Runtime::new(hyfi_core::Config::new().procs(1).pin(false)).unwrap();
+/// let rt = hyfi::Runtime::new(hyfi::Config::new().procs(1).pin(false)).unwrap();
 /// let local = std::rc::Rc::new(1);
 /// rt.run(|ctx| ctx.join(|_| *local, |_| 2)).unwrap();
 /// ```

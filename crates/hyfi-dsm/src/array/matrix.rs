@@ -128,9 +128,9 @@ impl<T: Pod> DsmMatrix<T> {
     /// reads sound).
     ///
     /// ```
-    /// use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime};
+    /// use hyfi::{Config, Control, Op, PoolArray, Program, Runtime};
     /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
-    /// let dsm = hyfi_dsm::Dsm::new(&rt)?;
+    /// let dsm = hyfi::Dsm::new(&rt)?;
     /// let n = 64;
     /// let a = dsm.matrix::<f64>(n, n).from_fn(|i, j| (i * n + j) as f64)?;
     /// let b = dsm.matrix::<f64>(n, n).zeroed()?;

@@ -18,11 +18,11 @@ use crate::elem;
 /// A view borrows the filament's `&Ctx`, so it cannot be kept past the
 /// filament (the release at the phase's end may invalidate its pages):
 ///
-/// ```compile_fail
-/// use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
+/// ```compile_fail,E0521
+/// use hyfi::{Config, Control, PoolArray, Program, Runtime};
 /// use std::sync::Mutex;
 /// let rt = Runtime::new(Config::new().procs(1))?;
-/// let dsm = hyfi_dsm::Dsm::new(&rt)?;
+/// let dsm = hyfi::Dsm::new(&rt)?;
 /// let v = dsm.vec::<f64>(8).zeroed()?;
 /// let kept = Mutex::new(None);
 /// let mut prog = Program::new();
@@ -36,9 +36,9 @@ use crate::elem;
 ///
 /// Nor can it move to another thread (it is neither `Send` nor `Sync`):
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// fn send<T: Send>(_: T) {}
-/// fn f(v: hyfi_dsm::View<'_, f64>) { send(v) }
+/// fn f(v: hyfi::View<'_, f64>) { send(v) }
 /// ```
 pub struct View<'a, T: Pod> {
     pub(super) ptr: *const T,

@@ -1,0 +1,338 @@
+//! Red-black SOR with iterative filaments: a grid updated in place.
+//!
+//! An `n × n` grid has its top edge held at 1.0 and the other edges at 0.0.
+//! A sweep colours the interior points like a chessboard, `(i + j) % 2`,
+//! and updates first every red point, then every black one, each to
+//! `(1 - ω)·u + ω·(average of its four neighbours)`; a red point's
+//! neighbours are all black and the reverse, so the points of one colour
+//! can be updated in any order and in parallel, in place (Gauss–Seidel when
+//! ω = 1). The sweeps stop when the largest change of a sweep is below
+//! `--eps`, or after `--iters` sweeps.
+//!
+//! In hyfi terms: two phases per sweep over pools from
+//! `PoolArray::block_rows_red_black` (one segment per row, its columns two
+//! apart). Jacobi (`examples/jacobi.rs`) reads one grid and writes the
+//! other, so it takes a read view of the old grid's rows with a halo; here
+//! the one grid is both read and written in each phase, so each segment
+//! takes a *write* view of its rows with a one-row halo and reads the
+//! neighbours through it (`get`). The largest change is a `Max` reduction
+//! folded in a register (`Reduction::local`), combined by the black
+//! phase's post-phase code, which decides whether to go on.
+//!
+//! On several nodes the halo rows are another node's: a write view makes
+//! its pages writable here, so each phase fetches them (a twin is taken),
+//! and the release sends a write notice for them although they were only
+//! read. The program prints the shared memory's traffic per sweep.
+//!
+//! ```text
+//! cargo run --release --example sor -- --n 1024 --procs 2           # 1 node × 2
+//! cargo run --release --example sor -- --n 1024 --nodes 2 --procs 1 # 2 local nodes × 1
+//! ```
+//!
+//! Every node then runs the same sweeps sequentially on a plain `Vec<f64>`
+//! and checks that both did the same number of sweeps and hold the same
+//! grid, bit for bit (each point is computed by the same expression from
+//! the same values in both). It exits with status 1 if they differ or the
+//! job fails, 2 for a configuration error (README: exit codes).
+
+#[path = "common/mod.rs"]
+mod common;
+use common::at_least;
+use std::time::Instant;
+
+use clap::Parser;
+use hyfi::{Control, Dsm, Local, Op, Placement, PoolArray, Program, Runtime, WriteRows};
+
+/// Red-black SOR on an n×n grid, in place, with hyfi's iterative filaments.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "sor")]
+pub struct Args {
+    /// Grid size (points per side, edges included).
+    #[arg(long, default_value_t = 512, value_parser = at_least(3))]
+    pub n: usize,
+    /// Runtime options (--nodes, --procs, --pin/--no-pin).
+    #[command(flatten)]
+    pub runtime: common::RuntimeArgs,
+    /// Pools per processor (rows in blocks over them).
+    #[arg(long, default_value_t = 1, value_parser = at_least(1))]
+    pub pools_per_proc: usize,
+    /// Relaxation factor ω (1 is Gauss–Seidel; between 0 and 2 converges).
+    #[arg(long, default_value_t = 1.5)]
+    pub omega: f64,
+    /// Most sweeps to run.
+    #[arg(long, default_value_t = 100, value_parser = at_least(1))]
+    pub iters: usize,
+    /// Stop once no point changes by this much or more in a sweep.
+    #[arg(long, default_value_t = 1e-6)]
+    pub eps: f64,
+}
+
+/// What a run computed.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// Sweeps done.
+    pub iters: usize,
+    /// Largest change in the last sweep.
+    pub maxdiff: f64,
+    /// Whether the sweeps stopped because `maxdiff < eps`.
+    pub converged: bool,
+    /// The final grid, row-major.
+    pub grid: Vec<f64>,
+    /// Seconds the sweeps took.
+    pub secs: f64,
+    /// This node's DSM counters (hyfi runs only).
+    pub dsm: Option<hyfi::DsmStats>,
+}
+
+impl Output {
+    /// `Ok` if `self` and `other` did the same sweeps and hold the same
+    /// grid, bit for bit; otherwise what differs first.
+    pub fn check_same(&self, other: &Output) -> Result<(), String> {
+        if self.iters != other.iters {
+            return Err(format!("{} sweeps against {}", self.iters, other.iters));
+        }
+        if self.maxdiff.to_bits() != other.maxdiff.to_bits() {
+            return Err(format!(
+                "maxdiff {:e} against {:e}",
+                self.maxdiff, other.maxdiff
+            ));
+        }
+        if self.grid.len() != other.grid.len() {
+            return Err(format!(
+                "{} points against {}",
+                self.grid.len(),
+                other.grid.len()
+            ));
+        }
+        let n = (self.grid.len() as f64).sqrt() as usize;
+        match self
+            .grid
+            .iter()
+            .zip(&other.grid)
+            .position(|(a, b)| a.to_bits() != b.to_bits())
+        {
+            None => Ok(()),
+            Some(k) => Err(format!(
+                "point ({}, {}) is {:e} against {:e}",
+                k / n.max(1),
+                k % n.max(1),
+                self.grid[k],
+                other.grid[k]
+            )),
+        }
+    }
+}
+
+/// The starting grid: top edge hot, everything else cold.
+fn init(i: usize, _j: usize) -> f64 {
+    if i == 0 {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// The new value of a point from its own and its neighbours'. Both
+/// versions use this expression, so they round identically.
+#[inline(always)]
+fn relax(omega: f64, u: f64, up: f64, down: f64, left: f64, right: f64) -> f64 {
+    (1.0 - omega) * u + omega * ((up + down + left + right) * 0.25)
+}
+
+/// The sweeps with iterative filaments on `rt`, the grid in `rt`'s shared
+/// memory.
+pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, Box<dyn std::error::Error>> {
+    let dsm = Dsm::new(rt)?;
+    let (n, omega, eps, max_iters) = (args.n, args.omega, args.eps, args.iters);
+    let inner = 1..n - 1;
+    // One grid, rows padded to pages, each block of rows homed on the node
+    // whose pools update it.
+    let u = dsm
+        .matrix::<f64>(n, n)
+        .pad_rows()
+        .placement(Placement::BlockRows(inner.clone()))
+        .from_fn(init)?;
+    let change = rt.reduction(0.0f64);
+    let (mut iters, mut last, mut converged) = (0usize, 0.0f64, false);
+
+    // Per segment (one row of one colour): the row with its neighbours,
+    // written in place, and the largest change in a register.
+    let bind = |ctx: &hyfi::Ctx, span: &hyfi::Span| {
+        (
+            u.write_rows(ctx, span.rows_with_halo(1, n)),
+            change.local(ctx, Op::Max),
+        )
+    };
+    // Both phases' filament: the neighbours are of the other colour, which
+    // nobody writes in this phase.
+    let point = |_: &hyfi::Ctx,
+                 (i, j): (usize, usize),
+                 (v, m): &mut (WriteRows<'_, f64>, Local<'_, f64>)| {
+        let old = v.get(i, j);
+        let x = relax(
+            omega,
+            old,
+            v.get(i - 1, j),
+            v.get(i + 1, j),
+            v.get(i, j - 1),
+            v.get(i, j + 1),
+        );
+        v.set(i, j, x);
+        m.fold((x - old).abs());
+    };
+
+    let mut prog = Program::new();
+    prog.phase_with(
+        PoolArray::block_rows_red_black(rt, inner.clone(), inner.clone(), 0, args.pools_per_proc),
+        bind,
+        point,
+        |_| Control::Continue,
+    );
+    prog.phase_with(
+        PoolArray::block_rows_red_black(rt, inner.clone(), inner.clone(), 1, args.pools_per_proc),
+        bind,
+        point,
+        // The sweep is complete: combine the change of both colours, reset
+        // it, decide.
+        |post| {
+            iters += 1;
+            last = post.reduce(&change, Op::Max);
+            post.set(&change, 0.0);
+            converged = last < eps;
+            if converged || iters >= max_iters {
+                Control::Done
+            } else {
+                Control::Continue
+            }
+        },
+    );
+
+    let t = Instant::now();
+    rt.start(&mut prog)?;
+    let secs = t.elapsed().as_secs_f64();
+    drop(prog);
+    let dsm_stats = dsm.stats();
+    Ok(Output {
+        iters,
+        maxdiff: last,
+        converged,
+        grid: u.to_vec(),
+        secs,
+        dsm: Some(dsm_stats),
+    })
+}
+
+/// The same sweeps, sequentially, on a plain vector: red points, then
+/// black, row by row.
+pub fn run_seq(args: &Args) -> Output {
+    let (n, omega) = (args.n, args.omega);
+    let mut u: Vec<f64> = (0..n * n).map(|k| init(k / n, k % n)).collect();
+    let mut iters = 0usize;
+    let t = Instant::now();
+    let (last, converged) = loop {
+        let mut m = 0.0f64;
+        for colour in 0..2 {
+            for i in 1..n - 1 {
+                // The first column of the colour in this row: (i + j) % 2 == colour.
+                let first = 1 + (colour + i + 1) % 2;
+                for j in (first..n - 1).step_by(2) {
+                    let old = u[i * n + j];
+                    let x = relax(
+                        omega,
+                        old,
+                        u[(i - 1) * n + j],
+                        u[(i + 1) * n + j],
+                        u[i * n + j - 1],
+                        u[i * n + j + 1],
+                    );
+                    u[i * n + j] = x;
+                    let d = (x - old).abs();
+                    if d > m {
+                        m = d;
+                    }
+                }
+            }
+        }
+        iters += 1;
+        if m < args.eps || iters >= args.iters {
+            break (m, m < args.eps);
+        }
+    };
+    Output {
+        iters,
+        maxdiff: last,
+        converged,
+        grid: u,
+        secs: t.elapsed().as_secs_f64(),
+        dsm: None,
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let rt = common::or_exit("sor", args.runtime.start(|cfg| cfg));
+    let par = common::or_exit("sor", run_hyfi(&rt, &args));
+    let seq = run_seq(&args);
+
+    println!(
+        "sor n={} omega={} nodes={} procs={} pools/proc={} (node {})",
+        args.n,
+        args.omega,
+        rt.num_nodes(),
+        rt.procs(),
+        args.pools_per_proc,
+        rt.node()
+    );
+    println!(
+        "hyfi:       {:.4} s, {} sweeps, maxdiff {:.6e}{}",
+        par.secs,
+        par.iters,
+        par.maxdiff,
+        if par.converged {
+            " (converged)"
+        } else {
+            " (stopped at --iters)"
+        }
+    );
+    println!(
+        "sequential: {:.4} s, {} sweeps, maxdiff {:.6e}",
+        seq.secs, seq.iters, seq.maxdiff
+    );
+    print!("{}", rt.stats());
+    if let Some(d) = &par.dsm {
+        print!("{d}");
+        // The two phases' own counters (folded at every release), per sweep.
+        let sweeps = par.iters.max(1) as u64;
+        let sum = |f: fn(&hyfi::DsmCounters) -> u64| d.per_phase.iter().take(2).map(f).sum::<u64>();
+        println!(
+            "dsm per sweep: {} pages fetched, {} pushed, {} notices, {} bytes sent (node {})",
+            sum(|c| c.pages_fetched) / sweeps,
+            sum(|c| c.pages_pushed) / sweeps,
+            sum(|c| c.notices_sent) / sweeps,
+            sum(|c| c.bytes_sent) / sweeps,
+            rt.node()
+        );
+    }
+    match par.check_same(&seq) {
+        Ok(()) => println!(
+            "OK: hyfi and sequential results are identical bit for bit (grid_bits={:016x})",
+            fnv(&par.grid)
+        ),
+        Err(what) => {
+            eprintln!("sor: MISMATCH between hyfi and sequential: {what}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// A fingerprint of the grid's bits, to compare runs across configurations.
+fn fnv(grid: &[f64]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for v in grid {
+        for b in v.to_bits().to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
