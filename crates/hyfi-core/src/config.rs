@@ -161,7 +161,7 @@ impl Config {
     /// writes `path.node<i>` and hyfi's launchers merge them into `path`.
     ///
     /// ```
-    /// let cfg = hyfi_core::Config::new().trace("jacobi.trace.json");
+    /// let cfg = hyfi::Config::new().trace("jacobi.trace.json");
     /// assert_eq!(cfg.get_trace(), Some(std::path::Path::new("jacobi.trace.json")));
     /// ```
     pub fn trace(mut self, path: impl Into<std::path::PathBuf>) -> Self {

@@ -61,10 +61,7 @@ impl Latch {
             return;
         }
         let _w = crate::waits::waiting(|_| "a stolen child to finish (a join)".into(), [0; 3]);
-        let traced = crate::trace::on().then(|| {
-            let ft = crate::sched::try_current_ctx().map_or(0, |c| c.current.get());
-            (crate::trace::now(), ft)
-        });
+        let traced = crate::trace::on().then(|| (crate::trace::now(), crate::trace::filthread()));
         suspend(|w| {
             // SAFETY: only the joiner writes the slot, before publishing
             // WAITING; the setter reads it only after observing WAITING.

@@ -100,8 +100,12 @@ fn event_line(out: &mut String, node: usize, tid: u32, offset: i64, seq: &mut u6
             "page wait",
             "page",
             format!(
-                "\"allocation\":{},\"page\":{},\"pages\":{},\"home\":{}",
-                a[0], a[1], a[2], a[3]
+                "\"allocation\":{},\"page\":{},\"pages\":{},\"home\":{},\"filthread\":{}",
+                a[0],
+                a[1],
+                a[2] & 0xffff_ffff,
+                a[2] >> 32,
+                a[3]
             ),
         ),
         Kind::JoinWait => asynchronous(out, "join wait", "join", format!("\"filthread\":{}", a[0])),

@@ -66,7 +66,8 @@ pub enum Kind {
     /// 0: it was resumed (not started), bit 1: it suspended (did not end),
     /// bit 2: fork-join mode (no pool).
     Segment,
-    /// Waiting for pages: `[allocation, first page, pages, home]`.
+    /// Waiting for pages: `[allocation, first page, pages | home << 32,
+    /// filthread]`.
     PageWait,
     /// A join waiting for its stolen child: `[filthread, 0, 0, 0]`.
     JoinWait,
@@ -188,6 +189,12 @@ pub fn now() -> u64 {
     // across the call.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The filthread running now (0 off a filthread): what a wait names, so
+/// that the summary counts only *other* filthreads' computation as hiding it.
+pub fn filthread() -> u64 {
+    crate::sched::try_current_ctx().map_or(0, |c| c.current.get())
 }
 
 /// Records an event of `kind` that began at `t0` (from [`now`]) and ends now.

@@ -87,8 +87,8 @@ impl Core {
                     [
                         seg.seq,
                         first as u64,
-                        pages as u64,
-                        u64::from(seg.homes[first]),
+                        pages as u64 | u64::from(seg.homes[first]) << 32,
+                        hyfi_core::trace::filthread(),
                     ],
                 );
             }
