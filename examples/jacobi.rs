@@ -97,31 +97,8 @@ impl Output {
                 self.maxdiff, other.maxdiff
             ));
         }
-        if self.grid.len() != other.grid.len() {
-            return Err(format!(
-                "{} points against {}",
-                self.grid.len(),
-                other.grid.len()
-            ));
-        }
-        let bad = self
-            .grid
-            .iter()
-            .zip(&other.grid)
-            .position(|(a, b)| a.to_bits() != b.to_bits());
-        match bad {
-            None => Ok(()),
-            Some(k) => {
-                let n = (self.grid.len() as f64).sqrt() as usize;
-                Err(format!(
-                    "point ({}, {}) is {:e} against {:e}",
-                    k / n.max(1),
-                    k % n.max(1),
-                    self.grid[k],
-                    other.grid[k]
-                ))
-            }
-        }
+        let n = (self.grid.len() as f64).sqrt() as usize;
+        common::same_bits("point ", &self.grid, &other.grid, n)
     }
 }
 

@@ -78,28 +78,7 @@ pub struct Output {
 impl Output {
     /// `Ok` if both hold the same `C`, bit for bit.
     pub fn check_same(&self, other: &Output, n: usize) -> Result<(), String> {
-        if self.c.len() != other.c.len() {
-            return Err(format!(
-                "{} elements against {}",
-                self.c.len(),
-                other.c.len()
-            ));
-        }
-        match self
-            .c
-            .iter()
-            .zip(&other.c)
-            .position(|(a, b)| a.to_bits() != b.to_bits())
-        {
-            None => Ok(()),
-            Some(k) => Err(format!(
-                "C({}, {}) is {:e} against {:e}",
-                k / n.max(1),
-                k % n.max(1),
-                self.c[k],
-                other.c[k]
-            )),
-        }
+        common::same_bits("C", &self.c, &other.c, n)
     }
 }
 

@@ -123,3 +123,26 @@ pub fn random_matrix(n: usize, seed: u64) -> Vec<f64> {
         })
         .collect()
 }
+
+/// `Ok` if `a` and `b` (row-major, `n` columns) hold the same values, bit
+/// for bit; otherwise where they first differ: "`what`(i, j) is x against y".
+#[allow(dead_code)] // only the grid and matrix examples compare grids
+pub fn same_bits(what: &str, a: &[f64], b: &[f64], n: usize) -> Result<(), String> {
+    if a.len() != b.len() {
+        return Err(format!("{} elements against {}", a.len(), b.len()));
+    }
+    match a
+        .iter()
+        .zip(b)
+        .position(|(x, y)| x.to_bits() != y.to_bits())
+    {
+        None => Ok(()),
+        Some(k) => Err(format!(
+            "{what}({}, {}) is {:e} against {:e}",
+            k / n.max(1),
+            k % n.max(1),
+            a[k],
+            b[k]
+        )),
+    }
+}

@@ -167,6 +167,14 @@ fn escape(s: &str) -> String {
         .collect()
 }
 
+/// `path` with `suffix` appended to its last component (written whole,
+/// then renamed: a reader never sees half a trace).
+pub(super) fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_os_string();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
 /// Writes one node's events (clocks shifted by `offset`) to `file`.
 pub(super) fn write_node(
     file: &Path,
@@ -176,11 +184,7 @@ pub(super) fn write_node(
     tracks: &[(u32, String, Vec<Event>)],
     summary: &Summary,
 ) -> std::io::Result<()> {
-    let tmp = {
-        let mut s = file.as_os_str().to_os_string();
-        s.push(".tmp");
-        PathBuf::from(s)
-    };
+    let tmp = with_suffix(file, ".tmp");
     let mut w = BufWriter::new(File::create(&tmp)?);
     writeln!(w, "{HEAD}")?;
     writeln!(
@@ -293,11 +297,7 @@ pub fn merge(path: &Path, nodes: Option<usize>) -> std::io::Result<Merged> {
             most
         }
     };
-    let tmp = {
-        let mut s = path.as_os_str().to_os_string();
-        s.push(".tmp");
-        PathBuf::from(s)
-    };
+    let tmp = with_suffix(path, ".tmp");
     let mut w = BufWriter::new(File::create(&tmp)?);
     writeln!(w, "{HEAD}")?;
     let mut summaries = Vec::new();

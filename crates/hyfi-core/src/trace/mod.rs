@@ -29,8 +29,9 @@
 //! | `pages in` | communication | pages that arrived from a home and were installed |
 //!
 //! **Bounded memory.** At most `HYFI_TRACE_EVENTS` events per node are kept
-//! (default [`DEFAULT_CAP`], about 56 bytes each: 56 MiB); later ones are
-//! counted as dropped, and the summary and the file say how many.
+//! (default [`DEFAULT_CAP`], 56 bytes each: 56 MiB, and up to twice that
+//! while a thread's buffer grows); later ones are counted as dropped, and
+//! the summary and the file say how many.
 //!
 //! **One file for the job.** A one-node run writes `path` itself. The
 //! nodes of a job write `path.node<i>`, with their clocks aligned to node
@@ -56,10 +57,25 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// Events kept per node unless `HYFI_TRACE_EVENTS` says otherwise.
 pub const DEFAULT_CAP: u64 = 1 << 20;
 
-/// What an event is (see the table in the module's docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Kind {
+macro_rules! kinds {
+    ($($(#[$doc:meta])* $k:ident,)*) => {
+        /// What an event is (see the table in the module's docs).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(u8)]
+        pub enum Kind {
+            $($(#[$doc])* $k,)*
+        }
+
+        impl Kind {
+            fn from_u8(k: u8) -> Kind {
+                const ALL: &[Kind] = &[$(Kind::$k,)*];
+                ALL[k as usize]
+            }
+        }
+    };
+}
+
+kinds! {
     /// A phase on one processor: `[phase, iteration, 0, 0]`.
     Phase,
     /// A filthread's run: `[pool, filaments, filthread, flags]`; flags bit
@@ -96,30 +112,6 @@ pub enum Kind {
     PagesIn,
 }
 
-impl Kind {
-    fn from_u8(k: u8) -> Kind {
-        use Kind::*;
-        const ALL: [Kind; 15] = [
-            Phase,
-            Segment,
-            PageWait,
-            JoinWait,
-            Barrier,
-            Release,
-            PostPhase,
-            Idle,
-            Steal,
-            RemoteSteal,
-            StealServed,
-            RemoteRun,
-            Send,
-            Recv,
-            PagesIn,
-        ];
-        ALL[k as usize]
-    }
-}
-
 /// One recorded event, in this host's monotonic clock.
 #[derive(Clone, Copy, Debug)]
 pub struct Event {
@@ -138,6 +130,9 @@ impl Event {
         Kind::from_u8(self.kind)
     }
 }
+
+// The cap's documented memory: 56 bytes an event.
+const _: () = assert!(std::mem::size_of::<Event>() == 56);
 
 /// Processor tracks are numbered by processor; other threads from here.
 const OTHER_TID: u32 = 1000;
@@ -331,9 +326,7 @@ pub fn part_path(path: &Path, node: usize, nodes: usize) -> PathBuf {
     if nodes == 1 {
         path.to_path_buf()
     } else {
-        let mut s = path.as_os_str().to_os_string();
-        s.push(format!(".node{node}"));
-        PathBuf::from(s)
+        chrome::with_suffix(path, &format!(".node{node}"))
     }
 }
 
