@@ -42,6 +42,10 @@
 //! its [`Summary`]; the merge prints one line per node.
 //!
 //! Tracing off costs a load of one flag per segment, wait and message.
+//!
+//! One trace per process: the first runtime started with a trace path
+//! records it, for every runtime of the process (nodes linked in one
+//! process, as tests do with `InProcess`, share its file and node number).
 
 mod chrome;
 mod summary;
@@ -226,8 +230,12 @@ fn record(e: Event) {
         DROPPED.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    MINE.with(|m| {
-        let mut m = m.borrow_mut();
+    // `try_with`: a thread's thread-local destructors may still send a
+    // message; their events are lost rather than a panic at thread exit.
+    let _ = MINE.try_with(|m| {
+        let Ok(mut m) = m.try_borrow_mut() else {
+            return;
+        };
         let track = m.get_or_insert_with(|| {
             let tid = OTHER_TID + rec.next_tid.fetch_add(1, Ordering::Relaxed) as u32;
             let name = std::thread::current()

@@ -83,3 +83,45 @@ pub(super) fn measure(c: &mut TcpStream, rank: usize) -> Result<i64, NetError> {
     }
     Ok(best.1)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn one_host_measures_no_offset() {
+        // Both ends read the same clock: the offset found is within the
+        // shortest round trip, whatever the load (a loaded machine only
+        // makes every round trip longer, and the shortest is kept).
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            super::serve(&mut s, 1, Instant::now() + Duration::from_secs(10))
+        });
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let t = Instant::now();
+        let offset = super::measure(&mut c, 1).unwrap();
+        let whole = t.elapsed().as_nanos() as i64;
+        server.join().unwrap().unwrap();
+        assert!(offset.abs() <= whole, "offset {offset} ns within {whole} ns");
+    }
+
+    #[test]
+    fn a_peer_that_says_something_else_is_a_protocol_error() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let _ = crate::wire::read_msg(&mut s);
+            crate::wire::write_msg(&mut s, &crate::wire::Msg::Heartbeat).unwrap();
+        });
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let e = super::measure(&mut c, 3).unwrap_err();
+        peer.join().unwrap();
+        assert!(e.to_string().contains("clock"), "{e}");
+    }
+}
