@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # What tracing costs, measured as the issue asks (A/B alternated, medians):
 #
-#   scripts/trace-cost.sh BASE_EXAMPLES [--runs N] [--only off|on]
+#   scripts/trace-cost.sh BASE_EXAMPLES [--runs N] [--only off|on] [--procs P]
 #
-# 1. Tracing off: every hyfi kernel of scripts/side-by-side.sh at 1x2
+# 1. Tracing off: every hyfi kernel of scripts/side-by-side.sh at 1xP (default 1x2)
 #    (Jacobi 1024^2 per point and per row, matmul and LU 1024, fib(40),
 #    quad), the examples of BASE_EXAMPLES (a target/release/examples
 #    directory built from the commit before tracing) against this tree's,
@@ -21,10 +21,12 @@ BASE=${1:?usage: scripts/trace-cost.sh BASE_EXAMPLES [--runs N] [--only off|on]}
 shift
 RUNS=5
 ONLY=
+PROCS=2
 while [[ $# -gt 0 ]]; do
   case $1 in
     --runs) RUNS=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
+    --procs) PROCS=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -45,12 +47,12 @@ run_one() { # label dir args... -> appends "label secs" to $TMP/times
 }
 
 KERNELS=(
-  "jacobi-point|jacobi --n 1024 --iters 200 --eps 0 --procs 2"
-  "jacobi-row|jacobi --n 1024 --iters 200 --eps 0 --per-row --procs 2"
-  "matmul|matmul --n 1024 --procs 2"
-  "lu|lu --n 1024 --procs 2"
-  "fib|fib --n 40 --procs 2 --no-seq"
-  "quad|quad --procs 2"
+  "jacobi-point|jacobi --n 1024 --iters 200 --eps 0 --procs $PROCS"
+  "jacobi-row|jacobi --n 1024 --iters 200 --eps 0 --per-row --procs $PROCS"
+  "matmul|matmul --n 1024 --procs $PROCS"
+  "lu|lu --n 1024 --procs $PROCS"
+  "fib|fib --n 40 --procs $PROCS --no-seq"
+  "quad|quad --procs $PROCS"
 )
 
 if [[ $ONLY != on ]]; then
@@ -66,7 +68,7 @@ if [[ $ONLY != on ]]; then
       done
     done
   done
-  echo "== tracing off: this tree / the base, $RUNS alternated rounds, medians (s) =="
+  echo "== tracing off, 1x$PROCS: this tree / the base, $RUNS alternated rounds, medians (s) =="
   python3 - "$TMP/times" <<'PY'
 import sys, statistics as st
 from collections import defaultdict
