@@ -106,7 +106,10 @@ mod tests {
         let offset = super::measure(&mut c, 1).unwrap();
         let whole = t.elapsed().as_nanos() as i64;
         server.join().unwrap().unwrap();
-        assert!(offset.abs() <= whole, "offset {offset} ns within {whole} ns");
+        assert!(
+            offset.abs() <= whole,
+            "offset {offset} ns within {whole} ns"
+        );
     }
 
     #[test]
