@@ -219,6 +219,33 @@ fn sor_gives_the_same_bits_on_every_configuration() {
     }
 }
 
+/// A stencil without a reduction, per point and per row, rows contiguous
+/// (the pages at block boundaries written by two nodes) and padded.
+#[test]
+fn diffusion_gives_the_same_bits_on_every_configuration() {
+    for extra in [
+        &[][..],
+        &["--per-row"][..],
+        &["--per-row", "--pad-rows"][..],
+    ] {
+        let mut bits = Vec::new();
+        for (nodes, procs) in CONFIGS {
+            let what = format!("diffusion {extra:?} on {nodes}x{procs}");
+            let mut args = vec!["--n", "66", "--steps", "12", "--pools-per-proc", "2"];
+            args.extend_from_slice(extra);
+            let out = run_ok(&what, on(&bins().diffusion, nodes, procs, &args), nodes);
+            all_say(&what, &out, "OK: hyfi and sequential results are identical");
+            for lines in out.values() {
+                bits.push((what.clone(), ok_field(lines, "grid_bits")));
+            }
+        }
+        let first = &bits[0].1;
+        for (what, b) in &bits {
+            assert_eq!(b, first, "{what} differs from {}", bits[0].0);
+        }
+    }
+}
+
 #[test]
 fn lu_and_matmul_match_sequential_on_every_configuration() {
     for (nodes, procs) in CONFIGS {

@@ -9,6 +9,9 @@
 use clap::Parser;
 use hyfi::{Config, Runtime};
 
+#[path = "../examples/diffusion.rs"]
+#[allow(dead_code)]
+mod diffusion;
 #[path = "../examples/jacobi.rs"]
 #[allow(dead_code)]
 mod jacobi;
@@ -179,6 +182,32 @@ fn sor_reduction_decides_when_to_stop() {
     // Over-relaxation converges in fewer sweeps than Gauss–Seidel here.
     let gs = sor::run_seq(&args("sor", "--n 12 --eps 1e-6 --iters 100000 --omega 1"));
     assert!(seq.iters < gs.iters, "{} vs {}", seq.iters, gs.iters);
+}
+
+#[test]
+fn diffusion_matches_sequential() {
+    for cmdline in [
+        "--n 34 --steps 15",
+        "--n 34 --steps 15 --per-row --pools-per-proc 3",
+        "--n 9 --steps 7 --per-row --pad-rows",
+    ] {
+        let a: diffusion::Args = args("diffusion", cmdline);
+        let seq = diffusion::run_seq(&a);
+        assert!(seq.grid[a.n + 1] > 0.0, "heat has flowed in");
+        for procs in [1, 2] {
+            let par = diffusion::run_hyfi(&runtime(procs), &a).expect("runs");
+            let same = par.grid.len() == seq.grid.len()
+                && par
+                    .grid
+                    .iter()
+                    .zip(&seq.grid)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same,
+                "diffusion {cmdline} on {procs} processors: not bit for bit the loop's"
+            );
+        }
+    }
 }
 
 fn lu_1_2(cmdline: &str) -> lu::Output {

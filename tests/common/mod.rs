@@ -35,6 +35,7 @@ pub struct Bins {
     pub faults: PathBuf,
     pub exact_sum: PathBuf,
     pub sor: PathBuf,
+    pub diffusion: PathBuf,
 }
 
 /// The examples and `hyfi-run`, built once per test process with this test's
@@ -86,6 +87,8 @@ pub fn bins() -> &'static Bins {
             "exact_sum",
             "--example",
             "sor",
+            "--example",
+            "diffusion",
             "--bin",
             "hyfi-run",
             "-p",
@@ -127,6 +130,7 @@ pub fn bins() -> &'static Bins {
             faults: ex("faults"),
             exact_sum: ex("exact_sum"),
             sor: ex("sor"),
+            diffusion: ex("diffusion"),
         };
         for exe in [
             &bins.montecarlo,
