@@ -181,7 +181,7 @@ pub(super) fn write_node(
     node: usize,
     nodes: usize,
     offset: i64,
-    tracks: &[(u32, String, Vec<Event>)],
+    tracks: &[(u32, &str, &[Event])],
     summary: &Summary,
 ) -> std::io::Result<()> {
     let tmp = with_suffix(file, ".tmp");
@@ -197,7 +197,7 @@ pub(super) fn write_node(
     )?;
     let mut seq = 0u64;
     let mut line = String::new();
-    for (tid, name, events) in tracks {
+    for &(tid, name, events) in tracks {
         writeln!(
             w,
             "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{node},\"tid\":{tid},\"args\":{{\"name\":\"{}\"}}}},",
@@ -209,7 +209,7 @@ pub(super) fn write_node(
         )?;
         for e in events {
             line.clear();
-            event_line(&mut line, node, *tid, offset, &mut seq, e);
+            event_line(&mut line, node, tid, offset, &mut seq, e);
             w.write_all(line.as_bytes())?;
         }
     }

@@ -344,27 +344,32 @@ pub fn write() -> std::io::Result<Option<PathBuf>> {
     let Some(rec) = RECORDER.get() else {
         return Ok(None);
     };
-    let tracks: Vec<(u32, String, Vec<Event>)> = rec
-        .tracks
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .map(|t| {
-            let ev = t.events.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            (t.tid, t.name.clone(), ev)
-        })
-        .collect();
-    let dropped = DROPPED.load(Ordering::Relaxed);
-    let summary = Summary::of(rec.node, &tracks, dropped);
     let file = part_path(&rec.path, rec.node, rec.nodes);
-    chrome::write_node(
-        &file,
-        rec.node,
-        rec.nodes,
-        OFFSET.load(Ordering::Relaxed),
-        &tracks,
-        &summary,
-    )?;
+    let summary = {
+        // Written under the tracks' locks, not from a copy: a trace near
+        // its cap is tens of MiB. A thread still recording waits meanwhile
+        // (at exit, or during an explicit `write`); nothing below records.
+        let all = rec.tracks.lock().unwrap_or_else(|e| e.into_inner());
+        let guards: Vec<_> = all
+            .iter()
+            .map(|t| t.events.lock().unwrap_or_else(|e| e.into_inner()))
+            .collect();
+        let tracks: Vec<(u32, &str, &[Event])> = all
+            .iter()
+            .zip(&guards)
+            .map(|(t, g)| (t.tid, t.name.as_str(), &g[..]))
+            .collect();
+        let summary = Summary::of(rec.node, &tracks, DROPPED.load(Ordering::Relaxed));
+        chrome::write_node(
+            &file,
+            rec.node,
+            rec.nodes,
+            OFFSET.load(Ordering::Relaxed),
+            &tracks,
+            &summary,
+        )?;
+        summary
+    };
     if rec.nodes == 1 {
         eprint!("{}", summary::table(&rec.path, &[summary]));
     } else if let Some(f) = ON_WRITTEN.get() {

@@ -83,7 +83,7 @@ macro_rules! fields {
 
 impl Summary {
     /// Computes node `node`'s summary from its tracks.
-    pub(super) fn of(node: usize, tracks: &[(u32, String, Vec<Event>)], dropped: u64) -> Summary {
+    pub(super) fn of(node: usize, tracks: &[(u32, &str, &[Event])], dropped: u64) -> Summary {
         let mut s = Summary {
             node,
             dropped,
@@ -94,8 +94,8 @@ impl Summary {
         // Segments per processor, for the overlap.
         let mut segs: std::collections::BTreeMap<u32, Vec<(u64, u64, u64)>> = Default::default();
         let mut waits: Vec<(u32, u64, u64, u64)> = Vec::new();
-        for (tid, _, events) in tracks {
-            let on_proc = *tid < OTHER_TID;
+        for &(tid, _, events) in tracks {
+            let on_proc = tid < OTHER_TID;
             for e in events {
                 s.events += 1;
                 first = first.min(e.t);
@@ -103,18 +103,18 @@ impl Summary {
                 let a = e.args;
                 match e.kind() {
                     Kind::Segment if on_proc => {
-                        procs.insert(*tid);
+                        procs.insert(tid);
                         s.compute_ns += e.dur;
-                        segs.entry(*tid).or_default().push((e.t, e.t + e.dur, a[2]));
+                        segs.entry(tid).or_default().push((e.t, e.t + e.dur, a[2]));
                     }
                     Kind::PageWait if on_proc => {
                         s.page_wait_ns += e.dur;
-                        waits.push((*tid, e.t, e.t + e.dur, a[3]));
+                        waits.push((tid, e.t, e.t + e.dur, a[3]));
                     }
                     Kind::Barrier | Kind::Release if on_proc => s.sync_ns += e.dur,
                     Kind::Idle if on_proc => s.idle_ns += e.dur,
                     Kind::Phase if on_proc => {
-                        procs.insert(*tid);
+                        procs.insert(tid);
                         s.phases += 1;
                     }
                     Kind::Steal => s.steals += 1,
@@ -267,7 +267,7 @@ mod tests {
         // from 10 (when it asked) to 50; pool 1 (filthread 2) runs 12..30
         // and 40..48 meanwhile, pool 0 again from 48: 18 + 8 of the 40 ns
         // hidden (its own run at both ends does not count).
-        let p0 = vec![
+        let p0 = [
             ev(Kind::Segment, 0, 12, [0, 5, 1, 2]),
             ev(Kind::PageWait, 10, 40, [0, 3, 1 | 1 << 32, 1]),
             ev(Kind::Segment, 12, 18, [1, 4, 2, 2]),
@@ -277,14 +277,14 @@ mod tests {
             ev(Kind::Barrier, 65, 5, [0, 0, 0, 0]),
         ];
         // The communication thread: pages in, messages.
-        let comm = vec![
+        let comm = [
             ev(Kind::PagesIn, 49, 0, [1, 3, 0, 0]),
             ev(Kind::Recv, 49, 0, [1, 1, 4096, 0]),
             ev(Kind::Send, 11, 0, [1, 0, 40, 0]),
         ];
         let tracks = vec![
-            (0, "processor 0".to_string(), p0),
-            (OTHER_TID, "hyfi-comm".to_string(), comm),
+            (0, "processor 0", &p0[..]),
+            (OTHER_TID, "hyfi-comm", &comm[..]),
         ];
         let s = Summary::of(3, &tracks, 7);
         assert_eq!(s.node, 3);
