@@ -449,3 +449,29 @@ fn a_bad_cap_is_a_configuration_error() {
         job.dump()
     );
 }
+
+#[test]
+fn a_trace_file_that_cannot_be_written_is_refused_at_start() {
+    for nodes in ["1", "2"] {
+        let mut cmd = command(&bins().jacobi);
+        cmd.args([
+            "--n", "34", "--iters", "2", "--procs", "1", "--nodes", nodes,
+        ])
+        .env("HYFI_TRACE", "/nonexistent-hyfi-dir/trace.json");
+        let what = format!("jacobi --nodes {nodes} with an unwritable HYFI_TRACE");
+        let mut job = Job::new(&what);
+        job.spawn("jacobi", cmd);
+        let status = job.wait(0, BOUND);
+        assert_eq!(status.code(), Some(2), "{what}: {}", job.dump());
+        let err = job.stderr(0);
+        assert!(
+            err.contains("cannot write the trace file /nonexistent-hyfi-dir/trace.json"),
+            "{what}: {err}"
+        );
+        // Refused before the sweeps, not after: no result was printed.
+        assert!(
+            !job.stdout(0).iter().any(|l| l.contains("OK:")),
+            "{what}: it ran"
+        );
+    }
+}

@@ -215,6 +215,19 @@ pub enum Error {
     /// configuration error ([`Error::exit_code`]).
     #[error("{0}")]
     Config(#[source] Box<dyn std::error::Error + Send + Sync>),
+
+    /// The trace file (`HYFI_TRACE`, `Config::trace`) cannot be written:
+    /// found when the runtime starts, not after the run.
+    #[error(
+        "cannot write the trace file {path} (HYFI_TRACE / Config::trace): {source}; \
+         name a file in a directory this user can write"
+    )]
+    TraceFile {
+        /// The file this node would write.
+        path: std::path::PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -228,6 +241,7 @@ impl Error {
                 | Error::BadEnv { .. }
                 | Error::BadStackSize { .. }
                 | Error::Config(_)
+                | Error::TraceFile { .. }
         )
     }
 

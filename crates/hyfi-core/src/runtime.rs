@@ -95,7 +95,7 @@ impl Runtime {
                 link.my_node(),
                 link.num_nodes(),
                 cfg.get_trace_events(),
-            );
+            )?;
         }
         crate::stack::install_overflow_handler(cfg.get_stack_size());
         // The wait table (a leaf) learns from the scheduler who waits.

@@ -277,8 +277,18 @@ pub(crate) fn processor_track(proc: usize) {
 }
 
 /// Starts recording for node `node` of `nodes` into `path` (the first call
-/// of the process wins; later ones with another path are told so).
-pub(crate) fn start(path: &Path, node: usize, nodes: usize, cap: u64) {
+/// of the process wins; later ones with another path are told so). A file
+/// that cannot be written is an error now, not at the end of the run.
+pub(crate) fn start(path: &Path, node: usize, nodes: usize, cap: u64) -> Result<(), crate::Error> {
+    if RECORDER.get().is_none() {
+        let file = chrome::with_suffix(&part_path(path, node, nodes), ".tmp");
+        std::fs::File::create(&file)
+            .and_then(|_| std::fs::remove_file(&file))
+            .map_err(|source| crate::Error::TraceFile {
+                path: part_path(path, node, nodes),
+                source,
+            })?;
+    }
     let mut first = false;
     let rec = RECORDER.get_or_init(|| {
         first = true;
@@ -300,7 +310,7 @@ pub(crate) fn start(path: &Path, node: usize, nodes: usize, cap: u64) {
                 path.display()
             );
         }
-        return;
+        return Ok(());
     }
     extern "C" fn at_exit() {
         // Nothing may unwind out of an atexit handler.
@@ -314,6 +324,7 @@ pub(crate) fn start(path: &Path, node: usize, nodes: usize, cap: u64) {
     // at `exit` (a return from `main` or `std::process::exit`).
     unsafe { libc::atexit(at_exit) };
     ON.store(true, Ordering::Release);
+    Ok(())
 }
 
 /// Sets node 0's clock minus this node's, in ns (the cluster layer, from
