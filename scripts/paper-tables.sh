@@ -17,9 +17,10 @@
 #   2x1    --nodes 2 --procs 1                  (two nodes, one processor each)
 #   2x2    --nodes 2 --procs 2                  run only with 4 CPUs or more
 #   4x1*   --nodes 4 --procs 1                  * oversubscribed on < 4 CPUs
-#   MPI 2  C MPI, 2 ranks over TCP: Jacobi (benches/baselines/jacobi_mpi.c)
-#          and LU (lu_mpi.c, rows cyclic, MPI_MAXLOC + MPI_Bcast per step);
-#          mpirun -n 2 --mca btl tcp,self
+#   MPI 2  C MPI, 2 ranks over TCP: Jacobi (benches/baselines/jacobi_mpi.c),
+#          LU (lu_mpi.c, rows cyclic, MPI_MAXLOC + MPI_Bcast per step) and
+#          matmul (matmul_mpi.c, B broadcast, rows of A scattered and of C
+#          gathered); mpirun -n 2 --mca btl tcp,self
 #
 # Everything runs at default settings: the script passes no option or
 # environment variable of hyfi's, and warns if the environment sets one. On
@@ -118,7 +119,7 @@ done
 MPI_NOTE=""
 declare -A MPI_BUILT=()
 if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
-    for m in jacobi_mpi lu_mpi; do
+    for m in jacobi_mpi lu_mpi matmul_mpi; do
         if mpicc -O2 -ffp-contract=off -fopenmp -o "$CDIR/$m" "$ROOT/benches/baselines/$m.c" >"$OUT/mpicc-$m.log" 2>&1; then
             MPI_BUILT[$m]=1
         else
@@ -165,6 +166,7 @@ cmd_of() {
     jacobi*:mpi2) mpi_cmd jacobi_mpi "$n" "$it" ;;
     jacobi*:h*) echo "$EX/jacobi --n $n --iters $it --eps 0 $row $(cfg_args "$c")" ;;
     matmul*:seq) echo "$EX/baselines matmul seq --n 1024" ;;
+    matmul*:mpi2) mpi_cmd matmul_mpi 1024 ;;
     matmul*:h*) echo "$EX/matmul --n 1024 $row $(cfg_args "$c")" ;;
     lu:seq) echo "$EX/baselines lu seq --n 1024" ;;
     lu:mpi2) mpi_cmd lu_mpi 1024 ;;
