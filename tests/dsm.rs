@@ -170,44 +170,13 @@ fn ok_field(lines: &[String], key: &str) -> String {
         .to_owned()
 }
 
-#[test]
-fn jacobi_gives_the_same_bits_on_every_configuration() {
-    for args in [
-        &["--n", "66", "--iters", "30"][..],
-        &[
-            "--n",
-            "70",
-            "--iters",
-            "25",
-            "--per-row",
-            "--pools-per-proc",
-            "3",
-        ][..],
-    ] {
-        let mut bits = Vec::new();
-        for (nodes, procs) in CONFIGS {
-            let what = format!("jacobi {args:?} on {nodes}x{procs}");
-            let out = run_ok(&what, on(&bins().jacobi, nodes, procs, args), nodes);
-            for lines in out.values() {
-                bits.push((what.clone(), ok_field(lines, "grid_bits")));
-            }
-        }
-        let first = &bits[0].1;
-        for (what, b) in &bits {
-            assert_eq!(b, first, "{what} differs from {}", bits[0].0);
-        }
-    }
-}
-
-/// Red-black SOR in place: every node's halo rows are another node's rows,
-/// taken in a write view each phase.
-#[test]
-fn sor_gives_the_same_bits_on_every_configuration() {
-    let args = ["--n", "66", "--iters", "30", "--pools-per-proc", "2"];
+/// Runs `exe args` on every configuration: every node must print its OK
+/// line, and every node of every configuration the same `grid_bits`.
+fn same_grid_everywhere(name: &str, exe: &Path, args: &[&str]) {
     let mut bits = Vec::new();
     for (nodes, procs) in CONFIGS {
-        let what = format!("sor on {nodes}x{procs}");
-        let out = run_ok(&what, on(&bins().sor, nodes, procs, &args), nodes);
+        let what = format!("{name} {args:?} on {nodes}x{procs}");
+        let out = run_ok(&what, on(exe, nodes, procs, args), nodes);
         all_say(&what, &out, "OK: hyfi and sequential results are identical");
         for lines in out.values() {
             bits.push((what.clone(), ok_field(lines, "grid_bits")));
@@ -219,30 +188,47 @@ fn sor_gives_the_same_bits_on_every_configuration() {
     }
 }
 
+#[test]
+fn jacobi_gives_the_same_bits_on_every_configuration() {
+    same_grid_everywhere("jacobi", &bins().jacobi, &["--n", "66", "--iters", "30"]);
+    same_grid_everywhere(
+        "jacobi",
+        &bins().jacobi,
+        &[
+            "--n",
+            "70",
+            "--iters",
+            "25",
+            "--per-row",
+            "--pools-per-proc",
+            "3",
+        ],
+    );
+}
+
+/// Red-black SOR in place: every node's halo rows are another node's rows,
+/// taken in a write view each phase.
+#[test]
+fn sor_gives_the_same_bits_on_every_configuration() {
+    same_grid_everywhere(
+        "sor",
+        &bins().sor,
+        &["--n", "66", "--iters", "30", "--pools-per-proc", "2"],
+    );
+}
+
 /// A stencil without a reduction, per point and per row, rows contiguous
 /// (the pages at block boundaries written by two nodes) and padded.
 #[test]
 fn diffusion_gives_the_same_bits_on_every_configuration() {
+    let base = ["--n", "66", "--steps", "12", "--pools-per-proc", "2"];
     for extra in [
         &[][..],
         &["--per-row"][..],
         &["--per-row", "--pad-rows"][..],
     ] {
-        let mut bits = Vec::new();
-        for (nodes, procs) in CONFIGS {
-            let what = format!("diffusion {extra:?} on {nodes}x{procs}");
-            let mut args = vec!["--n", "66", "--steps", "12", "--pools-per-proc", "2"];
-            args.extend_from_slice(extra);
-            let out = run_ok(&what, on(&bins().diffusion, nodes, procs, &args), nodes);
-            all_say(&what, &out, "OK: hyfi and sequential results are identical");
-            for lines in out.values() {
-                bits.push((what.clone(), ok_field(lines, "grid_bits")));
-            }
-        }
-        let first = &bits[0].1;
-        for (what, b) in &bits {
-            assert_eq!(b, first, "{what} differs from {}", bits[0].0);
-        }
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        same_grid_everywhere("diffusion", &bins().diffusion, &args);
     }
 }
 
