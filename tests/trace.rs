@@ -43,10 +43,23 @@ fn run(what: &str, cmd: Command) -> (Vec<String>, String) {
     (job.stdout(0), job.stderr(0))
 }
 
+/// The traced Jacobi of these tests: per row, one processor per node.
+const JACOBI: [&str; 9] = [
+    "--n",
+    "130",
+    "--iters",
+    "20",
+    "--eps",
+    "0",
+    "--per-row",
+    "--procs",
+    "1",
+];
+
 fn jacobi(nodes: usize, trace: &Path) -> Command {
     let mut cmd = command(&bins().jacobi);
-    cmd.args(["--n", "130", "--iters", "20", "--eps", "0", "--per-row"])
-        .args(["--procs", "1", "--nodes", &nodes.to_string()])
+    cmd.args(JACOBI)
+        .args(["--nodes", &nodes.to_string()])
         .env("HYFI_TRACE", trace);
     cmd
 }
@@ -243,17 +256,7 @@ fn hyfi_run_merges_the_trace_too() {
     let mut cmd = command(&bins().hyfi_run);
     cmd.args(["-n", "2", "--"])
         .arg(&bins().jacobi)
-        .args([
-            "--n",
-            "130",
-            "--iters",
-            "20",
-            "--eps",
-            "0",
-            "--per-row",
-            "--procs",
-            "1",
-        ])
+        .args(JACOBI)
         .env("HYFI_TRACE", &trace);
     let (out, _) = run("hyfi-run -n 2 jacobi with HYFI_TRACE", cmd);
     check_jacobi_trace("hyfi-run -n 2 jacobi", &trace, 2, &out);
@@ -285,17 +288,7 @@ fn under_mpirun_the_parts_merge_with_hyfi_run_merge_trace() {
     .args(["-x", "HYFI_PIN=0", "-x"])
     .arg(format!("HYFI_TRACE={}", trace.display()))
     .arg(&bins().jacobi)
-    .args([
-        "--n",
-        "130",
-        "--iters",
-        "20",
-        "--eps",
-        "0",
-        "--per-row",
-        "--procs",
-        "1",
-    ])
+    .args(JACOBI)
     .env("OMPI_MCA_plm_rsh_agent", "false");
     let (out, err) = run("mpirun -np 2 jacobi with HYFI_TRACE", cmd);
     // No launcher of hyfi's: each node wrote its part, and node 0 says how
