@@ -3,7 +3,8 @@
 # One command:
 #
 #   scripts/paper-tables.sh [--runs N] [--kernels LIST] [--out DIR]
-#                           [--no-build] [--no-table3]
+#                           [--no-build] [--no-table3] [--cpus N]
+#                           [--bin-dir DIR] [--plan] [--big]
 #
 # Table 2 runs, round-robin (--runs rounds, default 5), every kernel in
 # every configuration this machine holds and prints the median time and
@@ -12,11 +13,21 @@
 # recursion), never against hyfi 1x1:
 #
 #   seq    examples/baselines.rs <kernel> seq
-#   1x1    the hyfi example, --procs 1          (one node, one processor)
-#   1x2    --procs 2                            (one node, two processors)
-#   2x1    --nodes 2 --procs 1                  (two nodes, one processor each)
-#   2x2    --nodes 2 --procs 2                  run only with 4 CPUs or more
-#   4x1*   --nodes 4 --procs 1                  * oversubscribed on < 4 CPUs
+#   NxP    the hyfi example, --nodes N --procs P (N nodes of P processors)
+#   MPI R  C MPI on R ranks (below)
+#
+# The configurations are chosen from the CPUs this machine has (nproc, or
+# --cpus N): with C the largest power of two <= the CPUs,
+#   fewer than 4 CPUs: 1x1, 1x2, 2x1, 2x2 (not run: it needs 4 CPUs at
+#                      default settings), 4x1* (oversubscribed), MPI 2;
+#   4 or more:         1x1, 1xP and Px1 for P = 2, 4, ... C, Nx(C/N) for
+#                      N = 2, 4, ... C/2 (2x8, 4x4, 8x2 at 16), and MPI R
+#                      for R = 2, 4, ... C.
+# --plan prints the configurations and every command of one round, and
+# exits. --bin-dir DIR runs prebuilt binaries (the examples, and
+# jacobi_mpi, lu_mpi, matmul_mpi where present) from DIR, on a machine
+# without cargo: it implies --no-build. --big takes the sizes of a 16-CPU
+# machine: matmul and LU 2048, fib(44), Jacobi 2048² for 200 sweeps.
 #   MPI 2  C MPI, 2 ranks over TCP: Jacobi (benches/baselines/jacobi_mpi.c),
 #          LU (lu_mpi.c, rows cyclic, MPI_MAXLOC + MPI_Bcast per step) and
 #          matmul (matmul_mpi.c, B broadcast, rows of A scattered and of C
@@ -71,6 +82,11 @@ KERNELS=$ALL
 OUT=${OUT:-}
 BUILD=1
 TABLE3=1
+CPUS=$(nproc)
+BIN_DIR=""
+PLAN=0
+# Sizes (--big: the 16-CPU sizes, where the sequential code takes 1-3 s).
+MAT_N=1024 FIB_N=40 JAC2048_IT=50
 
 die() {
     echo "paper-tables: ERROR: $*" >&2
@@ -87,6 +103,10 @@ while (($#)); do
     --out) OUT=${2:?--out needs a directory} && shift ;;
     --no-build) BUILD=0 ;;
     --no-table3) TABLE3=0 ;;
+    --cpus) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || die "--cpus needs a positive integer" && CPUS=$2 && shift ;;
+    --bin-dir) BIN_DIR=${2:?--bin-dir needs a directory} && BUILD=0 && shift ;;
+    --plan) PLAN=1 && BUILD=0 ;;
+    --big) MAT_N=2048 FIB_N=44 JAC2048_IT=200 ;;
     -h | --help) usage 0 ;;
     *) echo "paper-tables: unknown option '$1'" >&2 && usage 2 ;;
     esac
@@ -101,6 +121,11 @@ TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 [[ $TARGET == /* ]] || TARGET=$ROOT/$TARGET
 EX=$TARGET/release/examples
 CDIR=$TARGET/paper-tables-c
+if [[ -n $BIN_DIR ]]; then
+    [[ -d $BIN_DIR ]] || die "--bin-dir $BIN_DIR is not a directory"
+    EX=$(cd "$BIN_DIR" && pwd)
+    CDIR=$EX
+fi
 [[ -n $OUT ]] || OUT=$(mktemp -d /tmp/hyfi-paper-tables.XXXXXX)
 mkdir -p "$OUT" "$CDIR"
 RESULTS=$OUT/results
@@ -111,14 +136,24 @@ if ((BUILD)); then
         { tail -30 "$OUT/cargo-build.log" >&2; die "cargo build --release --examples failed"; }
 fi
 for b in baselines jacobi matmul lu fib quad; do
-    [[ -x $EX/$b ]] || die "$EX/$b is missing (build with: cargo build --release --examples)"
+    ((PLAN)) || [[ -x $EX/$b ]] || die "$EX/$b is missing (build with: cargo build --release --examples)"
 done
 # Each MPI baseline on its own: MPI_BUILT[name]=1 once it built; what went
 # wrong is in MPI_NOTE. -ffp-contract=off: no fused multiply-adds, so the
 # bits match the sequential code's on every target.
 MPI_NOTE=""
 declare -A MPI_BUILT=()
-if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
+if ((PLAN)); then
+    MPI_BUILT=([jacobi_mpi]=1 [lu_mpi]=1 [matmul_mpi]=1)
+elif [[ -n $BIN_DIR ]] && command -v mpirun >/dev/null; then
+    for m in jacobi_mpi lu_mpi matmul_mpi; do
+        if [[ -x $CDIR/$m ]]; then
+            MPI_BUILT[$m]=1
+        else
+            MPI_NOTE="${MPI_NOTE:+$MPI_NOTE; }no $m in $BIN_DIR, its MPI column is n/a"
+        fi
+    done
+elif command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
     for m in jacobi_mpi lu_mpi matmul_mpi; do
         if mpicc -O2 -ffp-contract=off -fopenmp -o "$CDIR/$m" "$ROOT/benches/baselines/$m.c" >"$OUT/mpicc-$m.log" 2>&1; then
             MPI_BUILT[$m]=1
@@ -130,49 +165,75 @@ else
     MPI_NOTE="no mpicc/mpirun (install openmpi-bin and libopenmpi-dev): the MPI column is n/a"
 fi
 [[ -z $MPI_NOTE ]] || echo "paper-tables: WARNING: $MPI_NOTE" >&2
-# mpi_cmd NAME ARGS... -> the mpirun command line, or nothing if NAME did not build.
+# mpi_cmd RANKS NAME ARGS... -> the mpirun command line, or nothing if
+# NAME did not build. Two ranks over TCP (the paper's setting, and the
+# 2-CPU tables'); more ranks bound to cores, over shared memory and TCP as
+# Open MPI chooses.
 mpi_cmd() {
-    [[ -n ${MPI_BUILT[$1]:-} ]] && echo "${MPIRUN[*]} $CDIR/$*"
-    return 0
+    local r=$1
+    shift
+    [[ -n ${MPI_BUILT[$1]:-} ]] || return 0
+    local run=(mpirun -n "$r")
+    if ((r == 2)); then run+=(--mca btl tcp,self); else run+=(--bind-to core); fi
+    [[ $(id -u) == 0 ]] && run+=(--allow-run-as-root)
+    echo "${run[*]} $CDIR/$*"
 }
-MPIRUN=(mpirun -n 2 --mca btl tcp,self)
-[[ $(id -u) == 0 ]] && MPIRUN+=(--allow-run-as-root)
 
-NPROC=$(nproc)
-CONFIGS=(seq h11 h12 h21 h22 h41 mpi2)
+NPROC=$CPUS
+# The configurations: "seq", "hNxP" (N nodes of P processors), "mpiR".
+if ((NPROC < 4)); then
+    CONFIGS=(seq h1x1 h1x2 h2x1 h2x2 h4x1 mpi2)
+else
+    C=1
+    while ((C * 2 <= NPROC)); do C=$((C * 2)); done
+    CONFIGS=(seq h1x1)
+    for ((p = 2; p <= C; p *= 2)); do CONFIGS+=("h1x$p"); done
+    for ((p = 2; p <= C; p *= 2)); do CONFIGS+=("h${p}x1"); done
+    for ((nn = 2; nn < C; nn *= 2)); do CONFIGS+=("h${nn}x$((C / nn))"); done
+    for ((r = 2; r <= C; r *= 2)); do CONFIGS+=("mpi$r"); done
+fi
+# Nodes and processors of an hNxP configuration.
+nodes_of() { local c=${1#h}; [[ $1 == h* ]] && echo "${c%x*}" || echo 1; }
+procs_of() { local c=${1#h}; echo "${c#*x}"; }
 label_cfg() {
     case $1 in
-    seq) echo "best seq" ;; h11) echo "1×1" ;; h12) echo "1×2" ;; h21) echo "2×1" ;;
-    h22) echo "2×2" ;; h41) if ((NPROC < 4)); then echo "4×1*"; else echo "4×1"; fi ;; mpi2) echo "MPI 2" ;;
+    seq) echo "best seq" ;;
+    mpi*) echo "MPI ${1#mpi}" ;;
+    h*)
+        local n p
+        n=$(nodes_of "$1") p=$(procs_of "$1")
+        if ((n * p > NPROC)); then echo "${n}×${p}*"; else echo "${n}×${p}"; fi
+        ;;
     esac
 }
-nodes_of() { case $1 in h21 | h22) echo 2 ;; h41) echo 4 ;; *) echo 1 ;; esac; }
 cfg_args() {
-    case $1 in
-    h11) echo "--procs 1" ;; h12) echo "--procs 2" ;; h21) echo "--nodes 2 --procs 1" ;;
-    h22) echo "--nodes 2 --procs 2" ;; h41) echo "--nodes 4 --procs 1" ;;
-    esac
+    local n p
+    n=$(nodes_of "$1") p=$(procs_of "$1")
+    if ((n > 1)); then echo "--nodes $n --procs $p"; else echo "--procs $p"; fi
 }
 
 # cmd_of KERNEL CONFIG -> the command line, or nothing if it does not exist.
 cmd_of() {
-    local k=$1 c=$2 n=1024 it=200 row=""
-    # 2 nodes of 2 processors need 4 CPUs at default settings.
-    [[ $c == h22 ]] && ((NPROC < 4)) && return 0
-    case $k in jacobi2048-*) n=2048 it=50 ;; esac
+    local k=$1 c=$2 n=$MAT_N it=200 row="" r=${2#mpi}
+    # Several processors per node need as many CPUs per node at default
+    # settings (nodes of one processor may share CPUs: 4x1* on 2 CPUs).
+    if [[ $c == h* ]] && (($(procs_of "$c") > 1 && $(nodes_of "$c") * $(procs_of "$c") > NPROC)); then
+        return 0
+    fi
+    case $k in jacobi2048-*) n=2048 it=$JAC2048_IT ;; esac
     case $k in *-row) row=--per-row ;; esac
     case $k:$c in
     jacobi*:seq) echo "$EX/baselines jacobi seq --n $n --iters $it" ;;
-    jacobi*:mpi2) mpi_cmd jacobi_mpi "$n" "$it" ;;
+    jacobi*:mpi*) mpi_cmd "$r" jacobi_mpi "$n" "$it" ;;
     jacobi*:h*) echo "$EX/jacobi --n $n --iters $it --eps 0 $row $(cfg_args "$c")" ;;
-    matmul*:seq) echo "$EX/baselines matmul seq --n 1024" ;;
-    matmul*:mpi2) mpi_cmd matmul_mpi 1024 ;;
-    matmul*:h*) echo "$EX/matmul --n 1024 $row $(cfg_args "$c")" ;;
-    lu:seq) echo "$EX/baselines lu seq --n 1024" ;;
-    lu:mpi2) mpi_cmd lu_mpi 1024 ;;
-    lu:h*) echo "$EX/lu --n 1024 $(cfg_args "$c")" ;;
-    fib:seq) echo "$EX/baselines fib seq --n 40" ;;
-    fib:h*) echo "$EX/fib --n 40 --no-seq $(cfg_args "$c")" ;;
+    matmul*:seq) echo "$EX/baselines matmul seq --n $MAT_N" ;;
+    matmul*:mpi*) mpi_cmd "$r" matmul_mpi "$MAT_N" ;;
+    matmul*:h*) echo "$EX/matmul --n $MAT_N $row $(cfg_args "$c")" ;;
+    lu:seq) echo "$EX/baselines lu seq --n $MAT_N" ;;
+    lu:mpi*) mpi_cmd "$r" lu_mpi "$MAT_N" ;;
+    lu:h*) echo "$EX/lu --n $MAT_N $(cfg_args "$c")" ;;
+    fib:seq) echo "$EX/baselines fib seq --n $FIB_N" ;;
+    fib:h*) echo "$EX/fib --n $FIB_N --no-seq $(cfg_args "$c")" ;;
     quad:seq) echo "$EX/baselines quad seq" ;;
     quad:h*) echo "$EX/quad --no-seq $(cfg_args "$c")" ;;
     esac
@@ -183,12 +244,12 @@ label_of() {
     case $1 in
     jacobi-point) echo "Jacobi 1024², 200 sweeps, per point" ;;
     jacobi-row) echo "Jacobi 1024², 200 sweeps, per row" ;;
-    jacobi2048-point) echo "Jacobi 2048², 50 sweeps, per point" ;;
-    jacobi2048-row) echo "Jacobi 2048², 50 sweeps, per row" ;;
-    matmul) echo "matmul 1024, per element" ;;
-    matmul-row) echo "matmul 1024, per row" ;;
-    lu) echo "LU 1024" ;;
-    fib) echo "fib(40)" ;;
+    jacobi2048-point) echo "Jacobi 2048², $JAC2048_IT sweeps, per point" ;;
+    jacobi2048-row) echo "Jacobi 2048², $JAC2048_IT sweeps, per row" ;;
+    matmul) echo "matmul $MAT_N, per element" ;;
+    matmul-row) echo "matmul $MAT_N, per row" ;;
+    lu) echo "LU $MAT_N" ;;
+    fib) echo "fib($FIB_N)" ;;
     quad) echo "quad x⁶" ;;
     esac
 }
@@ -242,12 +303,24 @@ echo
 echo "raw outputs: $OUT"
 echo
 model=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo 2>/dev/null || true)
-echo "* nproc $(nproc); ${model:-CPU ?}; $(uname -sr); $(rustc -V 2>/dev/null || echo 'rustc ?'); $(mpirun --version 2>/dev/null | head -1 || echo 'no mpirun')"
+echo "* nproc $(nproc)$( ((CPUS == $(nproc))) || echo " (configurations chosen for --cpus $CPUS)"); ${model:-CPU ?}; $(uname -sr); $(rustc -V 2>/dev/null || echo 'rustc ?'); $(mpirun --version 2>/dev/null | head -1 || echo 'no mpirun')"
 echo "* hyfi commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD -- 2>/dev/null || echo ' (with uncommitted changes)'); load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 hyfi_env=$(env | grep '^HYFI_' || true)
 [[ -z $hyfi_env ]] || echo "* **WARNING: the environment sets $(echo "$hyfi_env" | tr '\n' ' ')— not default settings**"
 [[ -z $MPI_NOTE ]] || echo "* **NOTE: $MPI_NOTE.**"
 echo
+
+if ((PLAN)); then
+    echo "## Plan: $NPROC CPUs, configurations: $(for c in "${CONFIGS[@]}"; do printf '%s, ' "$(label_cfg "$c")"; done | sed 's/, $//')"
+    echo
+    for k in "${KLIST[@]}"; do
+        for c in "${CONFIGS[@]}"; do
+            cmd=$(cmd_of "$k" "$c")
+            echo "$k $(label_cfg "$c"): ${cmd:-(not run)}"
+        done
+    done
+    exit 0
+fi
 
 start=$SECONDS
 for r in $(seq "$RUNS"); do
@@ -283,7 +356,7 @@ echo
 if ((NPROC < 4)); then
     echo "\* oversubscribed on this $NPROC-CPU machine: 4 nodes pinned two to a CPU (the default placement). 2×2 not run: it needs 4 CPUs at default settings. MPI 2: C MPI, 2 ranks, TCP."
 else
-    echo "MPI 2: C MPI, 2 ranks, TCP."
+    echo "MPI 2: C MPI, 2 ranks, TCP; MPI R > 2: R ranks bound to cores (--bind-to core), shared memory and TCP as Open MPI chooses."
 fi
 echo
 
@@ -293,7 +366,7 @@ verdict() { awk -v x="$1" -v t="$2" -v op="$3" 'BEGIN { if (op == ">=") print (x
 echo "| target | figure | verdict |"
 echo "|---|---|---|"
 for k in "${KLIST[@]}"; do
-    t21=$(med "$k" h21) tseq=$(med "$k" seq) tmpi=$(med "$k" mpi2) t12=$(med "$k" h12)
+    t21=$(med "$k" h2x1) tseq=$(med "$k" seq) tmpi=$(med "$k" mpi2) t12=$(med "$k" h1x2)
     case $k in
     jacobi*)
         if [[ -n $tmpi ]]; then
@@ -326,8 +399,8 @@ echo "|---|---|---|---|---|---|---|---|"
 for k in "${KLIST[@]}"; do
     [[ $k == jacobi* ]] || continue
     n=1024 it=200
-    [[ $k == jacobi2048-* ]] && n=2048 it=50
-    log=$OUT/$k.h21.$RUNS.log
+    [[ $k == jacobi2048-* ]] && n=2048 it=$JAC2048_IT
+    log=$OUT/$k.h2x1.$RUNS.log
     grep -E 'dsm node [0-9]+ phase 0:' "$log" | sed 's/^\[node [0-9]*\] //' | while read -r l; do
         node=$(echo "$l" | awk '{ print $3 }')
         bytes=$(echo "$l" | grep -o 'messages ([0-9]* B)' | grep -o '[0-9]*')
@@ -348,7 +421,7 @@ if ((TABLE3)); then
     for r in $(seq "$RUNS"); do
         for k in jacobi-row jacobi-point; do
             if ((r % 2)); then order="1 4"; else order="4 1"; fi
-            for p in $order; do run "$r" "$k" h21 "--pools-per-proc $p" "pools$p"; done
+            for p in $order; do run "$r" "$k" h2x1 "--pools-per-proc $p" "pools$p"; done
         done
     done
     echo "Loopback (medians of $RUNS interleaved pairs; improvement = 1 − t(4 pools) / t(1 pool)):"
@@ -374,14 +447,20 @@ fi
 
 # ------------------------------------------------------------ the chart
 svg=$OUT/speedup.svg
-awk -v title="hyfi speedup over the best sequential code ($(nproc) CPUs; * oversubscribed)" '
+awk -v ncpu="$NPROC" -v title="hyfi speedup over the best sequential code ($NPROC CPUs; * oversubscribed)" '
     { k[NR] = $1; c[NR] = $2; s[NR] = $3; if (!($1 in seen)) { seen[$1] = 1; ks[++nk] = $1 }
       if (!($2 in cseen)) { cseen[$2] = 1; cs[++nc] = $2 } if ($3 > max) max = $3 }
     END {
         if (max < 2) max = 2; max = int(max + 0.999)
         bw = 14; gw = nc * bw + 20; W = 80 + nk * gw + 160; H = 380; y0 = 320; sc = 260 / max
-        split("#4e79a7 #f28e2b #e15759 #76b7b2 #59a14f #edc948 #b07aa1", col, " ")
-        lab["h11"] = "1x1"; lab["h12"] = "1x2"; lab["h21"] = "2x1"; lab["h22"] = "2x2"; lab["h41"] = "4x1*"; lab["mpi2"] = "MPI 2"
+        ncol = split("#4e79a7 #f28e2b #e15759 #76b7b2 #59a14f #edc948 #b07aa1 #ff9da7 #9c755f #bab0ac #1b9e77 #d95f02 #7570b3 #e7298a #66a61e #e6ab02 #a6761d", col, " ")
+        for (b = ncol + 1; b <= nc; b++) col[b] = col[(b - 1) % ncol + 1]
+        for (b = 1; b <= nc; b++) {
+            l = cs[b]
+            if (l ~ /^mpi/) l = "MPI " substr(l, 4); else if (l ~ /^h/) l = substr(l, 2)
+            if (l ~ /x/) { split(l, np, "x"); if (np[1] * np[2] > ncpu) l = l "*" }
+            lab[cs[b]] = l
+        }
         printf "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"11\">\n", W, H
         printf "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<text x=\"%d\" y=\"18\" font-size=\"14\">%s</text>\n", 10, title
         for (v = 0; v <= max; v++) {
