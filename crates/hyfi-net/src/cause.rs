@@ -200,18 +200,11 @@ pub(crate) fn open_report_pipe() {
     }
 }
 
-/// Nanoseconds on the host's monotonic clock: the same clock in every
-/// process of the host, so the launcher can order its nodes' causes.
-pub fn monotonic_ns() -> u64 {
-    // The clock traces are stamped with, too.
-    hyfi_core::trace::now()
-}
-
 /// Tells the launcher (if any) this node's cause: its own failure, or what
 /// it learned of another's.
 pub(crate) fn report(cause: &Cause) {
     write_record(&Record {
-        t_ns: monotonic_ns(),
+        t_ns: hyfi_core::trace::now(),
         origin: Some(cause.origin),
         kind: Some(cause.kind),
         text: cause.text.clone(),
@@ -221,7 +214,7 @@ pub(crate) fn report(cause: &Cause) {
 /// Tells the launcher this node was stopped by it (a signal it sent).
 pub(crate) fn report_stopped(text: &str) {
     write_record(&Record {
-        t_ns: monotonic_ns(),
+        t_ns: hyfi_core::trace::now(),
         origin: None,
         kind: None,
         text: text.to_string(),

@@ -70,7 +70,7 @@ fn event_line(out: &mut String, node: usize, tid: u32, offset: i64, seq: &mut u6
              \"pid\":{node},\"tid\":{tid}}},"
         );
     };
-    match e.kind() {
+    match e.kind {
         Kind::Phase => complete(
             out,
             &format!("phase {}", a[0]),
@@ -133,7 +133,7 @@ fn event_line(out: &mut String, node: usize, tid: u32, offset: i64, seq: &mut u6
         ),
         Kind::RemoteRun => inst(out, "remote filament", format!("\"from_node\":{}", a[0])),
         Kind::Send | Kind::Recv => {
-            let (name, peer) = if e.kind() == Kind::Send {
+            let (name, peer) = if e.kind == Kind::Send {
                 ("send", "to")
             } else {
                 ("recv", "from")
@@ -305,7 +305,7 @@ pub fn merge(path: &Path, nodes: Option<usize>) -> std::io::Result<Merged> {
     let mut parts = Vec::new();
     let mut first = true;
     for node in 0..nodes {
-        let part = super::part_path(path, node, nodes.max(2));
+        let part = super::node_file(path, node);
         let Ok(f) = File::open(&part) else {
             missing.push(node);
             continue;

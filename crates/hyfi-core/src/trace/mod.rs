@@ -61,25 +61,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// Events kept per node unless `HYFI_TRACE_EVENTS` says otherwise.
 pub const DEFAULT_CAP: u64 = 1 << 20;
 
-macro_rules! kinds {
-    ($($(#[$doc:meta])* $k:ident,)*) => {
-        /// What an event is (see the table in the module's docs).
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        #[repr(u8)]
-        pub enum Kind {
-            $($(#[$doc])* $k,)*
-        }
-
-        impl Kind {
-            fn from_u8(k: u8) -> Kind {
-                const ALL: &[Kind] = &[$(Kind::$k,)*];
-                ALL[k as usize]
-            }
-        }
-    };
-}
-
-kinds! {
+/// What an event is (see the table in the module's docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
     /// A phase on one processor: `[phase, iteration, 0, 0]`.
     Phase,
     /// A filthread's run: `[pool, filaments, filthread, flags]`; flags bit
@@ -125,14 +109,8 @@ pub struct Event {
     pub dur: u64,
     /// Its arguments (see [`Kind`]).
     pub args: [u64; 4],
-    kind: u8,
-}
-
-impl Event {
     /// What it is.
-    pub fn kind(&self) -> Kind {
-        Kind::from_u8(self.kind)
-    }
+    pub kind: Kind,
 }
 
 // The cap's documented memory: 56 bytes an event.
@@ -193,7 +171,7 @@ pub fn now() -> u64 {
 /// The filthread running now (0 off a filthread): what a wait names, so
 /// that the summary counts only *other* filthreads' computation as hiding it.
 pub fn filthread() -> u64 {
-    crate::sched::try_current_ctx().map_or(0, |c| c.current.get())
+    crate::sched::locate().and_then(|(_, f)| f).unwrap_or(0)
 }
 
 /// Records an event of `kind` that began at `t0` (from [`now`]) and ends now.
@@ -205,7 +183,7 @@ pub fn span(kind: Kind, t0: u64, args: [u64; 4]) {
             t: t0,
             dur: t1.saturating_sub(t0),
             args,
-            kind: kind as u8,
+            kind,
         });
     }
 }
@@ -218,7 +196,7 @@ pub fn instant(kind: Kind, args: [u64; 4]) {
             t: now(),
             dur: 0,
             args,
-            kind: kind as u8,
+            kind,
         });
     }
 }
@@ -339,13 +317,18 @@ pub fn on_written(f: fn(&Path)) {
     let _ = ON_WRITTEN.set(f);
 }
 
+/// Node `node`'s part of a job's trace `path`: `path.node<node>`.
+fn node_file(path: &Path, node: usize) -> PathBuf {
+    chrome::with_suffix(path, &format!(".node{node}"))
+}
+
 /// The file this node writes: `path` for a one-node job, `path.node<i>`
 /// otherwise.
 pub fn part_path(path: &Path, node: usize, nodes: usize) -> PathBuf {
     if nodes == 1 {
         path.to_path_buf()
     } else {
-        chrome::with_suffix(path, &format!(".node{node}"))
+        node_file(path, node)
     }
 }
 
@@ -394,11 +377,4 @@ pub fn write() -> std::io::Result<Option<PathBuf>> {
         );
     }
     Ok(Some(file))
-}
-
-/// Events recorded so far and dropped so far (for tests and summaries).
-pub fn counts() -> (u64, u64) {
-    let c = COUNT.load(Ordering::Relaxed);
-    let d = DROPPED.load(Ordering::Relaxed);
-    (c - d.min(c), d)
 }

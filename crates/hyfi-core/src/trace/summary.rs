@@ -101,7 +101,7 @@ impl Summary {
                 first = first.min(e.t);
                 last = last.max(e.t + e.dur);
                 let a = e.args;
-                match e.kind() {
+                match e.kind {
                     Kind::Segment if on_proc => {
                         procs.insert(tid);
                         s.compute_ns += e.dur;
@@ -253,12 +253,7 @@ mod tests {
     use super::*;
 
     fn ev(kind: Kind, t: u64, dur: u64, args: [u64; 4]) -> Event {
-        Event {
-            t,
-            dur,
-            args,
-            kind: kind as u8,
-        }
+        Event { t, dur, args, kind }
     }
 
     #[test]
