@@ -115,11 +115,22 @@ pub trait CtxExt: sealed::Sealed {
     /// current epoch, which is what makes their read-only views plain
     /// memory.
     fn access_epoch(&self) -> u64;
+
+    /// Whether the filament runs in fork-join mode (`Runtime::run`) rather
+    /// than in a phase's pool segment. A fork-join filament may suspend in
+    /// a join until another node's work is done; hyfi-dsm hands out
+    /// plain-store write views only within phases, where a filthread waits
+    /// for nothing but pages.
+    fn in_fork_join(&self) -> bool;
 }
 
 impl CtxExt for Ctx {
     #[inline]
     fn access_epoch(&self) -> u64 {
         self.shared.access_epoch.load(Ordering::Relaxed)
+    }
+    #[inline]
+    fn in_fork_join(&self) -> bool {
+        self.fork_join.get()
     }
 }

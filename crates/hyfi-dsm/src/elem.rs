@@ -241,6 +241,24 @@ pub(crate) unsafe fn fill<T: Pod>(row: *mut T, cols: Range<usize>, mut f: impl F
     }
 }
 
+/// [`fill`] with plain stores, for a plain-store view (plain.rs): the
+/// loop the compiler vectorises as it does the user's slice loop.
+///
+/// # Safety
+/// `row.add(j)` is valid for writes for every `j` in `cols`, and no other
+/// thread reads or writes those elements while the view that calls this
+/// lives (plain.rs, core/plain.rs).
+#[inline(always)]
+pub(crate) unsafe fn fill_plain<T: Pod>(
+    row: *mut T,
+    cols: Range<usize>,
+    mut f: impl FnMut(usize) -> T,
+) {
+    for j in cols {
+        row.add(j).write(f(j));
+    }
+}
+
 /// Writes `src` into the `src.len()` elements at `p` (see [`update`] for
 /// the 16-byte path).
 ///

@@ -88,16 +88,26 @@
 
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use bytemuck::Pod;
 
 use crate::core::{Core, Segment};
 use crate::elem;
 
-/// Mode bits of [`Segment::access`]: `epoch << 2 | mode`.
+/// Mode bits of [`Segment::access`]: `epoch << SHIFT | mode`.
+const SHIFT: u32 = 3;
+const MODE: u64 = (1 << SHIFT) - 1;
 const READ_ONLY: u64 = 1;
+/// Written, not (only) through disjoint write views: atomic stores.
 const WRITTEN: u64 = 2;
+/// Read through the checked accessors, not written (yet).
+const CHECKED: u64 = 3;
+/// The view bit: written so far only through disjoint write views (which
+/// store atomically), so the epoch is still clean (plain.rs).
+const VIEWS: u64 = 4;
+/// As `VIEWS`, with plain stores.
+const PLAIN: u64 = 5;
 
 /// Where an access was, for messages: `(row, col)` of a matrix, or
 /// `(index, NONE)` of a vector.
@@ -111,13 +121,14 @@ fn place(at: (usize, usize)) -> String {
 }
 
 impl Segment {
-    /// Records that this node writes the array in `epoch`. Panics if the
-    /// array is read-only (a read view was taken) in `epoch`. `at` only
-    /// names the element in the message.
+    /// Records that this node writes elements `e..e + n` of the array in
+    /// `epoch` through a checked path. Panics if the array is read-only (a
+    /// read view was taken) in `epoch`, or if the elements lie in another
+    /// filament's plain-store view (plain.rs).
     #[inline(always)]
-    pub(crate) fn note_write(&self, epoch: u64, at: (usize, usize)) {
-        if self.access.load(Relaxed) != (epoch << 2 | WRITTEN) {
-            self.claim(epoch, WRITTEN, at);
+    pub(crate) fn note_write(&self, epoch: u64, e: usize, n: usize) {
+        if self.access.load(Relaxed) != (epoch << SHIFT | WRITTEN) {
+            self.claim(epoch, WRITTEN, (e, NONE), n);
         }
     }
 
@@ -125,29 +136,153 @@ impl Segment {
     /// Panics if the array is written in `epoch`.
     #[inline]
     pub(crate) fn note_read_only(&self, epoch: u64, at: (usize, usize)) {
-        if self.access.load(Relaxed) != (epoch << 2 | READ_ONLY) {
-            self.claim(epoch, READ_ONLY, at);
+        if self.access.load(Relaxed) != (epoch << SHIFT | READ_ONLY) {
+            self.claim(epoch, READ_ONLY, at, 0);
+        }
+    }
+
+    /// A checked read of elements `e..e + n`: one load and a branch while
+    /// the array is read-only, written, or already read so in this epoch;
+    /// otherwise (the epoch's first checked read, or write views wrote the
+    /// array in this epoch) the cold path records it, which makes an epoch
+    /// of write views not clean, and in a `PLAIN` epoch checks that the
+    /// elements lie in no other filament's view. The mode is reset at every
+    /// epoch's end, so a nonzero mode is this epoch's.
+    #[inline(always)]
+    pub(crate) fn note_checked_read(&self, now: &AtomicU64, e: usize, n: usize) {
+        if (self.access.load(Relaxed) & MODE).wrapping_sub(1) >= CHECKED {
+            self.checked_read_cold(now.load(Relaxed), e, n);
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn claim(&self, epoch: u64, mode: u64, at: (usize, usize)) {
+    fn checked_read_cold(&self, epoch: u64, e: usize, n: usize) {
+        let mut cur = self.access.load(Relaxed);
+        loop {
+            let ep = epoch.max(cur >> SHIFT);
+            let mode = if cur >> SHIFT == ep { cur & MODE } else { 0 };
+            let want = match mode {
+                0 => ep << SHIFT | CHECKED,
+                VIEWS => ep << SHIFT | WRITTEN,
+                PLAIN => {
+                    if self
+                        .plain
+                        .checked_access(e..e + n.max(1), crate::plain::filthread())
+                    {
+                        crate::plain::conflict(self.seq, "read of", e);
+                    }
+                    return;
+                }
+                _ => return,
+            };
+            match self.access.compare_exchange(cur, want, Relaxed, Relaxed) {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// A write view of elements `span` (its first row's first element to
+    /// its last row's last) taken at `site` in `epoch`: claims the array
+    /// for views, and says whether this view stores plainly. `may_plain`:
+    /// the view is taken within a phase and plain stores are on.
+    pub(crate) fn note_view_write(
+        &self,
+        epoch: u64,
+        span: Range<usize>,
+        site: crate::plain::Site,
+        may_plain: bool,
+    ) -> bool {
+        let ft = crate::plain::filthread();
+        let mut cur = self.access.load(Relaxed);
+        loop {
+            let e = epoch.max(cur >> SHIFT);
+            let mode = if cur >> SHIFT == e { cur & MODE } else { 0 };
+            let want = match mode {
+                READ_ONLY => conflict(self.seq, WRITTEN, (span.start, NONE)),
+                WRITTEN => {
+                    self.plain.note_site(site);
+                    return false;
+                }
+                // Read through the checked accessors first: not clean.
+                CHECKED => e << SHIFT | WRITTEN,
+                VIEWS | PLAIN => {
+                    return match self.plain.claim_view(span.clone(), ft, site, mode == PLAIN) {
+                        crate::plain::Outcome::Plain => true,
+                        crate::plain::Outcome::Atomic { clean: true } => false,
+                        crate::plain::Outcome::Atomic { clean: false } => {
+                            // Overlapping views: atomic from now on.
+                            let _ = self.access.compare_exchange(
+                                cur,
+                                e << SHIFT | WRITTEN,
+                                Relaxed,
+                                Relaxed,
+                            );
+                            false
+                        }
+                        crate::plain::Outcome::Conflict => {
+                            crate::plain::conflict(self.seq, "write view over", span.start)
+                        }
+                    };
+                }
+                _ => {
+                    let plain = may_plain && self.plain.site_was_clean(site);
+                    e << SHIFT | if plain { PLAIN } else { VIEWS }
+                }
+            };
+            match self.access.compare_exchange(cur, want, Relaxed, Relaxed) {
+                Ok(_) => cur = want,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// At the end of an access epoch (no filament runs): records whether
+    /// the epoch was clean for the call sites of its write views, and
+    /// resets the word's mode, so that checked reads of the next epoch
+    /// find the view bit clear.
+    pub(crate) fn end_access_epoch(&self) {
+        let cur = self.access.load(Relaxed);
+        if cur & VIEWS != 0 || cur & MODE == WRITTEN {
+            self.plain.end_epoch(cur & VIEWS != 0);
+        }
+        self.access.store(cur & !MODE, Relaxed);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn claim(&self, epoch: u64, mode: u64, at: (usize, usize), n: usize) {
         let mut cur = self.access.load(Relaxed);
         loop {
             // Never move the word's epoch back: a caller whose epoch is
             // stale (a thread outside the runtime that read the counter
             // before a phase began) is judged against the newer epoch.
-            let e = epoch.max(cur >> 2);
-            let want = e << 2 | mode;
+            let e = epoch.max(cur >> SHIFT);
+            let want = e << SHIFT | mode;
             if cur == want {
                 return;
             }
-            if cur >> 2 == e {
-                // The other mode, claimed in this epoch. One word, one
-                // modification order: whoever claimed first wins, so a
-                // plain read never overlaps a write of this node.
-                conflict(self.seq, mode, at);
+            if cur >> SHIFT == e && cur & MODE != 0 && cur & MODE != CHECKED {
+                let have = cur & MODE;
+                if mode == READ_ONLY || have == READ_ONLY {
+                    // One word, one modification order: whoever claimed
+                    // first wins, so a plain read never overlaps a write
+                    // of this node.
+                    conflict(self.seq, mode, at);
+                }
+                if have == PLAIN {
+                    // A checked write in a plain-store epoch: never into
+                    // another filament's view (plain.rs). The word stays.
+                    if self
+                        .plain
+                        .checked_access(at.0..at.0 + n.max(1), crate::plain::filthread())
+                    {
+                        crate::plain::conflict(self.seq, "write of", at.0);
+                    }
+                    return;
+                }
+                // VIEWS → WRITTEN: the epoch is no longer clean.
             }
             match self.access.compare_exchange(cur, want, Relaxed, Relaxed) {
                 Ok(_) => return,
@@ -249,6 +384,11 @@ pub(crate) struct Frame {
     /// The DSM's count of live views, which this view is one of.
     live: *const AtomicUsize,
     seq: u64,
+    /// A write view that stores plainly (plain.rs).
+    plain: bool,
+    /// Its registration with the page server, if it covers home pages that
+    /// other nodes may ask for (core/plain.rs); dropped with the view.
+    _active: Option<crate::core::Activation>,
 }
 
 impl Frame {
@@ -259,7 +399,11 @@ impl Frame {
     /// # Safety
     /// Every page of the footprint is valid here (writable, for a write
     /// view), and the array's mode for this access epoch was claimed
-    /// (read-only for a read view, written for a write view).
+    /// (read-only for a read view, written for a write view). If `plain`,
+    /// the footprint is this filament's claim in a plain-store epoch
+    /// (plain.rs) and `active` registers its home pages with the page
+    /// server (or none need it).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn new<T: Pod>(
         core: &Core,
         seg: &Segment,
@@ -268,6 +412,8 @@ impl Frame {
         rows: usize,
         cols: usize,
         stride: usize,
+        plain: bool,
+        active: Option<crate::core::Activation>,
     ) -> Frame {
         core.live_views.fetch_add(1, Relaxed);
         Frame {
@@ -278,6 +424,8 @@ impl Frame {
             stride,
             live: &core.live_views,
             seq: seg.seq,
+            plain,
+            _active: active,
         }
     }
     /// Offset of element `(i, j)` from `ptr`, in elements; panics outside.
@@ -305,6 +453,18 @@ impl Frame {
             outside(kind, self.seq, (i, NONE), self.shape(true));
         }
         k
+    }
+    /// Stores `v` at `p`: plainly in a plain-store view, else atomically.
+    ///
+    /// # Safety
+    /// `p` is inside this write view's footprint.
+    #[inline(always)]
+    unsafe fn store<T: Pod>(&self, p: *mut T, v: T) {
+        if self.plain {
+            p.write(v)
+        } else {
+            elem::store(p, v)
+        }
     }
     #[inline(always)]
     fn shape(&self, vector: bool) -> Shape {
@@ -459,8 +619,16 @@ impl<'a, T: Pod> WriteRows<'a, T> {
     #[inline(always)]
     pub fn set(&self, i: usize, j: usize, v: T) {
         let p = self.ptr_at(i, j);
-        // SAFETY: inside the footprint, writable here (see `new`); atomic.
-        unsafe { elem::store(p, v) }
+        // SAFETY: inside the footprint, writable here (see `new`); a
+        // plain-store view's footprint is touched by no other thread
+        // (plain.rs), else the store is atomic.
+        unsafe { self.f.store(p, v) }
+    }
+
+    /// Whether this view stores plainly (the compiler vectorises its
+    /// stores) or atomically: see the `plain` module's docs for when.
+    pub fn plain_stores(&self) -> bool {
+        self.f.plain
     }
 
     /// Element `(i, j)` (an atomic load: other filaments may write it).
@@ -481,6 +649,7 @@ impl<'a, T: Pod> WriteRows<'a, T> {
             cols: self.f.cols,
             row: i,
             seq: self.f.seq,
+            plain: self.f.plain,
             _v: PhantomData,
         }
     }
@@ -505,6 +674,7 @@ pub struct RowWriter<'v, T: Pod> {
     cols: usize,
     row: usize,
     seq: u64,
+    plain: bool,
     _v: PhantomData<(&'v T, *const ())>,
 }
 
@@ -516,8 +686,15 @@ impl<T: Pod> RowWriter<'_, T> {
             self.outside(j);
         }
         // SAFETY: inside the row, which the view made writable and which
-        // lives while the view it borrows does; atomic.
-        unsafe { elem::store(self.ptr.add(j), v) }
+        // lives while the view it borrows does; plain only in a
+        // plain-store view (see `WriteRows::set`).
+        unsafe {
+            if self.plain {
+                self.ptr.add(j).write(v)
+            } else {
+                elem::store(self.ptr.add(j), v)
+            }
+        }
     }
     /// Sets every column `j` of `cols` to `f(j)`, calling `f` once per
     /// column, in order of `j`. The same as `for j in cols { row.set(j,
@@ -561,9 +738,16 @@ impl<T: Pod> RowWriter<'_, T> {
         }
         // SAFETY: every `j` of `cols` is inside the row (an empty range
         // writes nothing; else `cols.end <= self.cols`, checked above),
-        // which the view made writable; every element written as a unit
-        // (see `elem::fill`).
-        unsafe { elem::fill(self.ptr, cols, f) }
+        // which the view made writable; plainly only in a plain-store view,
+        // whose footprint no other thread touches (plain.rs), else every
+        // element written as a unit (see `elem::fill`).
+        unsafe {
+            if self.plain {
+                elem::fill_plain(self.ptr, cols, f)
+            } else {
+                elem::fill(self.ptr, cols, f)
+            }
+        }
     }
     /// Panics: column `j` is outside the row.
     #[cold]
@@ -619,8 +803,14 @@ impl<'a, T: Pod> WriteRange<'a, T> {
     #[inline(always)]
     pub fn set(&self, i: usize, v: T) {
         let p = self.ptr_at(i);
-        // SAFETY: inside the footprint, writable here; atomic.
-        unsafe { elem::store(p, v) }
+        // SAFETY: inside the footprint, writable here; plain only in a
+        // plain-store view (see `WriteRows::set`).
+        unsafe { self.f.store(p, v) }
+    }
+
+    /// Whether this view stores plainly: see [`WriteRows::plain_stores`].
+    pub fn plain_stores(&self) -> bool {
+        self.f.plain
     }
 
     /// Element `i` (an atomic load).

@@ -20,6 +20,9 @@ impl hyfi_core::PhaseEnd for Hook {
     }
     fn access_epoch_ended(&self) {
         crate::footprint::check_no_live_views(&self.0);
+        for seg in self.0.segs.read().unwrap_or_else(|e| e.into_inner()).iter() {
+            seg.end_access_epoch();
+        }
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

@@ -114,6 +114,7 @@ mod elem;
 mod error;
 mod footprint;
 mod hook;
+pub mod plain;
 mod region;
 mod stats;
 
@@ -135,6 +136,7 @@ pub use region::{DEFAULT_ADDR, DEFAULT_SIZE, PAGE};
 pub fn check_env() -> Result<(), DsmError> {
     region::size_from_env()?;
     region::addr_from_env()?;
+    plain::configure()?;
     Ok(())
 }
 pub use stats::{DsmCounters, DsmStats};
@@ -195,6 +197,7 @@ impl Dsm {
             }
         }
         let (me, nodes) = (link.my_node(), link.num_nodes());
+        plain::configure()?;
         let size = region::size_from_env()?;
         let addr = match base {
             Base::PerNode(addr) => addr,

@@ -69,6 +69,12 @@ counters! {
     messages_sent,
     /// DSM bytes sent (frames included).
     bytes_sent,
+    /// Write views that stored plainly (their stores vectorise; see the `plain` module).
+    plain_views,
+    /// Write views that stored with relaxed atomics (a phase's first execution, or footprints that overlap or checked accesses beside them).
+    atomic_views,
+    /// Page requests that waited for plain-store views of the page to end.
+    requests_waited_plain,
 }
 
 impl DsmCounters {
@@ -95,7 +101,8 @@ impl fmt::Display for DsmCounters {
             "read faults {}, write faults {}, pages fetched {} served {} (deferred {}), \
              diffs sent {} ({} B) applied {}, notices {}, invalidations {}, \
              pushed {} installed {} declined {}, \
-             waiting {:.3} ms, releases {:.3} ms, {} messages ({} B)",
+             waiting {:.3} ms, releases {:.3} ms, {} messages ({} B), \
+             write views plain {} atomic {} (requests waited for plain stores {})",
             self.read_faults,
             self.write_faults,
             self.pages_fetched,
@@ -112,7 +119,10 @@ impl fmt::Display for DsmCounters {
             self.wait_ns as f64 / 1e6,
             self.release_ns as f64 / 1e6,
             self.messages_sent,
-            self.bytes_sent
+            self.bytes_sent,
+            self.plain_views,
+            self.atomic_views,
+            self.requests_waited_plain
         )
     }
 }

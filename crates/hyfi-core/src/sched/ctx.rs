@@ -102,6 +102,11 @@ pub struct Ctx {
     /// runs: suspending then could let another filthread update the same
     /// copy, and one of the two updates would be lost.
     pub(crate) in_update: Cell<bool>,
+    /// Set while this processor runs fork-join filaments (a join may
+    /// suspend a filthread on another node's work): layers above keep
+    /// optimisations that are only sound within a phase's segments to
+    /// phases (see [`CtxExt::in_fork_join`](crate::layer::CtxExt::in_fork_join)).
+    pub(crate) fork_join: Cell<bool>,
     pub(crate) iteration: Cell<u64>,
     /// The stack running now: its red zone (below which a join moves to a
     /// new segment; 0 off a filthread) and guard page.
@@ -159,6 +164,7 @@ impl Ctx {
             current: Cell::new(0),
             pool: Cell::new(0),
             in_update: Cell::new(false),
+            fork_join: Cell::new(false),
             iteration: Cell::new(0),
             bounds: Cell::new(StackBounds::default()),
             stacks: RefCell::new(StackPool::new(shared.cfg.get_stack_size())),

@@ -176,7 +176,9 @@ impl Sched {
     /// this server thread is left suspended.
     fn run_fork_join(&mut self, ctx: &Ctx) {
         self.fork_join = true;
+        ctx.fork_join.set(true);
         self.fork_join_loop(ctx);
+        ctx.fork_join.set(false);
         self.fork_join = false;
     }
 

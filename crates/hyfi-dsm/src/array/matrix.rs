@@ -156,6 +156,7 @@ impl<T: Pod> DsmMatrix<T> {
     /// assert!((sum - want).abs() < 1e-6 * want);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[track_caller]
     pub fn read_rows<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> ReadRows<'a, T> {
         ReadRows::new(self.rows_frame(ctx, r, false))
     }
@@ -164,13 +165,23 @@ impl<T: Pod> DsmMatrix<T> {
     /// every page of the rows is made writable here at once (fetched if
     /// missing, twins taken), and the array is marked written in this
     /// phase (a read view of it then panics).
+    #[track_caller]
     pub fn write_rows<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> WriteRows<'a, T> {
         WriteRows::new(self.rows_frame(ctx, r, true))
     }
 
+    #[track_caller]
     fn rows_frame(&self, ctx: &Ctx, r: Range<usize>, write: bool) -> Frame {
         self.check_rows(&r);
-        self.sh.frame(ctx, r, self.cols, self.stride, 0, write)
+        self.sh.frame(
+            ctx,
+            r,
+            self.cols,
+            self.stride,
+            0,
+            write,
+            std::panic::Location::caller(),
+        )
     }
 
     fn check_rows(&self, r: &Range<usize>) {

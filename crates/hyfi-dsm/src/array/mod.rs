@@ -78,6 +78,7 @@ impl<T: Pod> Shared<T> {
     /// Makes elements `e..e+n` readable here.
     #[inline(always)]
     pub(crate) fn check_read(&self, e: usize, n: usize) {
+        self.seg.note_checked_read(&self.core.epoch, e, n);
         let (lo, hi) = Self::pages_of(e, n);
         // SAFETY: callers checked e + n ≤ the array's extent, whose pages
         // all exist.
@@ -103,9 +104,12 @@ impl<T: Pod> Shared<T> {
     }
 
     /// The footprint of a view of rows `r` (as in [`Self::validate_rows`]):
-    /// the array's mode claimed for this access epoch (a write claims it in
-    /// `check_write`), the pages made valid (or writable). `col` is the
-    /// column a read-only claim names in messages ([`NONE`] for a vector).
+    /// the array's mode claimed for this access epoch, the pages made valid
+    /// (or writable). `col` is the column a read-only claim names in
+    /// messages ([`NONE`] for a vector). A write view is claimed as a view
+    /// (footprint.rs), which decides whether it stores plainly (plain.rs);
+    /// `site` is where it was taken.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn frame(
         &self,
         ctx: &Ctx,
@@ -114,14 +118,31 @@ impl<T: Pod> Shared<T> {
         stride: usize,
         col: usize,
         write: bool,
+        site: crate::plain::Site,
     ) -> Frame {
+        let mut plain = false;
         if !write {
             self.seg.note_read_only(ctx.access_epoch(), (r.start, col));
+        } else if !r.is_empty() && cols > 0 {
+            let span = r.start * stride..(r.end - 1) * stride + cols;
+            let may = crate::plain::enabled() && !ctx.in_fork_join();
+            plain = self
+                .seg
+                .note_view_write(ctx.access_epoch(), span, site, may);
+            self.core.count_view(plain);
         }
-        self.validate_rows(&r, cols, stride, write);
+        let mut active = None;
+        if !r.is_empty() && cols > 0 {
+            let (first, n) = (r.start * stride, (r.len() - 1) * stride + cols);
+            let (lo, hi) = Self::pages_of(first, n);
+            self.validate_pages(lo, hi, write);
+            if plain {
+                active = self.core.activate(&self.seg, lo, hi);
+            }
+        }
         // SAFETY: the rows' pages are valid (writable) here and the array's
-        // mode is claimed (above, or by check_write; empty rows are never
-        // accessed).
+        // mode is claimed (above; empty rows are never accessed); a plain
+        // view's footprint is its claim and its home pages are registered.
         unsafe {
             Frame::new(
                 &self.core,
@@ -131,8 +152,20 @@ impl<T: Pod> Shared<T> {
                 r.len(),
                 cols,
                 stride,
+                plain,
+                active,
             )
         }
+    }
+
+    /// Makes pages `lo..=hi` valid here (writable if `write`) without
+    /// claiming an access mode (a view claims its own).
+    fn validate_pages(&self, lo: usize, hi: usize, write: bool) {
+        let ok = |st: u8| if write { writable(st) } else { readable(st) };
+        if (lo..=hi).all(|p| ok(self.seg.state[p].load(Ordering::Acquire))) {
+            return;
+        }
+        self.core.ensure(&self.seg, lo, hi, write);
     }
 
     /// The runtime's access epoch now.
@@ -145,7 +178,7 @@ impl<T: Pod> Shared<T> {
     /// this access epoch: see footprint.rs).
     #[inline(always)]
     pub(crate) fn check_write(&self, e: usize, n: usize) {
-        self.seg.note_write(self.epoch(), (e, NONE));
+        self.seg.note_write(self.epoch(), e, n);
         let (lo, hi) = Self::pages_of(e, n);
         // SAFETY: as in check_read.
         if lo == hi && writable(unsafe { self.seg.state.get_unchecked(lo) }.load(Ordering::Acquire))
@@ -247,6 +280,8 @@ impl<T: Pod> Fast<T> {
 
     #[inline(always)]
     fn load(&self, sh: &Shared<T>, e: usize) -> T {
+        // SAFETY: both point into state kept alive by `sh`.
+        unsafe { (*self.seg).note_checked_read(&*self.now, e, 1) };
         if Self::SIMPLE {
             let page = e >> Self::PER_PAGE_SHIFT;
             // SAFETY: the caller checked `e` is in bounds, so `page` is one
@@ -267,7 +302,7 @@ impl<T: Pod> Fast<T> {
     fn store(&self, sh: &Shared<T>, e: usize, v: T) {
         // SAFETY: both point into state kept alive by `sh` (the segment
         // and the core holding the epoch counter).
-        unsafe { (*self.seg).note_write((*self.now).load(Ordering::Relaxed), (e, NONE)) };
+        unsafe { (*self.seg).note_write((*self.now).load(Ordering::Relaxed), e, 1) };
         if Self::SIMPLE {
             let page = e >> Self::PER_PAGE_SHIFT;
             // SAFETY: as in load; WRITE means writable here (twin taken).

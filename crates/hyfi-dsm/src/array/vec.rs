@@ -101,20 +101,24 @@ impl<T: Pod> DsmVec<T> {
     /// Elements `r` as a read-only view of plain memory (`view[i]`,
     /// `view.as_slice()`), for the filaments of one pool segment: see
     /// [`DsmMatrix::read_rows`], whose rules it follows.
+    #[track_caller]
     pub fn read_range<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> ReadRange<'a, T> {
         ReadRange::new(self.range_frame(ctx, r, false))
     }
 
     /// Elements `r` as a write view (`view.set(i, v)`), for the
     /// filaments of one pool segment: see [`DsmMatrix::write_rows`].
+    #[track_caller]
     pub fn write_range<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> WriteRange<'a, T> {
         WriteRange::new(self.range_frame(ctx, r, true))
     }
 
     /// The footprint of a vector's view of `r` (rows of one element).
+    #[track_caller]
     fn range_frame(&self, ctx: &Ctx, r: Range<usize>, write: bool) -> Frame {
         self.check_range(&r);
-        self.sh.frame(ctx, r, 1, 1, NONE, write)
+        self.sh
+            .frame(ctx, r, 1, 1, NONE, write, std::panic::Location::caller())
     }
 
     /// Copies elements `start..start+out.len()` into `out`.

@@ -116,6 +116,9 @@ impl Core {
             return;
         }
         let t = Instant::now();
+        // Requests for pages this filthread stores into plainly must not
+        // wait for it while it waits (core/plain.rs).
+        let parked = self.park_plain();
         let _w = hyfi_core::waits::waiting(
             |a| {
                 format!(
@@ -152,6 +155,7 @@ impl Core {
                 true
             });
         }
+        self.unpark_plain(parked);
         self.ctr(slot)
             .wait_ns
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);

@@ -4,6 +4,7 @@ mod access;
 mod diff;
 mod msg;
 mod page_table;
+mod plain;
 mod release;
 mod server;
 
@@ -15,6 +16,7 @@ use hyfi_core::filthread;
 use hyfi_core::link::{FrameError, Port, Service, ServiceId};
 
 pub(crate) use page_table::{readable, settled_readable, writable, Segment, INVALID, READ, WRITE};
+pub(crate) use plain::Activation;
 
 use msg::{Encode, Kind};
 use page_table::Meta;
@@ -66,6 +68,8 @@ pub(crate) struct Core {
     /// Footprint views alive now (footprint.rs): none may outlive its
     /// access epoch.
     pub(crate) live_views: AtomicUsize,
+    /// Plain-store views over home pages (core/plain.rs).
+    plain_views: plain::Registry,
 }
 
 impl Core {
@@ -111,6 +115,7 @@ impl Core {
             }),
             epoch,
             live_views: AtomicUsize::new(0),
+            plain_views: Default::default(),
         }
     }
 
@@ -153,6 +158,7 @@ impl Core {
                 .collect(),
             homes: homes.into_boxed_slice(),
             access: AtomicU64::new(0),
+            plain: Default::default(),
         }
     }
 
@@ -162,6 +168,17 @@ impl Core {
         filthread::current_processor()
             .filter(|&p| p < self.procs)
             .unwrap_or(self.procs)
+    }
+
+    /// Counts a write view taken here (plain.rs).
+    pub(crate) fn count_view(&self, plain: bool) {
+        let c = self.ctr(self.slot());
+        if plain {
+            &c.plain_views
+        } else {
+            &c.atomic_views
+        }
+        .fetch_add(1, Ordering::Relaxed);
     }
 
     fn ctr(&self, slot: usize) -> &AtomicCounters {

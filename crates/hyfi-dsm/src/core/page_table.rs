@@ -116,6 +116,13 @@ pub(crate) struct Meta {
     /// At the home: it wrote the page this phase through a write fault
     /// (the page had copies elsewhere). Cleared at the release.
     pub(super) faulted: bool,
+    /// At the home: plain-store views storing into the page now (their
+    /// active periods, core/plain.rs). The server copies the page only
+    /// while this is 0.
+    pub(super) plain: u32,
+    /// At the home: nodes whose request for the page waits for `plain` to
+    /// drop to 0.
+    pub(super) asked: Vec<usize>,
 }
 
 /// One shared array's pages.
@@ -130,6 +137,8 @@ pub(crate) struct Segment {
     /// This node's access mode for the array in the current access epoch
     /// (read-only or written): see footprint.rs.
     pub(crate) access: AtomicU64,
+    /// Plain-store views' claims and their call sites' history (plain.rs).
+    pub(crate) plain: crate::plain::PlainState,
 }
 
 // SAFETY: `base` points into the region, which outlives every segment (the

@@ -9,6 +9,7 @@ use super::page_table::{FRESH, PENDING, READ, WRITE};
 use super::Core;
 use crate::elem;
 use crate::error::ProtocolError;
+use crate::region::PAGE;
 
 impl Core {
     pub(super) fn on_request(&self, from: usize, frame: &[u8]) -> Result<(), ProtocolError> {
@@ -37,45 +38,71 @@ impl Core {
         Ok(())
     }
 
+    /// Sends `to` the pages it asked for. A page that a plain-store view
+    /// stores into now is not copied: the request waits for the view
+    /// (core/plain.rs). Every page is copied under its lock, which orders
+    /// the copy with those views' active periods.
     pub(super) fn serve(&self, to: usize, pages: &[u64]) {
         for chunk in pages.chunks(REPLY_BATCH) {
+            let mut sent: Vec<u64> = Vec::with_capacity(chunk.len());
+            let mut bytes: Vec<u8> = Vec::with_capacity(chunk.len() * PAGE);
+            for &gp in chunk {
+                let (seg, p) = self.find(gp).expect("checked when the request came");
+                let mut m = seg.lock(p);
+                if m.plain > 0 {
+                    if !m.asked.contains(&to) {
+                        m.asked.push(to);
+                    }
+                    self.ctr(self.procs)
+                        .requests_waited_plain
+                        .fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                m.copies.insert(to);
+                if seg.state[p].load(Ordering::Acquire) == WRITE {
+                    // From now on the home's writes fault (and are
+                    // pushed to `to` at the release).
+                    seg.state[p].store(READ, Ordering::Release);
+                    if !m.faulted && m.twin.is_none() {
+                        // Writable without a fault until now: nobody
+                        // else held it. A write that passed its state
+                        // test before this serve may still land after
+                        // the copy below, unseen; the release compares
+                        // the page with this snapshot and pushes it if
+                        // it changed.
+                        // SAFETY: a page of a live segment homed here; no
+                        // plain store is in flight (`m.plain` is 0).
+                        m.twin = Some(unsafe { elem::twin(seg.page_ptr(p)) });
+                        self.dirty
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(gp);
+                    }
+                }
+                // SAFETY: a page of a live segment of our region; no plain
+                // store into it is in flight while its lock is held with
+                // `m.plain` at 0 (core/plain.rs).
+                unsafe { elem::copy_out(seg.page_ptr(p), &mut bytes) };
+                drop(m);
+                sent.push(gp);
+            }
+            if sent.is_empty() {
+                continue;
+            }
+            let mut copied = bytes.chunks_exact(PAGE);
             self.send(
                 to,
                 self.procs,
                 PagesOut {
-                    pages: chunk,
-                    copy: |gp: u64, b: &mut Vec<u8>| {
-                        let (seg, p) = self.find(gp).expect("checked when the request came");
-                        let mut m = seg.lock(p);
-                        m.copies.insert(to);
-                        if seg.state[p].load(Ordering::Acquire) == WRITE {
-                            // From now on the home's writes fault (and are
-                            // pushed to `to` at the release).
-                            seg.state[p].store(READ, Ordering::Release);
-                            if !m.faulted && m.twin.is_none() {
-                                // Writable without a fault until now: nobody
-                                // else held it. A write that passed its state
-                                // test before this serve may still land after
-                                // the copy below, unseen; the release compares
-                                // the page with this snapshot and pushes it if
-                                // it changed.
-                                // SAFETY: a page of a live segment homed here.
-                                m.twin = Some(unsafe { elem::twin(seg.page_ptr(p)) });
-                                self.dirty
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner())
-                                    .push(gp);
-                            }
-                        }
-                        drop(m);
-                        // SAFETY: a page of a live segment of our region.
-                        unsafe { elem::copy_out(seg.page_ptr(p), b) };
+                    pages: &sent,
+                    copy: |_gp: u64, b: &mut Vec<u8>| {
+                        b.extend_from_slice(copied.next().expect("one copy per page"))
                     },
                 },
             );
             self.ctr(self.procs)
                 .pages_served
-                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                .fetch_add(sent.len() as u64, Ordering::Relaxed);
         }
     }
 

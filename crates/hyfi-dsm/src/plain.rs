@@ -1,0 +1,232 @@
+//! Plain-store write views: when a write view may store with plain
+//! (non-atomic) moves, which the compiler vectorises, instead of relaxed
+//! atomics, which it never does.
+//!
+//! **The rule.** A write view taken in a phase's bind
+//! ([`DsmMatrix::write_rows`], [`DsmVec::write_range`]) stores plainly when
+//! nothing else on this node touches its bytes while it lives, and the page
+//! server never copies them meanwhile. Node-locally that holds when every
+//! access to the array in the phase goes through write views whose
+//! footprints do not overlap: Jacobi's `new`, a diffusion's output grid,
+//! matmul's rows of C. It does not hold for in-place updates whose write
+//! views overlap (red-black SOR's halo) or whose filaments also read or
+//! write the array through the checked accessors (`get`, `set`, `row`,
+//! `slice`, ...).
+//!
+//! **How it is decided.** A view's bytes must be plain or atomic from its
+//! first store on, before the phase has shown what else it does. So the
+//! decision comes from the phase's *previous* execution, keyed by the array
+//! and the call site of the view (`#[track_caller]`: one bind closure is one
+//! phase): if the last epoch in which views from that site wrote the array
+//! was *clean* — written only through pairwise disjoint write views, with
+//! no checked access to it at all — this epoch's views of the array are
+//! plain. A phase's first execution is always atomic; a steady-state
+//! iteration is plain. Each array's mode word (footprint.rs) records it per
+//! access epoch: `VIEWS` (written through disjoint atomic views so far,
+//! clean so far) or `PLAIN`; any checked access or overlapping view turns
+//! `VIEWS` into `WRITTEN` (not clean). Checked reads, which claim nothing
+//! otherwise, test the word's view bit (one load and a branch) so that they
+//! are seen too.
+//!
+//! **Soundness on the node.** In a `PLAIN` epoch, every view's footprint is
+//! recorded as a claim (its elements, and the filthread that took it).
+//! Claims never overlap another filthread's (a view that would is refused
+//! with a panic), and a checked access — which in a `PLAIN` epoch always
+//! takes its slow path — into another filthread's claim panics too: it
+//! would race with plain stores, and the previous execution of the phase
+//! showed no such access, so the program's access pattern changed between
+//! iterations. The message names the array and element and the remedy
+//! (`HYFI_PLAIN_STORES=0`). Accesses of the same filthread are ordered by
+//! the thread itself; bytes outside every claim (padding, edge rows no
+//! view covers) are accessed atomically as before. Claims last to the end
+//! of the access epoch, when the runtime calls the DSM with no filament
+//! running: the epoch's outcome is recorded and the word reset.
+//!
+//! **Soundness against the page server** (core/plain.rs): other nodes'
+//! requests for a home page that a live plain view covers are served once
+//! no plain view covering it is active; see there.
+//!
+//! [`DsmMatrix::write_rows`]: crate::DsmMatrix::write_rows
+//! [`DsmVec::write_range`]: crate::DsmVec::write_range
+
+use std::ops::Range;
+use std::panic::Location;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
+
+/// Where a view was taken: its call site.
+pub(crate) type Site = &'static Location<'static>;
+
+/// Whether plain-store views are on (`HYFI_PLAIN_STORES`, default on).
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Reads `HYFI_PLAIN_STORES` (`1`/`0`, `on`/`off`, unset: on); called
+/// when the settings are checked and when a DSM is made.
+pub(crate) fn configure() -> Result<(), crate::DsmError> {
+    let on = match std::env::var("HYFI_PLAIN_STORES") {
+        Err(_) => true,
+        Ok(v) => match v.trim() {
+            "1" | "on" | "true" | "yes" => true,
+            "0" | "off" | "false" | "no" => false,
+            _ => {
+                return Err(crate::DsmError::BadEnv {
+                    var: "HYFI_PLAIN_STORES",
+                    value: v,
+                    expected: "1 or 0 (plain-store write views on or off; unset means on)",
+                })
+            }
+        },
+    };
+    ENABLED.store(on, Relaxed);
+    Ok(())
+}
+
+/// The filthread running now, unique on the node: filthread numbers are
+/// per processor, so the processor goes in the high bits (0 off a
+/// processor).
+pub(crate) fn filthread() -> u64 {
+    match hyfi_core::filthread::current_processor() {
+        Some(p) => (p as u64 + 1) << 40 | hyfi_core::trace::filthread(),
+        None => 0,
+    }
+}
+
+/// Whether plain-store views may be handed out at all.
+pub(crate) fn enabled() -> bool {
+    ENABLED.load(Relaxed)
+}
+
+/// One view's footprint in a `PLAIN` or `VIEWS` epoch.
+struct Claim {
+    /// Elements from the first of its first row to the last of its last.
+    span: Range<usize>,
+    /// The filthread that took it.
+    ft: u64,
+}
+
+/// An array's claims in the current access epoch, and what its views'
+/// call sites did last time.
+#[derive(Default)]
+struct Table {
+    claims: Vec<Claim>,
+    /// Call sites that took write views of the array in this epoch.
+    sites: Vec<Site>,
+    /// A checked access or overlapping view in a `PLAIN` epoch (the word
+    /// stays `PLAIN`, the epoch is not clean).
+    unclean: bool,
+    /// Per call site: whether its last epoch was clean.
+    history: Vec<(Site, bool)>,
+}
+
+/// Per array: the plain-store bookkeeping (locked only when views are
+/// taken, at the epoch's end, and on checked accesses' slow path).
+#[derive(Default)]
+pub(crate) struct PlainState(Mutex<Table>);
+
+/// What [`PlainState::claim_view`] found.
+pub(crate) enum Outcome {
+    /// The view stores plainly.
+    Plain,
+    /// The view stores atomically; `clean` says whether the epoch stays
+    /// clean (no overlap).
+    Atomic { clean: bool },
+    /// The span overlaps a claim of another filthread in a `PLAIN` epoch.
+    Conflict,
+}
+
+impl PlainState {
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether views from `site` may store plainly this epoch: the last
+    /// epoch in which that site's views wrote the array was clean.
+    pub(crate) fn site_was_clean(&self, site: Site) -> bool {
+        let t = self.lock();
+        t.history.iter().any(|&(s, c)| same(s, site) && c)
+    }
+
+    /// Records a write view of `span` taken by filthread `ft` at `site`,
+    /// in an epoch whose word is `PLAIN` (`plain`) or `VIEWS`.
+    pub(crate) fn claim_view(
+        &self,
+        span: Range<usize>,
+        ft: u64,
+        site: Site,
+        plain: bool,
+    ) -> Outcome {
+        let mut t = self.lock();
+        if !t.sites.iter().any(|&s| same(s, site)) {
+            t.sites.push(site);
+        }
+        let overlap = t
+            .claims
+            .iter()
+            .any(|c| c.span.start < span.end && span.start < c.span.end && (!plain || c.ft != ft));
+        if plain && overlap {
+            t.unclean = true;
+            return Outcome::Conflict;
+        }
+        t.claims.push(Claim { span, ft });
+        if plain {
+            Outcome::Plain
+        } else {
+            Outcome::Atomic { clean: !overlap }
+        }
+    }
+
+    /// A checked access of elements `span` by filthread `ft` in a `PLAIN`
+    /// epoch: marks the epoch not clean; true if it falls inside another
+    /// filthread's claim (a race with its plain stores).
+    pub(crate) fn checked_access(&self, span: Range<usize>, ft: u64) -> bool {
+        let mut t = self.lock();
+        t.unclean = true;
+        t.claims
+            .iter()
+            .any(|c| c.ft != ft && c.span.start < span.end && span.start < c.span.end)
+    }
+
+    /// Notes a call site whose view came in an epoch already `WRITTEN`
+    /// (not clean): its history becomes not clean at the epoch's end.
+    pub(crate) fn note_site(&self, site: Site) {
+        let mut t = self.lock();
+        if !t.sites.iter().any(|&s| same(s, site)) {
+            t.sites.push(site);
+        }
+    }
+
+    /// At the end of an access epoch (no filament runs): records for every
+    /// call site of the epoch whether it was `clean`, and forgets the
+    /// epoch's claims.
+    pub(crate) fn end_epoch(&self, clean: bool) {
+        let mut t = self.lock();
+        let clean = clean && !t.unclean;
+        let sites = std::mem::take(&mut t.sites);
+        for site in sites {
+            match t.history.iter_mut().find(|(s, _)| same(s, site)) {
+                Some(h) => h.1 = clean,
+                None => t.history.push((site, clean)),
+            }
+        }
+        t.claims.clear();
+        t.unclean = false;
+    }
+}
+
+/// Two call sites are the same place in the source.
+fn same(a: Site, b: Site) -> bool {
+    std::ptr::eq(a, b) || (a.line() == b.line() && a.column() == b.column() && a.file() == b.file())
+}
+
+#[cold]
+#[inline(never)]
+pub(crate) fn conflict(seq: u64, what: &str, e: usize) -> ! {
+    panic!(
+        "hyfi-dsm: {what} element {e} of shared array #{seq}, inside the footprint of another \
+         filament's plain-store write view in this phase. The phase's previous execution wrote \
+         the array only through disjoint write views, so this one stores plainly (not \
+         atomically), and the access would race with those stores: the phase's access pattern \
+         changed between iterations. Access the element through the view that covers it, or \
+         turn plain-store views off with HYFI_PLAIN_STORES=0"
+    )
+}
