@@ -109,6 +109,12 @@ struct Claim {
 #[derive(Default)]
 struct Table {
     claims: Vec<Claim>,
+    /// Checked accesses in a `PLAIN` epoch: a view taken after one must
+    /// not cover it either (the access and the view's stores would not be
+    /// ordered).
+    checked: Vec<Claim>,
+    /// The span of the checked accesses past [`MAX_CHECKED`].
+    checked_rest: Option<Range<usize>>,
     /// Call sites that took write views of the array in this epoch.
     sites: Vec<Site>,
     /// A checked access or overlapping view in a `PLAIN` epoch (the word
@@ -117,6 +123,11 @@ struct Table {
     /// Per call site: whether its last epoch was clean.
     history: Vec<(Site, bool)>,
 }
+
+/// Checked accesses recorded per epoch at most. A phase that makes more
+/// in a plain epoch has changed its access pattern wholesale; the rest are
+/// kept as one span that no view may cover.
+const MAX_CHECKED: usize = 4096;
 
 /// Per array: the plain-store bookkeeping (locked only when views are
 /// taken, at the epoch's end, and on checked accesses' slow path).
@@ -159,11 +170,13 @@ impl PlainState {
         if !t.sites.iter().any(|&s| same(s, site)) {
             t.sites.push(site);
         }
-        let overlap = t
-            .claims
-            .iter()
-            .any(|c| c.span.start < span.end && span.start < c.span.end && (!plain || c.ft != ft));
-        if plain && overlap {
+        let hits = |c: &Claim| c.span.start < span.end && span.start < c.span.end;
+        let overlap = t.claims.iter().any(|c| hits(c) && (!plain || c.ft != ft));
+        let after_checked = t.checked.iter().any(|c| hits(c) && c.ft != ft)
+            || t.checked_rest
+                .as_ref()
+                .is_some_and(|r| r.start < span.end && span.start < r.end);
+        if plain && (overlap || after_checked) {
             t.unclean = true;
             return Outcome::Conflict;
         }
@@ -181,9 +194,24 @@ impl PlainState {
     pub(crate) fn checked_access(&self, span: Range<usize>, ft: u64) -> bool {
         let mut t = self.lock();
         t.unclean = true;
-        t.claims
+        let hit = t
+            .claims
             .iter()
-            .any(|c| c.ft != ft && c.span.start < span.end && span.start < c.span.end)
+            .any(|c| c.ft != ft && c.span.start < span.end && span.start < c.span.end);
+        if !hit {
+            if t.checked.len() < MAX_CHECKED {
+                t.checked.push(Claim { span, ft });
+            } else {
+                // Beyond the cap, one span covers the rest, owned by no
+                // filthread (every view over it conflicts).
+                let all = match t.checked_rest.take() {
+                    Some(r) => r.start.min(span.start)..r.end.max(span.end),
+                    None => span,
+                };
+                t.checked_rest = Some(all);
+            }
+        }
+        hit
     }
 
     /// Notes a call site whose view came in an epoch already `WRITTEN`
@@ -209,6 +237,8 @@ impl PlainState {
             }
         }
         t.claims.clear();
+        t.checked.clear();
+        t.checked_rest = None;
         t.unclean = false;
     }
 }

@@ -1,0 +1,397 @@
+//! Plain-store write views (the `plain` module): handed out only when the
+//! phase's footprints allow it, and sound against the page server.
+//!
+//! Each test checks results against a sequential computation and the
+//! DSM's counters of plain and atomic views (`DsmCounters::plain_views`,
+//! `atomic_views`, `requests_waited_plain`), never timings.
+
+use hyfi_core::layer::RuntimeExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hyfi_core::link::InProcess;
+use hyfi_core::{Config, Control, NodeLink, PoolArray, Program, Runtime};
+use hyfi_dsm::{Dsm, DsmStats, DsmVec, Placement, PAGE};
+
+/// A step of a 3-point smoothing, the same expression in both versions.
+fn smooth(l: f64, m: f64, r: f64) -> f64 {
+    m + 0.25 * (l + r - 2.0 * m)
+}
+
+/// `steps` smoothing steps of an `rows × n` grid (rows independent), on
+/// one node of `procs` processors with `pools` pools per processor, each
+/// segment's write view covering `halo` rows beyond its own (0: disjoint
+/// views). Returns the grid, the counters, and which views stored plainly
+/// per step.
+fn smoothing(
+    procs: usize,
+    pools: usize,
+    steps: u64,
+    halo: usize,
+    checked_read: bool,
+) -> (Vec<f64>, DsmStats, Vec<(u64, bool)>) {
+    let (rows, n) = (24, 300);
+    let rt = Runtime::new(Config::new().procs(procs).pin(false)).unwrap();
+    let dsm = Dsm::new(&rt).unwrap();
+    let init = |i: usize, j: usize| ((i * 7 + j * 13) % 17) as f64;
+    let g = [
+        dsm.matrix::<f64>(rows, n).from_fn(init).unwrap(),
+        dsm.matrix::<f64>(rows, n).from_fn(init).unwrap(),
+    ];
+    let seen = Mutex::new(Vec::new());
+    let mut prog = Program::new();
+    prog.phase_with(
+        PoolArray::block(&rt, 0..rows, pools),
+        |ctx, span| {
+            let k = ctx.iteration() as usize;
+            let r = span.rows();
+            let w = r.start.saturating_sub(halo)..(r.end + halo).min(rows);
+            (
+                g[k % 2].read_rows(ctx, 0..rows),
+                g[(k + 1) % 2].write_rows(ctx, w),
+            )
+        },
+        |ctx, i, (old, new)| {
+            seen.lock()
+                .unwrap()
+                .push((ctx.iteration(), new.plain_stores()));
+            if checked_read {
+                // A checked read of the array the phase writes (its own
+                // row, so the footprints still do not overlap).
+                let _ = g[(ctx.iteration() as usize + 1) % 2].get(i, 0);
+            }
+            let row = &old.row(i)[..n];
+            new.row_mut(i)
+                .fill(1..n - 1, |j| smooth(row[j - 1], row[j], row[j + 1]));
+            new.set(i, 0, row[0]);
+            new.set(i, n - 1, row[n - 1]);
+        },
+        |post| {
+            if post.iteration() + 1 >= steps {
+                Control::Done
+            } else {
+                Control::Continue
+            }
+        },
+    );
+    rt.start(&mut prog).unwrap();
+    drop(prog);
+    let out = g[steps as usize % 2].to_vec();
+    let seen = seen.into_inner().unwrap();
+    (out, dsm.stats(), seen)
+}
+
+fn smoothing_sequential(steps: u64) -> Vec<f64> {
+    let (rows, n) = (24, 300);
+    let mut a: Vec<f64> = (0..rows * n)
+        .map(|e| (((e / n) * 7 + (e % n) * 13) % 17) as f64)
+        .collect();
+    let mut b = a.clone();
+    for _ in 0..steps {
+        for i in 0..rows {
+            let row = &a[i * n..(i + 1) * n];
+            let out = &mut b[i * n..(i + 1) * n];
+            for j in 1..n - 1 {
+                out[j] = smooth(row[j - 1], row[j], row[j + 1]);
+            }
+            out[0] = row[0];
+            out[n - 1] = row[n - 1];
+        }
+        std::mem::swap(&mut a, &mut b);
+    }
+    a
+}
+
+#[test]
+fn disjoint_views_store_plainly_from_the_phases_second_execution() {
+    let steps = 6;
+    let (got, st, seen) = smoothing(2, 2, steps, 0, false);
+    assert_eq!(got, smoothing_sequential(steps));
+    let segments = 4;
+    // The first execution of the phase that writes a grid has no history:
+    // atomic. Every later one writes each grid through disjoint views
+    // only, and the grid's last step with this call site was clean: plain.
+    // Two grids, written in turn: each one's first step is atomic.
+    assert_eq!(st.total.atomic_views, 2 * segments, "{}", st.total);
+    assert_eq!(st.total.plain_views, segments * (steps - 2), "{}", st.total);
+    for (k, plain) in seen {
+        assert_eq!(plain, k > 1, "step {k}");
+    }
+}
+
+#[test]
+fn overlapping_views_store_atomically() {
+    let steps = 5;
+    let (got, st, seen) = smoothing(2, 2, steps, 1, false);
+    assert_eq!(got, smoothing_sequential(steps));
+    assert_eq!(st.total.plain_views, 0, "{}", st.total);
+    assert_eq!(st.total.atomic_views, 4 * steps, "{}", st.total);
+    assert!(seen.iter().all(|&(_, p)| !p));
+}
+
+#[test]
+fn checked_reads_beside_views_keep_them_atomic() {
+    let steps = 5;
+    let (got, st, _) = smoothing(2, 2, steps, 0, true);
+    assert_eq!(got, smoothing_sequential(steps));
+    assert_eq!(st.total.plain_views, 0, "{}", st.total);
+}
+
+/// A phase whose access pattern changes: its first executions write the
+/// vector through disjoint views only, then one filament reads an element
+/// of the other pool's view. That read would race with plain stores: the
+/// run fails with the cause and the remedy, on one processor as on two.
+#[test]
+fn an_access_into_another_filaments_plain_view_is_refused() {
+    for procs in [1, 2] {
+        let rt = Runtime::new(Config::new().procs(procs).pin(false)).unwrap();
+        let dsm = Dsm::new(&rt).unwrap();
+        let n = 4096;
+        let v: DsmVec<f64> = dsm.vec::<f64>(n).zeroed().unwrap();
+        // Two filaments, one per pool: on two processors one each, on one
+        // processor two pools of it.
+        let mut pools = PoolArray::new(&rt, 3 - procs);
+        pools.pool(0).push(0);
+        if procs == 2 {
+            pools.pool(1).push(1);
+        } else {
+            pools.pool_k(0, 1).push(1);
+        }
+        let mut prog = Program::new();
+        prog.phase_with(
+            pools,
+            |ctx, span| {
+                let half = span.rows().start;
+                v.write_range(ctx, half * n / 2..(half + 1) * n / 2)
+            },
+            |ctx, half, w| {
+                if half == 0 && ctx.iteration() == 3 {
+                    // Into the other half, which another filament writes.
+                    let _ = v.get(n - 1);
+                }
+                for e in w.range() {
+                    w.set(e, (e as u64 + ctx.iteration()) as f64);
+                }
+            },
+            |post| {
+                if post.iteration() >= 5 {
+                    Control::Done
+                } else {
+                    Control::Continue
+                }
+            },
+        );
+        let err = rt.start(&mut prog).expect_err("the access must be refused");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("plain-store write view") && msg.contains("HYFI_PLAIN_STORES=0"),
+            "procs {procs}: {msg}"
+        );
+    }
+}
+
+/// One in-process node over `link`, its DSM at a base of its own.
+fn start(link: &Arc<InProcess>, procs: usize) -> (Runtime, Dsm) {
+    let rt = Runtime::with_link(
+        Config::new().procs(procs).pin(false),
+        link.clone() as Arc<dyn NodeLink>,
+    )
+    .unwrap();
+    let dsm = Dsm::with_base(&rt, None).unwrap();
+    (rt, dsm)
+}
+
+fn on_nodes<R: Send + 'static>(
+    n: usize,
+    node: impl Fn(Arc<InProcess>) -> R + Clone + Send + 'static,
+) -> Vec<R> {
+    let handles: Vec<_> = InProcess::connect(n)
+        .into_iter()
+        .map(|l| {
+            let node = node.clone();
+            std::thread::spawn(move || node(l))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("node"))
+        .collect()
+}
+
+/// Node 0, the home of every page, writes the first quarter of page `k`
+/// in round `k` through a write view (plain from the second round on),
+/// and node 1 reads an element of the same page that nobody writes, in
+/// the same phase (false sharing across nodes): its first access to page
+/// `k`, so it asks node 0 for it while node 0's plain view is live. Node 1
+/// reads only once node 0 holds the view, and node 0 holds it until the
+/// request is waiting for it (both waits bounded), so the overlap is not
+/// left to luck: the request must wait for the view, then be served, with
+/// every value right and no deadlock.
+/// Round + 1 in which node 0 holds its plain view (the nodes are threads
+/// of this process, so they can signal each other outside the DSM).
+static HOLDING: AtomicU64 = AtomicU64::new(0);
+
+fn request_during_plain_node(link: Arc<InProcess>, rounds: u64) -> (DsmStats, Vec<String>) {
+    let (rt, dsm) = start(&link, 1);
+    let pp = PAGE / 8;
+    let v: DsmVec<u64> = dsm
+        .vec::<u64>(rounds as usize * pp)
+        .placement(Placement::Node(0))
+        .from_fn(|e| e as u64)
+        .unwrap();
+    let me = rt.node();
+    let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut pools = PoolArray::new(&rt, 1);
+    pools.pool(0).push(me);
+    let quarter = pp / 4;
+    let fail = |msg: String| bad.lock().unwrap().push(msg);
+    let mut prog = Program::new();
+    prog.phase_with(
+        pools,
+        |ctx, _| {
+            let base = ctx.iteration() as usize * pp;
+            (me == 0).then(|| v.write_range(ctx, base..base + quarter))
+        },
+        |ctx, _, w| {
+            let k = ctx.iteration();
+            let base = k as usize * pp;
+            if let Some(w) = w {
+                for e in w.range() {
+                    w.set(e, 1_000_000 + e as u64);
+                }
+                if w.plain_stores() {
+                    // Hold the view until node 1's request waits for it.
+                    let before = dsm.stats().total.requests_waited_plain;
+                    HOLDING.store(k + 1, Ordering::SeqCst);
+                    let t = Instant::now();
+                    while dsm.stats().total.requests_waited_plain == before {
+                        if t.elapsed() > Duration::from_secs(20) {
+                            fail(format!("round {k}: no request waited for the view"));
+                            break;
+                        }
+                        std::thread::yield_now();
+                    }
+                }
+            } else {
+                let t = Instant::now();
+                while k > 0 && HOLDING.load(Ordering::SeqCst) != k + 1 {
+                    if t.elapsed() > Duration::from_secs(20) {
+                        fail(format!("round {k}: node 0 never held a plain view"));
+                        break;
+                    }
+                    std::thread::yield_now();
+                }
+                let mid = base + pp / 2;
+                let got = v.get(mid);
+                if got != mid as u64 {
+                    fail(format!("round {k}: element {mid} is {got}"));
+                }
+            }
+        },
+        |post| {
+            if post.iteration() + 1 >= rounds {
+                Control::Done
+            } else {
+                Control::Continue
+            }
+        },
+    );
+    rt.start(&mut prog).unwrap();
+    drop(prog);
+    // Every node sees every round's writes.
+    let all = v.to_vec();
+    let mut bad = bad.into_inner().unwrap();
+    for (e, &x) in all.iter().enumerate() {
+        let want = if e % pp < quarter {
+            1_000_000 + e as u64
+        } else {
+            e as u64
+        };
+        if x != want {
+            bad.push(format!("node {me}: element {e} is {x}, want {want}"));
+            break;
+        }
+    }
+    (dsm.stats(), bad)
+}
+
+#[test]
+fn a_request_waits_for_the_homes_plain_view_and_is_served() {
+    let rounds = 8;
+    let out = on_nodes(2, move |l| request_during_plain_node(l, rounds));
+    for (_, bad) in &out {
+        assert!(bad.is_empty(), "{bad:?}\n{}\n{}", out[0].0, out[1].0);
+    }
+    let home = &out[0].0.total;
+    // Round 0 is atomic (no history); every later round is plain, and the
+    // request of each waited for the view.
+    assert_eq!(home.plain_views, rounds - 1, "{home}");
+    assert_eq!(home.requests_waited_plain, rounds - 1, "{home}");
+    assert!(out[1].0.total.pages_fetched >= rounds, "{}", out[1].0.total);
+}
+
+/// Footprints that overlap on one node only: node 0's views are disjoint
+/// (plain from each grid's second step), node 1's overlap (atomic throughout);
+/// the grid is the sequential one on both.
+fn mixed_node(link: Arc<InProcess>, steps: u64) -> (Vec<f64>, DsmStats) {
+    let (rt, dsm) = start(&link, 2);
+    let (rows, n) = (24, 300);
+    let init = |i: usize, j: usize| ((i * 7 + j * 13) % 17) as f64;
+    let alloc = || {
+        dsm.matrix::<f64>(rows, n)
+            .placement(Placement::BlockRows(0..rows))
+            .from_fn(init)
+            .unwrap()
+    };
+    let g = [alloc(), alloc()];
+    let me = rt.node();
+    let mut prog = Program::new();
+    prog.phase_with(
+        PoolArray::block(&rt, 0..rows, 1),
+        |ctx, span| {
+            let k = ctx.iteration() as usize;
+            let r = span.rows();
+            let w = if me == 1 {
+                r.start.saturating_sub(1).max(rows / 2)..(r.end + 1).min(rows)
+            } else {
+                r
+            };
+            (
+                g[k % 2].read_rows(ctx, span.rows()),
+                g[(k + 1) % 2].write_rows(ctx, w),
+            )
+        },
+        |_ctx, i, (old, new)| {
+            let row = &old.row(i)[..n];
+            new.row_mut(i)
+                .fill(1..n - 1, |j| smooth(row[j - 1], row[j], row[j + 1]));
+            new.set(i, 0, row[0]);
+            new.set(i, n - 1, row[n - 1]);
+        },
+        |post| {
+            if post.iteration() + 1 >= steps {
+                Control::Done
+            } else {
+                Control::Continue
+            }
+        },
+    );
+    rt.start(&mut prog).unwrap();
+    drop(prog);
+    (g[steps as usize % 2].to_vec(), dsm.stats())
+}
+
+#[test]
+fn footprints_that_overlap_on_one_node_keep_that_node_atomic() {
+    let steps = 6;
+    let out = on_nodes(2, move |l| mixed_node(l, steps));
+    let want = smoothing_sequential(steps);
+    for (grid, _) in &out {
+        assert_eq!(grid, &want);
+    }
+    let (n0, n1) = (&out[0].1.total, &out[1].1.total);
+    assert_eq!(n0.plain_views, 2 * (steps - 2), "{n0}");
+    assert_eq!(n1.plain_views, 0, "{n1}");
+    assert_eq!(n1.atomic_views, 2 * steps, "{n1}");
+}
