@@ -88,7 +88,7 @@
 
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::Release};
 
 use bytemuck::Pod;
 
@@ -381,14 +381,18 @@ pub(crate) struct Frame {
     rows: usize,
     cols: usize,
     stride: usize,
-    /// The DSM's count of live views, which this view is one of.
-    live: *const AtomicUsize,
+    /// Bit 0: a write view that stores plainly (plain.rs). The rest: the
+    /// counter this view decrements when it is dropped: the DSM's count of
+    /// live views, or, for a plain view registered with the page server
+    /// (core/plain.rs), its registration's, which the DSM reaps. One word
+    /// and one atomic operation in the drop, as before plain views: the
+    /// views a segment binds must stay a few plain values the compiler
+    /// keeps in registers, and their drop small enough to inline (with an
+    /// `Option<Arc<..>>` here, or a call or a second atomic in the drop,
+    /// the tuple's drop stayed out of line, the bound values went to the
+    /// stack, and per-point Jacobi ran 3.5x slower).
+    live: usize,
     seq: u64,
-    /// A write view that stores plainly (plain.rs).
-    plain: bool,
-    /// Its registration with the page server, if it covers home pages that
-    /// other nodes may ask for (core/plain.rs); dropped with the view.
-    _active: Option<crate::core::Activation>,
 }
 
 impl Frame {
@@ -413,8 +417,9 @@ impl Frame {
         cols: usize,
         stride: usize,
         plain: bool,
-        active: Option<crate::core::Activation>,
+        active: u64,
     ) -> Frame {
+        // A registered view is counted live by its registration.
         core.live_views.fetch_add(1, Relaxed);
         Frame {
             ptr: base.wrapping_add(first * stride).cast(),
@@ -422,10 +427,11 @@ impl Frame {
             rows,
             cols,
             stride,
-            live: &core.live_views,
+            live: match active {
+                0 => &core.live_views as *const AtomicUsize as usize,
+                a => a as usize,
+            } | usize::from(plain),
             seq: seg.seq,
-            plain,
-            _active: active,
         }
     }
     /// Offset of element `(i, j)` from `ptr`, in elements; panics outside.
@@ -454,13 +460,18 @@ impl Frame {
         }
         k
     }
+    /// Whether this write view stores plainly.
+    #[inline(always)]
+    fn plain(&self) -> bool {
+        self.live & 1 != 0
+    }
     /// Stores `v` at `p`: plainly in a plain-store view, else atomically.
     ///
     /// # Safety
     /// `p` is inside this write view's footprint.
     #[inline(always)]
     unsafe fn store<T: Pod>(&self, p: *mut T, v: T) {
-        if self.plain {
+        if self.plain() {
             p.write(v)
         } else {
             elem::store(p, v)
@@ -478,10 +489,13 @@ impl Frame {
 }
 
 impl Drop for Frame {
+    #[inline(always)]
     fn drop(&mut self) {
-        // SAFETY: `live` is in the DSM core, kept alive by the array the
-        // view borrows.
-        unsafe { &*self.live }.fetch_sub(1, Relaxed);
+        // SAFETY: the DSM's count of live views, or a registration's (see
+        // `live`), both kept alive until the count is seen to drop: the
+        // core by the array the view borrows, the registration by the
+        // core's registry until it is reaped.
+        unsafe { &*((self.live & !1) as *const AtomicUsize) }.fetch_sub(1, Release);
     }
 }
 
@@ -628,7 +642,7 @@ impl<'a, T: Pod> WriteRows<'a, T> {
     /// Whether this view stores plainly (the compiler vectorises its
     /// stores) or atomically: see the `plain` module's docs for when.
     pub fn plain_stores(&self) -> bool {
-        self.f.plain
+        self.f.plain()
     }
 
     /// Element `(i, j)` (an atomic load: other filaments may write it).
@@ -649,7 +663,7 @@ impl<'a, T: Pod> WriteRows<'a, T> {
             cols: self.f.cols,
             row: i,
             seq: self.f.seq,
-            plain: self.f.plain,
+            plain: self.f.plain(),
             _v: PhantomData,
         }
     }
@@ -810,7 +824,7 @@ impl<'a, T: Pod> WriteRange<'a, T> {
 
     /// Whether this view stores plainly: see [`WriteRows::plain_stores`].
     pub fn plain_stores(&self) -> bool {
-        self.f.plain
+        self.f.plain()
     }
 
     /// Element `i` (an atomic load).

@@ -19,6 +19,8 @@ impl hyfi_core::PhaseEnd for Hook {
         self.0.release(phase).map_err(|e| e.into())
     }
     fn access_epoch_ended(&self) {
+        // Reaped first: a registered view counts as live until then.
+        self.0.end_plain_epoch();
         crate::footprint::check_no_live_views(&self.0);
         for seg in self.0.segs.read().unwrap_or_else(|e| e.into_inner()).iter() {
             seg.end_access_epoch();

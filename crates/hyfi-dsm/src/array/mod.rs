@@ -131,7 +131,7 @@ impl<T: Pod> Shared<T> {
                 .note_view_write(ctx.access_epoch(), span, site, may);
             self.core.count_view(plain);
         }
-        let mut active = None;
+        let mut active = 0;
         if !r.is_empty() && cols > 0 {
             let (first, n) = (r.start * stride, (r.len() - 1) * stride + cols);
             let (lo, hi) = Self::pages_of(first, n);

@@ -16,7 +16,6 @@ use hyfi_core::filthread;
 use hyfi_core::link::{FrameError, Port, Service, ServiceId};
 
 pub(crate) use page_table::{readable, settled_readable, writable, Segment, INVALID, READ, WRITE};
-pub(crate) use plain::Activation;
 
 use msg::{Encode, Kind};
 use page_table::Meta;

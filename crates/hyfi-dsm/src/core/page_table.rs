@@ -116,13 +116,6 @@ pub(crate) struct Meta {
     /// At the home: it wrote the page this phase through a write fault
     /// (the page had copies elsewhere). Cleared at the release.
     pub(super) faulted: bool,
-    /// At the home: plain-store views storing into the page now (their
-    /// active periods, core/plain.rs). The server copies the page only
-    /// while this is 0.
-    pub(super) plain: u32,
-    /// At the home: nodes whose request for the page waits for `plain` to
-    /// drop to 0.
-    pub(super) asked: Vec<usize>,
 }
 
 /// One shared array's pages.

@@ -40,24 +40,24 @@ impl Core {
 
     /// Sends `to` the pages it asked for. A page that a plain-store view
     /// stores into now is not copied: the request waits for the view
-    /// (core/plain.rs). Every page is copied under its lock, which orders
-    /// the copy with those views' active periods.
+    /// (core/plain.rs). Every page is copied under the lock of the node's
+    /// plain views, which orders the copy with their active periods.
     pub(super) fn serve(&self, to: usize, pages: &[u64]) {
+        // Views that ended since the last look no longer hold their pages.
+        self.reap_plain();
         for chunk in pages.chunks(REPLY_BATCH) {
             let mut sent: Vec<u64> = Vec::with_capacity(chunk.len());
             let mut bytes: Vec<u8> = Vec::with_capacity(chunk.len() * PAGE);
+            let mut plain = self.plain_views.lock();
             for &gp in chunk {
                 let (seg, p) = self.find(gp).expect("checked when the request came");
-                let mut m = seg.lock(p);
-                if m.plain > 0 {
-                    if !m.asked.contains(&to) {
-                        m.asked.push(to);
-                    }
+                if self.plain_holds(&mut plain, to, gp) {
                     self.ctr(self.procs)
                         .requests_waited_plain
                         .fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
+                let mut m = seg.lock(p);
                 m.copies.insert(to);
                 if seg.state[p].load(Ordering::Acquire) == WRITE {
                     // From now on the home's writes fault (and are
@@ -71,7 +71,7 @@ impl Core {
                         // the page with this snapshot and pushes it if
                         // it changed.
                         // SAFETY: a page of a live segment homed here; no
-                        // plain store is in flight (`m.plain` is 0).
+                        // plain store is in flight (no active view covers it).
                         m.twin = Some(unsafe { elem::twin(seg.page_ptr(p)) });
                         self.dirty
                             .lock()
@@ -80,12 +80,13 @@ impl Core {
                     }
                 }
                 // SAFETY: a page of a live segment of our region; no plain
-                // store into it is in flight while its lock is held with
-                // `m.plain` at 0 (core/plain.rs).
+                // store into it is in flight while the plain views' lock is
+                // held and no active view covers it (core/plain.rs).
                 unsafe { elem::copy_out(seg.page_ptr(p), &mut bytes) };
                 drop(m);
                 sent.push(gp);
             }
+            drop(plain);
             if sent.is_empty() {
                 continue;
             }
