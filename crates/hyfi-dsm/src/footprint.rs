@@ -16,9 +16,13 @@
 //! **What it costs.** A read view is plain memory: a bounds test against
 //! the footprint (which the compiler hoists or predicts) and a load that
 //! can be vectorised and kept in registers; [`ReadRows::row`] is a `&[T]`.
-//! A write view stores with relaxed atomics (the communication thread may
-//! copy a home's page out while it is written), a plain `mov` on x86-64 and
-//! AArch64; runs of elements (`ViewMut::update_range`, `write_row`,
+//! A write view stores plainly when the phase's footprints show that
+//! nothing else touches its rows (the compiler then vectorises a stencil
+//! without a reduction as it does the slice loop; see the [`plain`](crate::plain) module
+//! for when and why that is sound), and otherwise with relaxed atomics
+//! (the communication thread may copy a home's page out while it is
+//! written), a plain `mov` on x86-64 and AArch64 that no loop holding it
+//! vectorises; runs of elements (`ViewMut::update_range`, `write_row`,
 //! `copy_range_to`) move 16 aligned bytes at a time on x86-64, so a row
 //! update vectorises (see `elem::update` for why that is still an atomic
 //! access of each element). The alternatives measured (see BENCHMARKS.md) were the checked
@@ -603,10 +607,13 @@ impl<T: Pod> std::ops::Index<usize> for ReadRange<'_, T> {
 }
 
 /// Rows of a shared matrix that this segment's filaments write: `set(i, j,
-/// v)`, `write_row(i, col, &src)`. Stores are relaxed atomics (the home's
-/// page may be copied out by the communication thread meanwhile), plain
-/// moves on x86-64 and AArch64. Made by
-/// [`DsmMatrix::write_rows`](crate::DsmMatrix::write_rows).
+/// v)`, `row_mut(i).fill(..)`, `write_row(i, col, &src)`. Stores are plain
+/// when the phase's footprints allow it (from the phase's second execution
+/// on, if every view of the array in it is disjoint and nothing else
+/// accesses the array: see the [`plain`](crate::plain) module and
+/// [`WriteRows::plain_stores`]), and relaxed atomics otherwise (plain
+/// moves on x86-64 and AArch64, which the compiler does not vectorise).
+/// Made by [`DsmMatrix::write_rows`](crate::DsmMatrix::write_rows).
 pub struct WriteRows<'a, T: Pod> {
     f: Frame,
     _a: PhantomData<(&'a T, *const ())>,
@@ -714,14 +721,12 @@ impl<T: Pod> RowWriter<'_, T> {
     /// column, in order of `j`. The same as `for j in cols { row.set(j,
     /// f(j)) }`, checked once for the whole range instead of per column,
     /// with `f` inlined (one call site, see `elem::fill`); a per-row
-    /// Jacobi stencil written this way runs at the slice loop's speed. The
-    /// stores are relaxed atomics, so a stencil with no reduction in it is
-    /// not vectorised as the slice loop is (1.4–1.6× the loop, `elem::fill`
-    /// has the measurements). For such a stencil, computing the row into a
-    /// buffer of your own (kept in the segment's binding, so it is
-    /// allocated once per segment) and writing it with
-    /// [`WriteRows::write_row`] is faster: 1.3× the loop for a 5-point
-    /// diffusion step, measured:
+    /// Jacobi stencil written this way runs at the slice loop's speed. In
+    /// a plain-store view ([`WriteRows::plain_stores`]) the stores are
+    /// plain and a stencil without a reduction vectorises as the slice
+    /// loop does (a 5-point diffusion step at 1.0× the loop, BENCHMARKS.md);
+    /// otherwise they are relaxed atomics, which no loop vectorises (1.5×
+    /// the loop on that stencil):
     ///
     /// ```
     /// use hyfi::{Config, Control, Op, PoolArray, Program, Runtime};

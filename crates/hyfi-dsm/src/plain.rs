@@ -28,6 +28,42 @@
 //! otherwise, test the word's view bit (one load and a branch) so that they
 //! are seen too.
 //!
+//! Which path a view took is visible: [`WriteRows::plain_stores`], and the
+//! DSM's counters `plain_views` and `atomic_views` (`Dsm::stats`).
+//!
+//! ```
+//! use hyfi::{Config, Control, PoolArray, Program, Runtime};
+//! use std::sync::Mutex;
+//! let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+//! let dsm = hyfi::Dsm::new(&rt)?;
+//! let (rows, n) = (16, 64);
+//! let a = dsm.matrix::<f64>(rows, n).from_fn(|i, j| (i + j) as f64)?;
+//! let b = dsm.matrix::<f64>(rows, n).zeroed()?;
+//! let plain = Mutex::new(Vec::new());
+//! let mut prog = Program::new();
+//! prog.phase_with(
+//!     PoolArray::block(&rt, 0..rows, 1),
+//!     |ctx, span| (a.read_rows(ctx, span.rows()), b.write_rows(ctx, span.rows())),
+//!     |ctx, i, (a, b)| {
+//!         plain.lock().unwrap().push((ctx.iteration(), b.plain_stores()));
+//!         let row = a.row(i);
+//!         b.row_mut(i).fill(0..n, |j| 2.0 * row[j]);
+//!     },
+//!     |post| if post.iteration() < 2 { Control::Continue } else { Control::Done },
+//! );
+//! rt.start(&mut prog)?;
+//! drop(prog);
+//! // The phase's first execution stores atomically; the next ones, whose
+//! // previous execution wrote `b` only through disjoint views, plainly.
+//! for (k, p) in plain.into_inner().unwrap() {
+//!     assert_eq!(p, k > 0);
+//! }
+//! assert_eq!(b.get(3, 5), 16.0);
+//! let st = dsm.stats().total;
+//! assert_eq!((st.atomic_views, st.plain_views), (2, 4));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! **Soundness on the node.** In a `PLAIN` epoch, every view's footprint is
 //! recorded as a claim (its elements, and the filthread that took it).
 //! Claims never overlap another filthread's (a view that would is refused
@@ -48,6 +84,7 @@
 //!
 //! [`DsmMatrix::write_rows`]: crate::DsmMatrix::write_rows
 //! [`DsmVec::write_range`]: crate::DsmVec::write_range
+//! [`WriteRows::plain_stores`]: crate::WriteRows::plain_stores
 
 use std::ops::Range;
 use std::panic::Location;
