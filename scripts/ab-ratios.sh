@@ -52,6 +52,9 @@ for line in "${LINES[@]}"; do
     f="$OUT/$label.$side"
     if [ -s "$f" ]; then
       cell=$(awk '{print $1/$2}' "$f" | sort -g | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.3f [%.3f-%.3f] (%.2fx)", m, a[1], a[NR], 1/m}')
+      if [ -n "${TIMES:-}" ]; then
+        cell="$cell $(awk '{print $1}' "$f" | sort -g | awk '{a[NR]=$1} END {printf "hyfi %.4f", (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}') $(awk '{print $2}' "$f" | sort -g | awk '{a[NR]=$1} END {printf "loop %.4f", (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}')"
+      fi
     else
       cell="-"
     fi
