@@ -78,6 +78,29 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! A plain-store view hands out no `&mut` to shared bytes at all: its rows
+//! are written through a [`RowWriter`] (`fill`, `set`), which borrows the
+//! view and so cannot outlive the filament either, plain stores or not:
+//!
+//! ```compile_fail,E0521
+//! use hyfi::{Config, Control, PoolArray, Program, Runtime};
+//! let rt = Runtime::new(Config::new().procs(1).pin(false))?;
+//! let dsm = hyfi::Dsm::new(&rt)?;
+//! let m = dsm.matrix::<f64>(4, 4).zeroed()?;
+//! let kept = std::sync::Mutex::new(None);
+//! let mut prog = Program::new();
+//! prog.phase_with(
+//!     PoolArray::block(&rt, 0..4, 1),
+//!     |ctx, span| m.write_rows(ctx, span.rows()),
+//!     |_ctx, i, new| *kept.lock().unwrap() = Some(new.row_mut(i)), // error: the writer borrows the view
+//!     |_| Control::Done,
+//! );
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! and a `fill` closure cannot keep the writer's row either: it gets
+//! column numbers and returns values, never a reference into the row.
+//!
 //! Nor can a write view's element be read as a plain reference (writes are
 //! atomic; only read views index as `&T`):
 //!
@@ -838,6 +861,62 @@ impl<'a, T: Pod> WriteRange<'a, T> {
         let p = self.ptr_at(i);
         // SAFETY: inside the footprint, valid here; atomic.
         unsafe { elem::load(p) }
+    }
+
+    /// Sets every element `i` of `range` (absolute indices) to `f(i)`,
+    /// calling `f` once per element, in order: `for i in range { view.set(i,
+    /// f(i)) }` checked once for the whole range, with `f` inlined, and
+    /// vectorised as a slice loop is when the view stores plainly (see
+    /// [`RowWriter::fill`]).
+    ///
+    /// ```
+    /// use hyfi::{Config, Control, PoolArray, Program, Runtime};
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+    /// let dsm = hyfi::Dsm::new(&rt)?;
+    /// let n = 10_000;
+    /// let x = dsm.vec::<f64>(n).from_fn(|i| i as f64)?;
+    /// let y = dsm.vec::<f64>(n).zeroed()?;
+    /// let mut prog = Program::new();
+    /// prog.phase_with(
+    ///     // One filament per block of 1000 elements: y = 3-point average of x.
+    ///     PoolArray::block(&rt, 0..n / 1000, 1),
+    ///     |ctx, span| {
+    ///         let r = span.rows().start * 1000..span.rows().end * 1000;
+    ///         (x.read_range(ctx, r.start.saturating_sub(1)..(r.end + 1).min(n)), y.write_range(ctx, r))
+    ///     },
+    ///     |_ctx, b, (x, y)| {
+    ///         let lo = (b * 1000).max(1);
+    ///         let hi = ((b + 1) * 1000).min(n - 1);
+    ///         y.fill(lo..hi, |i| (x[i - 1] + x[i] + x[i + 1]) / 3.0);
+    ///     },
+    ///     |_| Control::Done,
+    /// );
+    /// rt.start(&mut prog)?;
+    /// assert_eq!(y.get(500), 500.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline(always)]
+    pub fn fill(&self, range: Range<usize>, f: impl FnMut(usize) -> T) {
+        if range.is_empty() {
+            return;
+        }
+        // Both ends inside the footprint: the whole range is.
+        let _ = self.ptr_at(range.start);
+        let _ = self.ptr_at(range.end - 1);
+        // Element 0 of the vector, so that the closure's index is the
+        // range's own induction variable (see `elem::fill`).
+        let base = self.f.ptr.cast::<T>().wrapping_sub(self.f.first);
+        // SAFETY: every `i` of `range` is inside the footprint (both ends
+        // checked above), so `base + i` is an element of it, writable here
+        // (`base` is the vector's first element, in the same region);
+        // plainly only in a plain-store view (plain.rs), else atomically.
+        unsafe {
+            if self.f.plain() {
+                elem::fill_plain(base, range, f)
+            } else {
+                elem::fill(base, range, f)
+            }
+        }
     }
 
     /// Writes `src` at element `start`.
