@@ -122,6 +122,13 @@ pub trait CtxExt: sealed::Sealed {
     /// plain-store write views only within phases, where a filthread waits
     /// for nothing but pages.
     fn in_fork_join(&self) -> bool;
+
+    /// The phase the filament runs in, as one number that differs between
+    /// phases (of this program and of the programs run before it on this
+    /// runtime) and stays the same across a phase's executions: layers key
+    /// what they learn about a phase on it (hyfi-dsm: whether its write
+    /// views may store plainly). `u64::MAX` outside phases.
+    fn phase_key(&self) -> u64;
 }
 
 impl CtxExt for Ctx {
@@ -132,5 +139,9 @@ impl CtxExt for Ctx {
     #[inline]
     fn in_fork_join(&self) -> bool {
         self.fork_join.get()
+    }
+    #[inline]
+    fn phase_key(&self) -> u64 {
+        self.phase.get()
     }
 }

@@ -15,10 +15,10 @@
 //!
 //! **How it is decided.** A view's bytes must be plain or atomic from its
 //! first store on, before the phase has shown what else it does. So the
-//! decision comes from the phase's *previous* execution, keyed by the array
-//! and the call site of the view (`#[track_caller]`: one bind closure is one
-//! phase): if the last epoch in which views from that site wrote the array
-//! was *clean* — written only through pairwise disjoint write views, with
+//! decision comes from the phase's *previous* execution, keyed by the array,
+//! the phase (`CtxExt::phase_key`: program and phase index) and the call
+//! site of the view (`#[track_caller]`): if the last epoch in which views
+//! from that site and phase wrote the array was *clean* — written only through pairwise disjoint write views, with
 //! no checked access to it at all — this epoch's views of the array are
 //! plain. A phase's first execution is always atomic; a steady-state
 //! iteration is plain. Each array's mode word (footprint.rs) records it per
@@ -91,8 +91,10 @@ use std::panic::Location;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
-/// Where a view was taken: its call site.
-pub(crate) type Site = &'static Location<'static>;
+/// Where a view was taken: its call site, and the phase it was taken in
+/// (`CtxExt::phase_key`): a helper that takes views for several phases is
+/// one call site, but each phase has its own history.
+pub(crate) type Site = (&'static Location<'static>, u64);
 
 /// Whether plain-store views are on (`HYFI_PLAIN_STORES`, default on).
 static ENABLED: AtomicBool = AtomicBool::new(true);
@@ -268,7 +270,7 @@ impl PlainState {
         let clean = clean && !t.unclean;
         let sites = std::mem::take(&mut t.sites);
         for site in sites {
-            match t.history.iter_mut().find(|(s, _)| same(s, site)) {
+            match t.history.iter_mut().find(|(s, _)| same(*s, site)) {
                 Some(h) => h.1 = clean,
                 None => t.history.push((site, clean)),
             }
@@ -280,9 +282,12 @@ impl PlainState {
     }
 }
 
-/// Two call sites are the same place in the source.
+/// Two sites are the same place in the source, in the same phase.
 fn same(a: Site, b: Site) -> bool {
-    std::ptr::eq(a, b) || (a.line() == b.line() && a.column() == b.column() && a.file() == b.file())
+    let (x, y) = (a.0, b.0);
+    a.1 == b.1
+        && (std::ptr::eq(x, y)
+            || (x.line() == y.line() && x.column() == y.column() && x.file() == y.file()))
 }
 
 #[cold]

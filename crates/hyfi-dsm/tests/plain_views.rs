@@ -548,3 +548,65 @@ fn random_multi_writer_rounds_through_plain_views_on_three_nodes() {
     // is atomic; the rest plain.
     assert!(plain > 0 && atomic > 0, "plain {plain}, atomic {atomic}");
 }
+
+/// One helper takes the write views of two phases: disjoint ones in the
+/// first, overlapping ones (a one-row halo) in the second. The history is
+/// per phase, not per call site alone, so the second phase never inherits
+/// the first's plain decision (which would make its overlapping views
+/// conflict): the first phase stores plainly from its second execution,
+/// the second atomically, and the grid is the sequential one.
+#[test]
+fn a_helper_shared_by_two_phases_keeps_their_histories_apart() {
+    let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+    let dsm = Dsm::new(&rt).unwrap();
+    let (rows, n) = (16, 64);
+    let a = dsm.matrix::<f64>(rows, n).zeroed().unwrap();
+    fn view<'a>(
+        m: &'a hyfi_dsm::DsmMatrix<f64>,
+        ctx: &hyfi_core::Ctx,
+        r: std::ops::Range<usize>,
+    ) -> hyfi_dsm::WriteRows<'a, f64> {
+        m.write_rows(ctx, r)
+    }
+    let seen = Mutex::new(Vec::new());
+    let mut prog = Program::new();
+    prog.phase_with(
+        PoolArray::block(&rt, 0..rows, 1),
+        |ctx, span| view(&a, ctx, span.rows()),
+        |ctx, i, w| {
+            seen.lock()
+                .unwrap()
+                .push((0, ctx.iteration(), w.plain_stores()));
+            w.row_mut(i)
+                .fill(0..n, |j| (i * n + j) as f64 + ctx.iteration() as f64);
+        },
+        |_| Control::Continue,
+    );
+    prog.phase_with(
+        PoolArray::block(&rt, 0..rows, 1),
+        |ctx, span| view(&a, ctx, span.rows_with_halo(1, rows)),
+        |ctx, i, w| {
+            seen.lock()
+                .unwrap()
+                .push((1, ctx.iteration(), w.plain_stores()));
+            let x = w.get(i, 0);
+            w.set(i, 0, x + 1.0);
+        },
+        |post| {
+            if post.iteration() >= 3 {
+                Control::Done
+            } else {
+                Control::Continue
+            }
+        },
+    );
+    rt.start(&mut prog).unwrap();
+    drop(prog);
+    for (phase, k, plain) in seen.into_inner().unwrap() {
+        assert_eq!(plain, phase == 0 && k > 0, "phase {phase}, execution {k}");
+    }
+    for i in 0..rows {
+        assert_eq!(a.get(i, 0), (i * n) as f64 + 3.0 + 1.0);
+        assert_eq!(a.get(i, 5), (i * n + 5) as f64 + 3.0);
+    }
+}

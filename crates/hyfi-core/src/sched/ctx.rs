@@ -107,6 +107,9 @@ pub struct Ctx {
     /// optimisations that are only sound within a phase's segments to
     /// phases (see [`CtxExt::in_fork_join`](crate::layer::CtxExt::in_fork_join)).
     pub(crate) fork_join: Cell<bool>,
+    /// The phase running: its program's number and its index in the
+    /// program (see [`CtxExt::phase_key`](crate::layer::CtxExt::phase_key)).
+    pub(crate) phase: Cell<u64>,
     pub(crate) iteration: Cell<u64>,
     /// The stack running now: its red zone (below which a join moves to a
     /// new segment; 0 off a filthread) and guard page.
@@ -165,6 +168,7 @@ impl Ctx {
             pool: Cell::new(0),
             in_update: Cell::new(false),
             fork_join: Cell::new(false),
+            phase: Cell::new(u64::MAX),
             iteration: Cell::new(0),
             bounds: Cell::new(StackBounds::default()),
             stacks: RefCell::new(StackPool::new(shared.cfg.get_stack_size())),

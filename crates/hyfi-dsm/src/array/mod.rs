@@ -118,7 +118,7 @@ impl<T: Pod> Shared<T> {
         stride: usize,
         col: usize,
         write: bool,
-        site: crate::plain::Site,
+        site: &'static std::panic::Location<'static>,
     ) -> Frame {
         let mut plain = false;
         if !write {
@@ -126,9 +126,9 @@ impl<T: Pod> Shared<T> {
         } else if !r.is_empty() && cols > 0 {
             let span = r.start * stride..(r.end - 1) * stride + cols;
             let may = crate::plain::enabled() && !ctx.in_fork_join();
-            plain = self
-                .seg
-                .note_view_write(ctx.access_epoch(), span, site, may);
+            plain =
+                self.seg
+                    .note_view_write(ctx.access_epoch(), span, (site, ctx.phase_key()), may);
             self.core.count_view(plain);
         }
         let mut active = 0;
