@@ -77,6 +77,9 @@ pub(super) struct Entry {
 
 #[derive(Default)]
 pub(super) struct Inner {
+    /// Boxed for a stable address: a view holds a pointer to its entry's
+    /// count while the vector grows and shrinks.
+    #[allow(clippy::vec_box)]
     entries: Vec<Box<Entry>>,
     /// Requests waiting for views: (node, global page).
     asked: Vec<(usize, u64)>,
