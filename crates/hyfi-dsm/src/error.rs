@@ -215,12 +215,6 @@ pub(crate) enum ReleaseError {
     /// failure's text, as every waiter of the node reports it.
     #[error("{0}")]
     Failed(String),
-    /// A peer ended its program before its release of this phase came.
-    #[error(
-        "node {me} waits for the release of node {peer} at the end of a phase, but node \
-         {peer} ended its program: every node must run the same phases and fork-join runs (SPMD)"
-    )]
-    PeerEnded { me: usize, peer: usize },
     /// A release that breaks the protocol.
     #[error(transparent)]
     Violation(#[from] Violation),
@@ -228,4 +222,8 @@ pub(crate) enum ReleaseError {
     /// their sender is not known here).
     #[error(transparent)]
     Notice(ProtocolError),
+    /// The release's collective (the count of `REL`s each node receives)
+    /// failed: the link's error (a lost node, SPMD divergence).
+    #[error("{0}")]
+    Link(hyfi_core::LinkError),
 }

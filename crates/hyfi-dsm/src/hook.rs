@@ -14,9 +14,9 @@ impl hyfi_core::PhaseEnd for Hook {
     fn end_phase(
         &self,
         phase: usize,
-        _link: &dyn hyfi_core::NodeLink,
+        link: &dyn hyfi_core::NodeLink,
     ) -> Result<(), hyfi_core::LinkError> {
-        self.0.release(phase).map_err(|e| e.into())
+        self.0.release(phase, link).map_err(|e| e.into())
     }
     fn access_epoch_ended(&self) {
         // Reaped first: a registered view counts as live until then.

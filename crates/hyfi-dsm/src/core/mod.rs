@@ -92,8 +92,6 @@ impl Core {
             got: AtomicUsize::new(0),
             proto: Mutex::new(Proto {
                 got: 0,
-                got_from: vec![false; nodes],
-                gone: vec![false; nodes],
                 notices: Vec::new(),
                 early: Vec::new(),
                 releasing: false,
@@ -303,11 +301,6 @@ impl Service for Core {
     }
     fn failed(&self, why: &str) {
         self.fail(why);
-    }
-    fn peer_left(&self, peer: usize) {
-        let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
-        pr.gone[peer] = true;
-        self.proto_cv.notify_all();
     }
 }
 

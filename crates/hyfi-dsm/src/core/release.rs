@@ -31,11 +31,6 @@ struct Round {
 pub(super) struct Proto {
     /// `REL` messages of the current epoch received.
     pub(super) got: usize,
-    /// From which nodes.
-    pub(super) got_from: Vec<bool>,
-    /// Nodes that ended their program (said `Bye`): a release of theirs
-    /// that has not come will not.
-    pub(super) gone: Vec<bool>,
     /// Their write notices (page ranges).
     pub(super) notices: Vec<(u64, u32)>,
     /// `REL` messages not applied yet, of this epoch or later: (from,
@@ -113,15 +108,18 @@ impl Core {
         }
         pr.got += 1;
         self.got.store(pr.got, Ordering::Release);
-        pr.got_from[from] = true;
         Ok(())
     }
 
-    pub(crate) fn release(&self, phase: usize) -> Result<(), ReleaseError> {
+    pub(crate) fn release(
+        &self,
+        phase: usize,
+        link: &dyn hyfi_core::NodeLink,
+    ) -> Result<(), ReleaseError> {
         let t0 = Instant::now();
         let slot = self.slot();
         if self.nodes > 1 {
-            self.release_multi(slot)?;
+            self.release_multi(slot, link)?;
         }
         self.ctr(slot)
             .release_ns
@@ -142,7 +140,11 @@ impl Core {
         Ok(())
     }
 
-    fn release_multi(&self, slot: usize) -> Result<(), ReleaseError> {
+    fn release_multi(
+        &self,
+        slot: usize,
+        link: &dyn hyfi_core::NodeLink,
+    ) -> Result<(), ReleaseError> {
         // The node's phase work is done: no request of it is in flight.
         while self
             .outstanding
@@ -183,8 +185,9 @@ impl Core {
         };
         self.decline_unused(&mut r);
         let noticed_home = self.diffs_and_pushes(&mut r);
-        self.send_releases(&mut r, &noticed_home);
-        let (notices, pushes) = self.await_releases(epoch)?;
+        let sent = self.send_releases(&mut r, &noticed_home);
+        let expected = self.count_releases(link, &sent)?;
+        let (notices, pushes) = self.await_releases(epoch, expected)?;
         let invalidated = self.invalidate_noticed(&notices, &mut r)?;
         self.install_pushes(notices, pushes, invalidated, &mut r);
         self.settle_fresh();
@@ -283,8 +286,11 @@ impl Core {
         noticed_home
     }
 
-    /// 2. Notices, and one `REL` to every other node.
-    fn send_releases(&self, r: &mut Round, noticed_home: &[u64]) {
+    /// 2. Notices, and a `REL` to every other node there is something
+    ///    for: notices (which go to every node: only a page's home knows
+    ///    who holds a copy), or diffs, pushes or declines of its own.
+    ///    Returns the `REL`s sent, one count per node.
+    fn send_releases(&self, r: &mut Round, noticed_home: &[u64]) -> Vec<u32> {
         let Round {
             bodies,
             cache,
@@ -314,8 +320,9 @@ impl Core {
             let pushed: u64 = bodies.iter().map(|b| u64::from(b.pushes())).sum();
             c.pages_pushed.fetch_add(pushed, Ordering::Relaxed);
         }
+        let mut sent = vec![0u32; self.nodes];
         for (q, body) in bodies.iter().enumerate() {
-            if q == self.me {
+            if q == self.me || (ranges.is_empty() && body.is_empty()) {
                 continue;
             }
             let notices = &ranges;
@@ -328,15 +335,53 @@ impl Core {
                     body,
                 },
             );
+            sent[q] = 1;
         }
+        sent
     }
 
-    /// 3. Waits for every other node's `REL` of this epoch; returns their
-    ///    notices and the pages pushed here.
+    /// 3a. How many `REL`s of this epoch come to this node: the sum over
+    ///     the nodes of what each sent it, by one all-reduce of a count per
+    ///     node (log-depth over the link, and the phase's barrier: every
+    ///     node has sent its `REL`s when it enters it).
+    fn count_releases(
+        &self,
+        link: &dyn hyfi_core::NodeLink,
+        sent: &[u32],
+    ) -> Result<usize, ReleaseError> {
+        let mut v: Vec<u8> = sent.iter().flat_map(|c| c.to_le_bytes()).collect();
+        let mut add = |acc: &mut [u8], other: &[u8]| {
+            for (a, b) in acc.chunks_exact_mut(4).zip(other.chunks_exact(4)) {
+                let s = u32::from_le_bytes(a.try_into().expect("4 bytes"))
+                    + u32::from_le_bytes(b.try_into().expect("4 bytes"));
+                a.copy_from_slice(&s.to_le_bytes());
+            }
+        };
+        let _w = hyfi_core::waits::waiting(
+            |a| {
+                format!(
+                    "the other nodes' releases (release #{}: the count of the messages \
+                     each node sent in it)",
+                    a[0]
+                )
+            },
+            [self.completed.load(Ordering::Acquire), 0, 0],
+        );
+        link.allreduce(&mut v, &mut add)
+            .map_err(ReleaseError::Link)?;
+        let k = 4 * self.me;
+        Ok(u32::from_le_bytes(v[k..k + 4].try_into().expect("4 bytes")) as usize)
+    }
+
+    /// 3b. Waits for the `REL`s of this epoch that were sent here (every
+    ///     node has sent them: it passed the count's all-reduce, so a
+    ///     missing one is on its way, or its link fails); returns their
+    ///     notices and the pages pushed here.
     #[allow(clippy::type_complexity)]
     fn await_releases(
         &self,
         epoch: u64,
+        expected: usize,
     ) -> Result<(Vec<(u64, u32)>, Vec<(u64, Vec<u8>)>), ReleaseError> {
         let got = {
             let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
@@ -347,24 +392,16 @@ impl Core {
                         a[0], a[1], a[2]
                     )
                 },
-                [epoch, pr.got as u64, self.nodes as u64 - 1],
+                [epoch, pr.got as u64, expected as u64],
             );
-            if pr.got < self.nodes - 1 {
+            if pr.got < expected {
                 drop(pr);
-                hyfi_core::sleep::poll_own_cpu(|| {
-                    self.got.load(Ordering::Acquire) >= self.nodes - 1
-                });
+                hyfi_core::sleep::poll_own_cpu(|| self.got.load(Ordering::Acquire) >= expected);
                 pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
             }
-            while pr.got < self.nodes - 1 {
+            while pr.got < expected {
                 if let Some(f) = self.failure() {
                     return Err(ReleaseError::Failed(f.clone()));
-                }
-                if let Some(p) = (0..self.nodes).find(|&p| pr.gone[p] && !pr.got_from[p]) {
-                    return Err(ReleaseError::PeerEnded {
-                        me: self.me,
-                        peer: p,
-                    });
                 }
                 pr = self
                     .proto_cv
@@ -479,7 +516,6 @@ impl Core {
             self.completed.store(next, Ordering::Release);
             pr.got = 0;
             self.got.store(0, Ordering::Release);
-            pr.got_from.iter_mut().for_each(|g| *g = false);
             // The next phase's filaments may run now: releases of the next
             // epoch that came early stay in `early` until its release.
             pr.releasing = false;

@@ -168,9 +168,15 @@ impl Inbox {
         let mut r = Ok(());
         self.put(|s| {
             s.byes += 1;
-            s.gone.insert(from);
             if let Some(st) = s.steps.as_mut() {
                 r = st.on_bye(from, steps, last);
+            }
+            // A wrong goodbye is not a peer gone: its caller fails the node
+            // with the SPMD cause at once, and a waiter that saw the peer
+            // gone first would report a bare "ended its program" instead
+            // (a release's all-reduce did, racing with it).
+            if r.is_ok() {
+                s.gone.insert(from);
             }
         });
         // A wrong goodbye fails the node (which wakes the services with

@@ -236,6 +236,11 @@ impl ReleaseBody {
     pub(super) fn pushes(&self) -> u32 {
         self.npushes
     }
+
+    /// Nothing for its node: no diff, push or decline.
+    pub(super) fn is_empty(&self) -> bool {
+        self.ndiffs == 0 && self.npushes == 0 && self.declines.is_empty()
+    }
 }
 
 /// `REL`, to send: the sender's epoch, its write notices (first page,
