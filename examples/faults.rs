@@ -144,10 +144,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Fault::Kill => unsafe {
             libc::raise(libc::SIGKILL);
         },
-        // SAFETY: as above; the node's signal thread takes it.
-        Fault::Interrupt => unsafe {
-            libc::kill(libc::getpid(), libc::SIGINT);
-        },
+        Fault::Interrupt => {
+            // SAFETY: as above; the node's signal thread takes it.
+            unsafe { libc::kill(libc::getpid(), libc::SIGINT) };
+            // That thread ends the job; the program waits for it here
+            // rather than going on (on a loaded machine it went on through
+            // both programs before the signal was handled, and the job
+            // ended well).
+            std::thread::sleep(std::time::Duration::from_secs(30));
+            return Err("the SIGINT this node sent itself was not handled in 30 s".into());
+        }
         Fault::Abort => std::process::abort(),
         _ => {}
     }
