@@ -1,7 +1,7 @@
 //! The DSM across real processes on loopback: the randomized multi-writer
 //! check on every configuration, the special cases (home-only writers,
 //! many waiters on one page), the iterative examples agreeing bit for bit
-//! on 1×1, 1×2, 2×1, 2×2 and 4×1, allocation errors with their messages,
+//! on 1×1, 1×2, 2×1, 2×2, 4×1 and 8×1, allocation errors with their messages,
 //! and a node lost while pages are in flight.
 //!
 //! Every test is bounded and kills what it started (see `common`).
@@ -15,7 +15,9 @@ mod common;
 use common::*;
 
 /// The configurations every program must agree on: (nodes, processors).
-const CONFIGS: [(usize, usize); 5] = [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)];
+/// 8x1 (oversubscribed here) takes the sparse release's all-reduce path
+/// (two nodes send one `REL` each way instead).
+const CONFIGS: [(usize, usize); 6] = [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (8, 1)];
 
 /// `exe args` on `nodes` local nodes of `procs` processors (the embedded
 /// launcher), unpinned.

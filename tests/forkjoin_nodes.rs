@@ -98,7 +98,7 @@ fn run_ok(
     (results[0].clone(), stats)
 }
 
-const CONFIGS: [(usize, usize); 5] = [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)];
+const CONFIGS: [(usize, usize); 6] = [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (8, 1)];
 
 /// Every configuration gives the one-node answer (each run also checks it
 /// against the sequential recursion itself, bit for bit, so a filament lost
