@@ -129,7 +129,7 @@ impl<T: Pod> Shared<T> {
             plain =
                 self.seg
                     .note_view_write(ctx.access_epoch(), span, (site, ctx.phase_key()), may);
-            self.core.count_view(plain);
+            self.core.count_view(plain, ctx.proc());
         }
         let mut active = 0;
         if !r.is_empty() && cols > 0 {
