@@ -101,6 +101,30 @@ fn random_multi_writer_rounds_agree_with_the_model_everywhere() {
     }
 }
 
+/// Many nodes: 13 and 16 processes (oversubscribed), the seeds that found
+/// a stale page (two nodes' notice ranges overlapping, so a push that
+/// lacked a third writer's diff was installed: every node read the old
+/// value after the first round, silently, before the fix).
+#[test]
+fn random_multi_writer_rounds_agree_on_13_and_16_nodes() {
+    for nodes in [13usize, 16] {
+        for seed in ["1", "2"] {
+            let what = format!("dsm_stress random {nodes}x1 seed {seed}");
+            let out = run_ok(
+                &what,
+                on(
+                    &bins().dsm_stress,
+                    nodes,
+                    1,
+                    &["--rounds", "4", "--seed", seed],
+                ),
+                nodes,
+            );
+            all_say(&what, &out, "dsm_stress: OK mode=Random rounds=5");
+        }
+    }
+}
+
 #[test]
 fn home_only_writers_move_no_diffs() {
     for (nodes, procs) in [(2, 2), (3, 1)] {
