@@ -1,6 +1,7 @@
 //! The release, at every phase end and fork-join run, in place of the
 //! barrier: diffs to homes, notices, producer pushes and declines, one
-//! message per node; then invalidations and installs (see the README).
+//! message to each node there is something for, and an all-reduce of the
+//! counts; then invalidations and installs (see the README).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
