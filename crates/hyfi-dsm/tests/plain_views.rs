@@ -12,11 +12,31 @@ use std::time::{Duration, Instant};
 
 use hyfi_core::link::InProcess;
 use hyfi_core::{Config, Control, NodeLink, PoolArray, Program, Runtime};
-use hyfi_dsm::{Dsm, DsmStats, DsmVec, Placement, PAGE};
+use hyfi_dsm::{Dsm, DsmStats, DsmVec, Placement, ReadRows, WriteRows, PAGE};
 
 /// A step of a 3-point smoothing, the same expression in both versions.
 fn smooth(l: f64, m: f64, r: f64) -> f64 {
     m + 0.25 * (l + r - 2.0 * m)
+}
+
+/// Row `i` of the smoothing: `fill` for the interior, the two ends copied.
+fn smooth_row(old: &ReadRows<'_, f64>, new: &WriteRows<'_, f64>, i: usize, n: usize) {
+    let row = &old.row(i)[..n];
+    new.row_mut(i)
+        .fill(1..n - 1, |j| smooth(row[j - 1], row[j], row[j + 1]));
+    new.set(i, 0, row[0]);
+    new.set(i, n - 1, row[n - 1]);
+}
+
+/// A post-phase that ends the program after `executions` of its phase.
+fn until(executions: u64) -> impl FnMut(&mut hyfi_core::PostPhase<'_>) -> Control {
+    move |post| {
+        if post.iteration() + 1 >= executions {
+            Control::Done
+        } else {
+            Control::Continue
+        }
+    }
 }
 
 /// `steps` smoothing steps of an `rows × n` grid (rows independent), on
@@ -61,19 +81,9 @@ fn smoothing(
                 // row, so the footprints still do not overlap).
                 let _ = g[(ctx.iteration() as usize + 1) % 2].get(i, 0);
             }
-            let row = &old.row(i)[..n];
-            new.row_mut(i)
-                .fill(1..n - 1, |j| smooth(row[j - 1], row[j], row[j + 1]));
-            new.set(i, 0, row[0]);
-            new.set(i, n - 1, row[n - 1]);
+            smooth_row(old, new, i, n);
         },
-        |post| {
-            if post.iteration() + 1 >= steps {
-                Control::Done
-            } else {
-                Control::Continue
-            }
-        },
+        until(steps),
     );
     rt.start(&mut prog).unwrap();
     drop(prog);
@@ -289,13 +299,7 @@ fn request_during_plain_node(link: Arc<InProcess>, rounds: u64) -> (DsmStats, Ve
                 }
             }
         },
-        |post| {
-            if post.iteration() + 1 >= rounds {
-                Control::Done
-            } else {
-                Control::Continue
-            }
-        },
+        until(rounds),
     );
     rt.start(&mut prog).unwrap();
     drop(prog);
@@ -363,19 +367,9 @@ fn mixed_node(link: Arc<InProcess>, steps: u64) -> (Vec<f64>, DsmStats) {
             )
         },
         |_ctx, i, (old, new)| {
-            let row = &old.row(i)[..n];
-            new.row_mut(i)
-                .fill(1..n - 1, |j| smooth(row[j - 1], row[j], row[j + 1]));
-            new.set(i, 0, row[0]);
-            new.set(i, n - 1, row[n - 1]);
+            smooth_row(old, new, i, n);
         },
-        |post| {
-            if post.iteration() + 1 >= steps {
-                Control::Done
-            } else {
-                Control::Continue
-            }
-        },
+        until(steps),
     );
     rt.start(&mut prog).unwrap();
     drop(prog);
@@ -522,13 +516,7 @@ fn multi_writer_views_node(
                 }
             }
         },
-        |post| {
-            if post.iteration() + 1 >= rounds {
-                Control::Done
-            } else {
-                Control::Continue
-            }
-        },
+        until(rounds),
     );
     rt.start(&mut prog).unwrap();
     drop(prog);

@@ -160,16 +160,21 @@ impl Core {
             if inner.entries.is_empty() {
                 return;
             }
-            let before = inner.entries.len();
-            inner
-                .entries
-                .retain(|e| e.ended.load(Ordering::Acquire) != 0);
-            // Each ended view counted itself live until now.
-            self.live_views
-                .fetch_sub(before - inner.entries.len(), Ordering::Relaxed);
+            self.forget_ended(&mut inner);
             inner.free()
         };
         self.serve_freed(free);
+    }
+
+    /// Drops the registrations whose views have ended.
+    fn forget_ended(&self, inner: &mut Inner) {
+        let before = inner.entries.len();
+        inner
+            .entries
+            .retain(|e| e.ended.load(Ordering::Acquire) != 0);
+        // Each ended view counted itself live until now.
+        self.live_views
+            .fetch_sub(before - inner.entries.len(), Ordering::Relaxed);
     }
 
     /// Serves requests whose pages are no longer active.
@@ -249,12 +254,7 @@ impl Core {
             if inner.entries.is_empty() {
                 return false;
             }
-            let before = inner.entries.len();
-            inner
-                .entries
-                .retain(|e| e.ended.load(Ordering::Acquire) != 0);
-            self.live_views
-                .fetch_sub(before - inner.entries.len(), Ordering::Relaxed);
+            self.forget_ended(&mut inner);
             let mut parked = false;
             for e in inner.entries.iter_mut().filter(|e| e.active && e.ft == ft) {
                 e.active = false;
