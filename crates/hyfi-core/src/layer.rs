@@ -116,18 +116,13 @@ pub trait CtxExt: sealed::Sealed {
     /// memory.
     fn access_epoch(&self) -> u64;
 
-    /// Whether the filament runs in fork-join mode (`Runtime::run`) rather
-    /// than in a phase's pool segment. A fork-join filament may suspend in
-    /// a join until another node's work is done; hyfi-dsm hands out
-    /// plain-store write views only within phases, where a filthread waits
-    /// for nothing but pages.
-    fn in_fork_join(&self) -> bool;
-
     /// The phase the filament runs in, as one number that differs between
     /// phases (of this program and of the programs run before it on this
     /// runtime) and stays the same across a phase's executions: layers key
     /// what they learn about a phase on it (hyfi-dsm: whether its write
-    /// views may store plainly). `u64::MAX` outside phases.
+    /// views may store plainly). `u64::MAX` in fork-join mode, where a
+    /// filament may suspend in a join until another node's work is done
+    /// (hyfi-dsm hands out plain-store views only within phases).
     fn phase_key(&self) -> u64;
 }
 
@@ -135,10 +130,6 @@ impl CtxExt for Ctx {
     #[inline]
     fn access_epoch(&self) -> u64 {
         self.shared.access_epoch.load(Ordering::Relaxed)
-    }
-    #[inline]
-    fn in_fork_join(&self) -> bool {
-        self.fork_join.get()
     }
     #[inline]
     fn phase_key(&self) -> u64 {

@@ -147,6 +147,13 @@ fn place(at: (usize, usize)) -> String {
     }
 }
 
+/// The epoch a claim in `epoch` is judged in (never older than the word's,
+/// see `Segment::claim`) and the word `cur`'s mode in it (0: none yet).
+fn current(cur: u64, epoch: u64) -> (u64, u64) {
+    let e = epoch.max(cur >> SHIFT);
+    (e, if cur >> SHIFT == e { cur & MODE } else { 0 })
+}
+
 impl Segment {
     /// Records that this node writes elements `e..e + n` of the array in
     /// `epoch` through a checked path. Panics if the array is read-only (a
@@ -187,20 +194,11 @@ impl Segment {
     fn checked_read_cold(&self, epoch: u64, e: usize, n: usize) {
         let mut cur = self.access.load(Relaxed);
         loop {
-            let ep = epoch.max(cur >> SHIFT);
-            let mode = if cur >> SHIFT == ep { cur & MODE } else { 0 };
+            let (ep, mode) = current(cur, epoch);
             let want = match mode {
                 0 => ep << SHIFT | CHECKED,
                 VIEWS => ep << SHIFT | WRITTEN,
-                PLAIN => {
-                    if self
-                        .plain
-                        .checked_access(e..e + n.max(1), crate::plain::filthread())
-                    {
-                        crate::plain::conflict(self.seq, "read of", e);
-                    }
-                    return;
-                }
+                PLAIN => return self.checked_in_plain_epoch("read of", e, n),
                 _ => return,
             };
             match self.access.compare_exchange(cur, want, Relaxed, Relaxed) {
@@ -223,8 +221,7 @@ impl Segment {
     ) -> bool {
         let mut cur = self.access.load(Relaxed);
         loop {
-            let e = epoch.max(cur >> SHIFT);
-            let mode = if cur >> SHIFT == e { cur & MODE } else { 0 };
+            let (e, mode) = current(cur, epoch);
             let want = match mode {
                 READ_ONLY => conflict(self.seq, WRITTEN, (span.start, NONE)),
                 WRITTEN => {
@@ -265,6 +262,18 @@ impl Segment {
         }
     }
 
+    /// A checked access of elements `e..e + n` in a `PLAIN` epoch: the
+    /// epoch is not clean, and the elements must lie in no other
+    /// filament's plain-store view (plain.rs).
+    fn checked_in_plain_epoch(&self, what: &str, e: usize, n: usize) {
+        if self
+            .plain
+            .checked_access(e..e + n.max(1), crate::plain::filthread())
+        {
+            crate::plain::conflict(self.seq, what, e);
+        }
+    }
+
     /// At the end of an access epoch (no filament runs): records whether
     /// the epoch was clean for the call sites of its write views, and
     /// resets the word's mode, so that checked reads of the next epoch
@@ -299,15 +308,8 @@ impl Segment {
                     conflict(self.seq, mode, at);
                 }
                 if have == PLAIN {
-                    // A checked write in a plain-store epoch: never into
-                    // another filament's view (plain.rs). The word stays.
-                    if self
-                        .plain
-                        .checked_access(at.0..at.0 + n.max(1), crate::plain::filthread())
-                    {
-                        crate::plain::conflict(self.seq, "write of", at.0);
-                    }
-                    return;
+                    // The word stays PLAIN (plain.rs).
+                    return self.checked_in_plain_epoch("write of", at.0, n);
                 }
                 // VIEWS → WRITTEN: the epoch is no longer clean.
             }

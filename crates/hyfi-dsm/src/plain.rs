@@ -172,7 +172,12 @@ const MAX_CHECKED: usize = 4096;
 /// Per array: the plain-store bookkeeping (locked only when views are
 /// taken, at the epoch's end, and on checked accesses' slow path).
 #[derive(Default)]
-pub(crate) struct PlainState(Mutex<Table>, AtomicU64);
+pub(crate) struct PlainState {
+    table: Mutex<Table>,
+    /// The site noted last this epoch ([`site_key`]; 0: none), tested
+    /// without the lock by [`PlainState::note_site`].
+    noted: AtomicU64,
+}
 
 /// A site as one number, for [`PlainState::note_site`]'s test without the
 /// lock (0: none).
@@ -193,7 +198,7 @@ pub(crate) enum Outcome {
 
 impl PlainState {
     fn lock(&self) -> MutexGuard<'_, Table> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether views from `site` may store plainly this epoch: the last
@@ -268,14 +273,14 @@ impl PlainState {
     /// and searching each time cost such a phase 5 %).
     pub(crate) fn note_site(&self, site: Site) {
         let key = site_key(site);
-        if self.1.load(Relaxed) == key {
+        if self.noted.load(Relaxed) == key {
             return;
         }
         let mut t = self.lock();
         if !t.sites.iter().any(|&s| same(s, site)) {
             t.sites.push(site);
         }
-        self.1.store(key, Relaxed);
+        self.noted.store(key, Relaxed);
     }
 
     /// At the end of an access epoch (no filament runs): records for every
@@ -292,7 +297,7 @@ impl PlainState {
             }
         }
         t.claims.clear();
-        self.1.store(0, Relaxed);
+        self.noted.store(0, Relaxed);
         t.checked.clear();
         t.checked_rest = None;
         t.unclean = false;

@@ -6,11 +6,12 @@
 //! `examples/dsm_stress.rs` does with real processes, tested in the
 //! workspace's `tests/dsm.rs`).
 
-use hyfi_core::layer::RuntimeExt;
+mod common;
+use common::{on_nodes_ok, start};
 use std::sync::{Arc, Mutex, RwLock};
 
 use hyfi_core::link::InProcess;
-use hyfi_core::{Config, Control, NodeLink, PoolArray, Program, Runtime};
+use hyfi_core::{Control, NodeLink, PoolArray, Program, Runtime};
 use hyfi_dsm::{Dsm, DsmStats, DsmVec, Placement, PAGE};
 
 fn mix(mut z: u64) -> u64 {
@@ -110,40 +111,6 @@ impl<T: Val> Tracked<T> {
 
 /// Elements checked per filament.
 const CHUNK: usize = 700;
-
-/// One in-process node: a runtime of `procs` processors over `link`, and
-/// its DSM at a base of its own.
-fn start(link: &Arc<InProcess>, procs: usize) -> Result<(Runtime, Dsm), String> {
-    let rt = Runtime::with_link(
-        Config::new().procs(procs).pin(false),
-        link.clone() as Arc<dyn NodeLink>,
-    )
-    .map_err(|e| e.to_string())?;
-    let dsm = Dsm::with_base(&rt, None).map_err(|e| e.to_string())?;
-    Ok((rt, dsm))
-}
-
-/// Runs `node` on `n` in-process nodes, one thread each; their counters.
-fn on_nodes(
-    n: usize,
-    node: impl Fn(Arc<InProcess>) -> Result<DsmStats, String> + Clone + Send + 'static,
-) -> Vec<DsmStats> {
-    let handles: Vec<_> = InProcess::connect(n)
-        .into_iter()
-        .map(|l| {
-            let node = node.clone();
-            std::thread::spawn(move || node(l))
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| {
-            h.join()
-                .expect("node thread")
-                .unwrap_or_else(|e| panic!("{e}"))
-        })
-        .collect()
-}
 
 /// Runs `prog` on `rt`; the DSM's counters, or the stale reads its
 /// filaments recorded in `bad`.
@@ -259,7 +226,7 @@ fn node_main(
 }
 
 fn run(nodes: usize, procs: usize, rounds: u64, seed: u64) {
-    let stats = on_nodes(nodes, move |l| node_main(l, procs, rounds, seed));
+    let stats = on_nodes_ok(nodes, move |l| node_main(l, procs, rounds, seed));
     let fetched: u64 = stats.iter().map(|s| s.total.pages_fetched).sum();
     let served: u64 = stats.iter().map(|s| s.total.pages_served).sum();
     let diffs: u64 = stats.iter().map(|s| s.total.diffs_applied).sum();
@@ -349,7 +316,7 @@ fn push_node(link: Arc<InProcess>, rounds: u64) -> Result<DsmStats, String> {
 #[test]
 fn homes_push_what_readers_use_and_stop_when_declined() {
     let rounds = 6;
-    let st = on_nodes(2, move |l| push_node(l, rounds));
+    let st = on_nodes_ok(2, move |l| push_node(l, rounds));
     let (home, reader) = (&st[0].total, &st[1].total);
     // Round 0: every page fetched once (the zeroed copies were voided by
     // the home's first write). Round 1: all six pushed; page 5 unused, so
@@ -429,7 +396,7 @@ fn false_sharing_node(link: Arc<InProcess>, rounds: u64) -> Result<DsmStats, Str
 #[test]
 fn a_page_served_while_its_home_writes_it_reaches_the_reader() {
     let rounds = 40;
-    let st = on_nodes(2, move |l| false_sharing_node(l, rounds));
+    let st = on_nodes_ok(2, move |l| false_sharing_node(l, rounds));
     // One fetch per round (a new page each round); each page either
     // pushed at the release or served after the home's last write.
     assert_eq!(st[1].total.pages_fetched, rounds);

@@ -5,13 +5,14 @@
 //! DSM's counters of plain and atomic views (`DsmCounters::plain_views`,
 //! `atomic_views`, `requests_waited_plain`), never timings.
 
-use hyfi_core::layer::RuntimeExt;
+mod common;
+use common::{on_nodes, start};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hyfi_core::link::InProcess;
-use hyfi_core::{Config, Control, NodeLink, PoolArray, Program, Runtime};
+use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
 use hyfi_dsm::{Dsm, DsmStats, DsmVec, Placement, ReadRows, WriteRows, PAGE};
 
 /// A step of a 3-point smoothing, the same expression in both versions.
@@ -201,34 +202,6 @@ fn an_access_into_another_filaments_plain_view_is_refused() {
     }
 }
 
-/// One in-process node over `link`, its DSM at a base of its own.
-fn start(link: &Arc<InProcess>, procs: usize) -> (Runtime, Dsm) {
-    let rt = Runtime::with_link(
-        Config::new().procs(procs).pin(false),
-        link.clone() as Arc<dyn NodeLink>,
-    )
-    .unwrap();
-    let dsm = Dsm::with_base(&rt, None).unwrap();
-    (rt, dsm)
-}
-
-fn on_nodes<R: Send + 'static>(
-    n: usize,
-    node: impl Fn(Arc<InProcess>) -> R + Clone + Send + 'static,
-) -> Vec<R> {
-    let handles: Vec<_> = InProcess::connect(n)
-        .into_iter()
-        .map(|l| {
-            let node = node.clone();
-            std::thread::spawn(move || node(l))
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("node"))
-        .collect()
-}
-
 /// Node 0, the home of every page, writes the first quarter of page `k`
 /// in round `k` through a write view (plain from the second round on),
 /// and node 1 reads an element of the same page that nobody writes, in
@@ -243,7 +216,7 @@ fn on_nodes<R: Send + 'static>(
 static HOLDING: AtomicU64 = AtomicU64::new(0);
 
 fn request_during_plain_node(link: Arc<InProcess>, rounds: u64) -> (DsmStats, Vec<String>) {
-    let (rt, dsm) = start(&link, 1);
+    let (rt, dsm) = start(&link, 1).unwrap();
     let pp = PAGE / 8;
     let v: DsmVec<u64> = dsm
         .vec::<u64>(rounds as usize * pp)
@@ -339,7 +312,7 @@ fn a_request_waits_for_the_homes_plain_view_and_is_served() {
 /// (plain from each grid's second step), node 1's overlap (atomic throughout);
 /// the grid is the sequential one on both.
 fn mixed_node(link: Arc<InProcess>, steps: u64) -> (Vec<f64>, DsmStats) {
-    let (rt, dsm) = start(&link, 2);
+    let (rt, dsm) = start(&link, 2).unwrap();
     let (rows, n) = (24, 300);
     let init = |i: usize, j: usize| ((i * 7 + j * 13) % 17) as f64;
     let alloc = || {
@@ -431,7 +404,7 @@ fn multi_writer_views_node(
     rounds: u64,
     seed: u64,
 ) -> (DsmStats, Vec<String>) {
-    let (rt, dsm) = start(&link, procs);
+    let (rt, dsm) = start(&link, procs).unwrap();
     let (me, nodes) = (rt.node(), rt.num_nodes());
     let global = nodes * procs;
     let len = 6 * PAGE / 8 + 77;

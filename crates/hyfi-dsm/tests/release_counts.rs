@@ -9,12 +9,13 @@
 //! message; over TCP it is a recursive doubling (`log2 N` messages per
 //! node), counted by `tests/dsm.rs` with real processes.
 
-use hyfi_core::layer::RuntimeExt;
+mod common;
+use common::{on_nodes_ok, start};
 use std::sync::Arc;
 
 use hyfi_core::link::InProcess;
-use hyfi_core::{Config, Control, NodeLink, PoolArray, Program, Runtime};
-use hyfi_dsm::{Dsm, DsmCounters, Placement, PAGE};
+use hyfi_core::{Control, PoolArray, Program};
+use hyfi_dsm::{DsmCounters, Placement, PAGE};
 
 /// Columns: one row is one page, so the blocks of rows the nodes own
 /// share no page (no false sharing, no diff, no notice).
@@ -24,12 +25,7 @@ const COLS: usize = PAGE / 8;
 /// node: `warm` sweeps, then the counters over `sweeps` more. Returns the
 /// node's counters over those sweeps, and its two rows of the result.
 fn node(link: Arc<InProcess>, warm: u64, sweeps: u64) -> Result<(DsmCounters, Vec<f64>), String> {
-    let rt = Runtime::with_link(
-        Config::new().procs(1).pin(false),
-        link.clone() as Arc<dyn NodeLink>,
-    )
-    .map_err(|e| e.to_string())?;
-    let dsm = Dsm::with_base(&rt, None).map_err(|e| e.to_string())?;
+    let (rt, dsm) = start(&link, 1)?;
     let rows = 2 + 2 * rt.num_nodes();
     let inner = 1..rows - 1;
     let init = |i: usize, j: usize| if i == 0 { 1.0 } else { (j % 7) as f64 };
@@ -117,19 +113,7 @@ fn sequential(rows: usize, sweeps: u64) -> Vec<f64> {
 
 fn counts(nodes: usize) {
     let (warm, sweeps) = (3, 6);
-    let handles: Vec<_> = InProcess::connect(nodes)
-        .into_iter()
-        .map(|l| {
-            std::thread::Builder::new()
-                .stack_size(1 << 20)
-                .spawn(move || node(l, warm, sweeps))
-                .expect("a thread per node")
-        })
-        .collect();
-    let out: Vec<(DsmCounters, Vec<f64>)> = handles
-        .into_iter()
-        .map(|h| h.join().expect("node").unwrap_or_else(|e| panic!("{e}")))
-        .collect();
+    let out: Vec<(DsmCounters, Vec<f64>)> = on_nodes_ok(nodes, move |l| node(l, warm, sweeps));
     let want = sequential(2 + 2 * nodes, warm + sweeps);
     let row_bytes = (COLS * 8) as u64;
     for (me, (d, mine)) in out.iter().enumerate() {

@@ -102,13 +102,9 @@ pub struct Ctx {
     /// runs: suspending then could let another filthread update the same
     /// copy, and one of the two updates would be lost.
     pub(crate) in_update: Cell<bool>,
-    /// Set while this processor runs fork-join filaments (a join may
-    /// suspend a filthread on another node's work): layers above keep
-    /// optimisations that are only sound within a phase's segments to
-    /// phases (see [`CtxExt::in_fork_join`](crate::layer::CtxExt::in_fork_join)).
-    pub(crate) fork_join: Cell<bool>,
     /// The phase running: its program's number and its index in the
-    /// program (see [`CtxExt::phase_key`](crate::layer::CtxExt::phase_key)).
+    /// program (see [`CtxExt::phase_key`](crate::layer::CtxExt::phase_key));
+    /// `u64::MAX` in fork-join mode.
     pub(crate) phase: Cell<u64>,
     pub(crate) iteration: Cell<u64>,
     /// The stack running now: its red zone (below which a join moves to a
@@ -167,7 +163,6 @@ impl Ctx {
             current: Cell::new(0),
             pool: Cell::new(0),
             in_update: Cell::new(false),
-            fork_join: Cell::new(false),
             phase: Cell::new(u64::MAX),
             iteration: Cell::new(0),
             bounds: Cell::new(StackBounds::default()),

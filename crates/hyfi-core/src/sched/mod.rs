@@ -176,9 +176,9 @@ impl Sched {
     /// this server thread is left suspended.
     fn run_fork_join(&mut self, ctx: &Ctx) {
         self.fork_join = true;
-        ctx.fork_join.set(true);
+        // Not in a phase: layers read it through `CtxExt::phase_key`.
+        ctx.phase.set(u64::MAX);
         self.fork_join_loop(ctx);
-        ctx.fork_join.set(false);
         self.fork_join = false;
     }
 

@@ -110,7 +110,7 @@ impl<T: Pod> DsmMatrix<T> {
     /// missing page of the block is requested at once.
     pub fn rows_view<'a>(&'a self, _ctx: &'a Ctx, r: Range<usize>) -> MatrixView<'a, T> {
         self.check_rows(&r);
-        self.sh.validate_rows(&r, self.cols, self.stride, false);
+        self.sh.validate_rows(&r, self.cols, self.stride);
         MatrixView {
             ptr: self.sh.base.wrapping_add(r.start * self.stride),
             rows: r,

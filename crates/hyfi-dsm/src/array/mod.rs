@@ -89,21 +89,17 @@ impl<T: Pod> Shared<T> {
         self.slow(lo, hi, false);
     }
 
-    /// Makes rows `r` valid here (writable if `write`): `cols` elements
+    /// Makes rows `r` readable here (a checked read): `cols` elements
     /// each, `stride` apart (a vector is rows of one element).
-    pub(crate) fn validate_rows(&self, r: &Range<usize>, cols: usize, stride: usize, write: bool) {
+    pub(crate) fn validate_rows(&self, r: &Range<usize>, cols: usize, stride: usize) {
         if r.is_empty() || cols == 0 {
             return;
         }
-        let (first, n) = (r.start * stride, (r.len() - 1) * stride + cols);
-        if write {
-            self.check_write(first, n);
-        } else {
-            self.check_read(first, n);
-        }
+        self.check_read(r.start * stride, (r.len() - 1) * stride + cols);
     }
 
-    /// The footprint of a view of rows `r` (as in [`Self::validate_rows`]):
+    /// The footprint of a view of rows `r` (`cols` elements each, `stride`
+    /// apart):
     /// the array's mode claimed for this access epoch, the pages made valid
     /// (or writable). `col` is the column a read-only claim names in
     /// messages ([`NONE`] for a vector). A write view is claimed as a view
@@ -120,22 +116,23 @@ impl<T: Pod> Shared<T> {
         write: bool,
         site: &'static std::panic::Location<'static>,
     ) -> Frame {
-        let mut plain = false;
+        let (mut plain, mut active) = (false, 0);
         if !write {
             self.seg.note_read_only(ctx.access_epoch(), (r.start, col));
-        } else if !r.is_empty() && cols > 0 {
-            let span = r.start * stride..(r.end - 1) * stride + cols;
-            let may = crate::plain::enabled() && !ctx.in_fork_join();
-            plain =
-                self.seg
-                    .note_view_write(ctx.access_epoch(), span, (site, ctx.phase_key()), may);
-            self.core.count_view(plain, ctx.proc());
         }
-        let mut active = 0;
         if !r.is_empty() && cols > 0 {
             let (first, n) = (r.start * stride, (r.len() - 1) * stride + cols);
+            if write {
+                // Plain stores only within phases (fork-join: `u64::MAX`).
+                let may = crate::plain::enabled() && ctx.phase_key() != u64::MAX;
+                let site = (site, ctx.phase_key());
+                plain = self
+                    .seg
+                    .note_view_write(ctx.access_epoch(), first..first + n, site, may);
+                self.core.count_view(plain, ctx.proc());
+            }
             let (lo, hi) = Self::pages_of(first, n);
-            self.validate_pages(lo, hi, write);
+            self.slow(lo, hi, write);
             if plain {
                 active = self.core.activate(&self.seg, lo, hi);
             }
@@ -156,16 +153,6 @@ impl<T: Pod> Shared<T> {
                 active,
             )
         }
-    }
-
-    /// Makes pages `lo..=hi` valid here (writable if `write`) without
-    /// claiming an access mode (a view claims its own).
-    fn validate_pages(&self, lo: usize, hi: usize, write: bool) {
-        let ok = |st: u8| if write { writable(st) } else { readable(st) };
-        if (lo..=hi).all(|p| ok(self.seg.state[p].load(Ordering::Acquire))) {
-            return;
-        }
-        self.core.ensure(&self.seg, lo, hi, write);
     }
 
     /// The runtime's access epoch now.

@@ -146,15 +146,10 @@ impl Core {
         count
     }
 
-    /// At an access epoch's end (no filament runs, so every view has
-    /// ended): reaps them all.
-    pub(crate) fn end_plain_epoch(&self) {
-        self.reap_plain();
-    }
-
     /// Forgets every ended registration and serves the requests that
-    /// waited for its pages.
-    pub(super) fn reap_plain(&self) {
+    /// waited for its pages (at an access epoch's end, when no filament
+    /// runs, that is every registration).
+    pub(crate) fn reap_plain(&self) {
         let free = {
             let mut inner = self.plain_views.lock();
             if inner.entries.is_empty() {

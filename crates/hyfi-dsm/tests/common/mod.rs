@@ -1,0 +1,56 @@
+//! What the in-process multi-node tests share: a node's runtime and DSM
+//! over an in-process link, and one thread per node.
+
+#![allow(dead_code)] // each test file uses what it needs
+
+use hyfi_core::layer::RuntimeExt;
+use std::sync::Arc;
+
+use hyfi_core::link::InProcess;
+use hyfi_core::{Config, NodeLink, Runtime};
+use hyfi_dsm::Dsm;
+
+/// One in-process node: a runtime of `procs` processors over `link`, and
+/// its DSM at a base of its own.
+pub fn start(link: &Arc<InProcess>, procs: usize) -> Result<(Runtime, Dsm), String> {
+    let rt = Runtime::with_link(
+        Config::new().procs(procs).pin(false),
+        link.clone() as Arc<dyn NodeLink>,
+    )
+    .map_err(|e| e.to_string())?;
+    let dsm = Dsm::with_base(&rt, None).map_err(|e| e.to_string())?;
+    Ok((rt, dsm))
+}
+
+/// Runs `node` on `n` in-process nodes, one thread each (1 MiB stacks:
+/// 256 of them fit anywhere); their results in node order.
+pub fn on_nodes<R: Send + 'static>(
+    n: usize,
+    node: impl Fn(Arc<InProcess>) -> R + Clone + Send + 'static,
+) -> Vec<R> {
+    let handles: Vec<_> = InProcess::connect(n)
+        .into_iter()
+        .map(|l| {
+            let node = node.clone();
+            std::thread::Builder::new()
+                .stack_size(1 << 20)
+                .spawn(move || node(l))
+                .expect("a thread per node")
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("node thread"))
+        .collect()
+}
+
+/// [`on_nodes`] for nodes that return a result: panics with the first error.
+pub fn on_nodes_ok<R: Send + 'static>(
+    n: usize,
+    node: impl Fn(Arc<InProcess>) -> Result<R, String> + Clone + Send + 'static,
+) -> Vec<R> {
+    on_nodes(n, node)
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
+        .collect()
+}
