@@ -14,12 +14,12 @@
 //! * **The end of a phase.** A [`PhaseEnd`] hook replaces the barrier at the
 //!   end of every phase (the DSM's release); fork-join runs end with
 //!   [`FORK_JOIN_PHASE`] as the phase index.
-//! * **Fork-join across nodes.** A [`Balancer`] is the cluster layer's side
-//!   (asking other nodes for work, sending results); an [`FjNode`] is the
-//!   runtime's side (exporting and installing [`PortableJob`]s, completing
-//!   shipped filaments, failing a run). [`Slot`] places a filament in the
-//!   start-up tree; [`Failure`] is a failure as it travels between nodes;
-//!   [`balance`] and [`remote`] describe the protocol.
+//! * **Fork-join across nodes.** hyfi-core carries it itself, over the
+//!   node seam: [`steal::install`] makes a runtime's fork-join runs span its
+//!   link's nodes (hyfi-net does so for every runtime of several nodes).
+//!   [`Slot`] places a filament in the start-up tree; [`Failure`] is a
+//!   failure as it travels between nodes; [`remote`] and [`steal`]
+//!   describe the protocol.
 //! * **Waiting.** A layer suspends a filthread until its page or message
 //!   arrives with [`filthread::suspend`], and records what it waits for with
 //!   [`waits::waiting`] (the SIGUSR1 hang report).
@@ -30,20 +30,21 @@
 //!   between several runtimes of one process (for protocol tests). The
 //!   shared memory and cross-node stealing ([`steal`]) use only the seam.
 //! * **Errors.** Each layer has its own error type ([`NetError`],
-//!   [`DsmError`]); a program sees them as [`crate::Error::Net`] and
-//!   [`crate::Error::Dsm`], with the layer's error as the source.
+//!   [`DsmError`]); a program sees them as [`crate::Error::Layer`], which
+//!   names the layer and has the layer's error as its source.
 //!
 //! * **A layer's side of `Runtime` and `Ctx`** ([`RuntimeExt`],
 //!   [`CtxExt`]): starting a runtime over a link, installing the phase-end
-//!   hook and the balancer, the per-phase access epoch the DSM keys its
-//!   views on. Extension traits, so that a program's `Runtime` shows only
+//!   hook, keeping a layer's state on the runtime
+//!   ([`RuntimeExt::set_layer_state`]), the per-phase access epoch the DSM
+//!   keys its views on. Extension traits, so that a program's `Runtime` shows only
 //!   the program's API: these methods exist for code that imports them.
 
 pub use hyfi_core::layer::{CtxExt, RuntimeExt};
-pub use hyfi_core::{balance, filthread, layer, link, remote, steal, waits};
+pub use hyfi_core::{filthread, layer, link, remote, steal, waits};
 pub use hyfi_core::{
-    is_registered, parse_size, Balancer, Failure, FjNode, LinkError, NodeLink, PhaseEnd,
-    PortableJob, SingleNode, Slot, Step, FORK_JOIN_PHASE,
+    is_registered, parse_size, Failure, LinkError, NodeLink, PhaseEnd, SingleNode, Slot, Step,
+    FORK_JOIN_PHASE,
 };
 pub use hyfi_dsm::DsmError;
 pub use hyfi_net::{Cluster, NetError};

@@ -43,7 +43,7 @@
 //! converts into [`Error`] with `?`, and its `Debug` is the message, so a
 //! `main` returning `Result<(), hyfi::Error>` prints what happened and what
 //! to change. The layer's own error stays reachable as the
-//! [`source`](std::error::Error::source) of [`Error::Net`] and [`Error::Dsm`].
+//! [`source`](std::error::Error::source) of [`Error::Layer`].
 //!
 //! ```
 //! use hyfi::{Config, Control, Ctx, Dsm, Op, Placement, PoolArray, Program, RemoteFn};
@@ -84,6 +84,7 @@
 //!         unreachable!("this job has one node")
 //!     };
 //!     let e = hyfi::Error::from(bad);
+//!     assert!(matches!(e, hyfi::Error::Layer { layer: "hyfi-dsm", .. }));
 //!     assert!(format!("{e:?}").contains("names node 5, but the job has 1 nodes"));
 //!     let src = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<hyfi::dsm::DsmError>());
 //!     assert!(matches!(src, Some(hyfi::dsm::DsmError::Placement(_))));
@@ -183,12 +184,6 @@ pub mod layers;
 /// use hyfi::NodeLink;
 /// ```
 /// ```compile_fail,E0432
-/// use hyfi::FjNode;
-/// ```
-/// ```compile_fail,E0432
-/// use hyfi::Balancer;
-/// ```
-/// ```compile_fail,E0432
 /// use hyfi::PhaseEnd;
 /// ```
 /// ```compile_fail,E0432
@@ -199,9 +194,6 @@ pub mod layers;
 /// ```
 /// ```compile_fail,E0432
 /// use hyfi::Step;
-/// ```
-/// ```compile_fail,E0432
-/// use hyfi::PortableJob;
 /// ```
 /// ```compile_fail,E0432
 /// use hyfi::Slot;
@@ -246,7 +238,7 @@ pub mod layers;
 /// ```
 /// ```compile_fail,E0599
 /// let rt = hyfi::Runtime::new(hyfi::Config::new().procs(1).pin(false)).unwrap();
-/// let _ = rt.fj_node();
+/// let _ = rt.layer_state::<u32>();
 /// ```
 /// ```compile_fail,E0599
 /// let cfg = hyfi::Config::new().procs(1).pin(false);
@@ -265,7 +257,7 @@ pub mod layers;
 /// let rt = hyfi::Runtime::with_link(cfg, std::sync::Arc::new(hyfi::layers::SingleNode)).unwrap();
 /// assert_eq!(rt.link().num_nodes(), 1);
 /// assert!(rt.phase_end().is_none());
-/// let _ = rt.fj_node();
+/// let _ = rt.layer_state::<u32>();
 /// let a = rt.run(|ctx| ctx.access_epoch()).unwrap();
 /// let b = rt.run(|ctx| ctx.access_epoch()).unwrap();
 /// assert_ne!(a, b, "every fork-join run begins a new access epoch");
@@ -276,8 +268,8 @@ pub mod layers;
 /// ```
 /// #[allow(unused_imports)]
 /// use hyfi::layers::{
-///     filthread, link, steal, waits, Balancer, Cluster, FjNode, LinkError, NodeLink, PhaseEnd,
-///     PortableJob, SingleNode, Slot, Step,
+///     filthread, link, steal, waits, Cluster, LinkError, NodeLink, PhaseEnd, SingleNode, Slot,
+///     Step,
 /// };
 /// ```
 #[cfg(doctest)]

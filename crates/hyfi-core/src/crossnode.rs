@@ -1,23 +1,24 @@
 //! Fork-join across nodes, the vocabulary: the plain data and state that
 //! the scheduler's core and the cross-node layer (`crate::remote`) share.
 //!
-//! A leaf: the core holds a node's cross-node state ([`NodeState`], in the
+//! The core holds a node's cross-node state ([`NodeState`], in the
 //! registry), a processor's start-up [`Slot`] and a serializable job's
-//! shipping table ([`RemoteVTable`]) without knowing the layer that fills
+//! shipping table ([`RemoteVTable`]) without knowing how the layer fills
 //! them in; the layer (`remote`: start-up distribution, `balance`, `steal`)
-//! builds on the core. What travels between nodes is here too: a shipped
-//! [`PortableJob`], a [`Failure`], and the [`Balancer`] seam through which
-//! the cluster layer moves them. The protocol is in `remote/README.md`.
+//! builds on the core. Of that layer the state names one thing, the node's
+//! fork-join messaging ([`Stealing`], installed by `steal::install`), which
+//! the scheduler calls to ask other nodes for work. A [`Failure`], which
+//! travels between nodes, is here too. The protocol is in
+//! `remote/README.md`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
-use crate::node::LinkError;
+use crate::remote::steal::Stealing;
 use crate::stats::RemoteStats;
 
 /// A place in the start-up tree: slot `slot`, at depth `depth`.
@@ -126,43 +127,6 @@ pub(crate) struct RemoteVTable {
     pub(crate) startup: unsafe fn(*const ()) -> Option<Slot>,
 }
 
-/// A filament on its way to another node: its function's name and encoded
-/// argument, and the token its home node completes it by.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct PortableJob {
-    /// Identifies the waiting parent on the home node.
-    pub token: u64,
-    /// The [`RemoteFn`](crate::RemoteFn)'s name.
-    pub name: String,
-    /// The bincode-encoded argument.
-    pub args: Vec<u8>,
-    /// The start-up slot it takes over, if it is a start-up filament.
-    pub startup: Option<Slot>,
-}
-
-/// What the cluster layer does for fork-join across nodes. Installed with
-/// [`RuntimeExt::set_balancer`](crate::layer::RuntimeExt::set_balancer); implemented by hyfi-net over its messages.
-/// No method may block.
-pub trait Balancer: Send + Sync + 'static {
-    /// Distributed run `run` begins on this node (runs are numbered 1, 2, ...
-    /// in the same order on every node). Messages of this run that came
-    /// early are to be handed over now.
-    fn begin(&self, run: u64);
-    /// Run `run` ended on this node.
-    fn end(&self, run: u64);
-    /// A processor of this node is idle and found no work on the node: ask
-    /// another node, unless a request is already out. Returns how long to
-    /// wait before asking again if nothing arrives (`None`: the answer
-    /// will wake the processor).
-    fn want_work(&self, run: u64) -> Option<Duration>;
-    /// Start-up distribution: `job` is for processor `proc` of `node`.
-    fn push(&self, node: usize, proc: usize, run: u64, job: PortableJob) -> Result<(), LinkError>;
-    /// The outcome of a filament that came from `node`, back to it.
-    fn send_result(&self, node: usize, run: u64, token: u64, outcome: Result<Vec<u8>, Failure>);
-    /// The root returned (node 0): tell every other node, with the encoded result.
-    fn finish(&self, run: u64, outcome: &Result<Vec<u8>, Failure>);
-}
-
 /// A filament shipped from this node, waiting for its result.
 pub(crate) struct Pending {
     pub(crate) ptr: *const (),
@@ -176,7 +140,8 @@ unsafe impl Send for Pending {}
 /// The cross-node fork-join state of one node.
 #[derive(Default)]
 pub(crate) struct NodeState {
-    pub(crate) balancer: OnceLock<Arc<dyn Balancer>>,
+    /// The node's fork-join messaging (several nodes; `steal::install`).
+    pub(crate) stealing: OnceLock<Arc<Stealing>>,
     /// The distributed run in progress, 0 if none.
     pub(crate) run: AtomicU64,
     pub(crate) next_run: AtomicU64,

@@ -1,7 +1,8 @@
 //! The one error type of hyfi-core, and of a hyfi program: the layers above
-//! (hyfi-net, hyfi-dsm) convert their errors into it ([`Error::Net`],
-//! [`Error::Dsm`]), so a `main` returning `Result<(), Error>` can `?` them
-//! all. Every message says what happened and what to change.
+//! (hyfi-net, hyfi-dsm, a layer of your own) convert their errors into it
+//! ([`Error::Layer`], whose source is the layer's own error), so a `main`
+//! returning `Result<(), Error>` can `?` them all. Every message says what
+//! happened and what to change.
 
 use std::io;
 
@@ -179,42 +180,52 @@ pub enum Error {
 
     /// A multi-node runtime has no cross-node fork-join layer.
     #[error(
-        "run_distributed on {nodes} nodes needs the cluster layer's balancer; start the runtime \
-         with hyfi::init (or install one with hyfi::layers::RuntimeExt::set_balancer)"
+        "run_distributed on {nodes} nodes needs the cluster layer's fork-join messaging; start \
+         the runtime with hyfi::init (or install it with hyfi::layers::steal::install)"
     )]
     NoBalancer {
         /// Nodes of the runtime.
         nodes: usize,
     },
 
-    /// A second balancer was installed on one runtime.
-    #[error("this runtime already has a cross-node balancer: install one per runtime")]
+    /// Cross-node fork-join was installed twice on one runtime
+    /// (`steal::install`).
+    #[error("this runtime already has cross-node fork-join: install it once per runtime")]
     BalancerTaken,
 
     /// A second phase-end hook was installed on one runtime.
     #[error("this runtime already has a phase-end hook (a DSM): create one DSM per runtime and share it")]
     PhaseEndTaken,
 
-    /// The cluster layer failed: this node could not start, find or keep
-    /// its peers (`hyfi::init`). Shows the layer's message; its
-    /// [`source`](std::error::Error::source) is the layer's error
-    /// (`hyfi_net::NetError`), for a caller that wants to match on it.
-    #[error("{0}")]
-    Net(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A layer stored a second state of one type on one runtime
+    /// (`RuntimeExt::set_layer_state`).
+    #[error(
+        "this runtime already has a layer state of type {state}: a layer sets up its state \
+         once per runtime and finds it again with RuntimeExt::layer_state"
+    )]
+    LayerStateTaken {
+        /// The state's type.
+        state: &'static str,
+    },
 
-    /// The shared memory failed: reserving the region, an allocation, a
-    /// placement (`Dsm::new`, `Dsm::vec`, `Dsm::matrix`). Shows the layer's
-    /// message; its [`source`](std::error::Error::source) is the layer's
-    /// error (`hyfi_dsm::DsmError`).
-    #[error("{0}")]
-    Dsm(#[source] Box<dyn std::error::Error + Send + Sync>),
-
-    /// A layer's setting is not valid (a `HYFI_*` variable, a node count):
-    /// what to change is in the message; the layer's error is the
-    /// [`source`](std::error::Error::source). Exit code 2, as every
-    /// configuration error ([`Error::exit_code`]).
-    #[error("{0}")]
-    Config(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A layer above this one failed: the cluster layer could not start,
+    /// find or keep this node's peers (`hyfi::init`), the shared memory
+    /// could not reserve its region or make an allocation (`Dsm::new`,
+    /// `Dsm::vec`), or a setting of the layer is not valid. Shows the
+    /// layer's message; its [`source`](std::error::Error::source) is the
+    /// layer's own error (`hyfi_net::NetError`, `hyfi_dsm::DsmError`), for
+    /// a caller that wants to match on it (downcast it).
+    #[error("{source}")]
+    Layer {
+        /// The layer, by its crate's name: `"hyfi-net"`, `"hyfi-dsm"`.
+        layer: &'static str,
+        /// Whether it is a setting to change (a `HYFI_*` variable, a node
+        /// count): a configuration error, exit code 2
+        /// ([`Error::exit_code`]).
+        config: bool,
+        /// The layer's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 
     /// The trace file (`HYFI_TRACE`, `Config::trace`) cannot be written:
     /// found when the runtime starts, not after the run.
@@ -240,7 +251,7 @@ impl Error {
                 | Error::TooManyProcs { .. }
                 | Error::BadEnv { .. }
                 | Error::BadStackSize { .. }
-                | Error::Config(_)
+                | Error::Layer { config: true, .. }
                 | Error::TraceFile { .. }
         )
     }

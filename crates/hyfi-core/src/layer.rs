@@ -19,10 +19,11 @@
 //! # Ok::<(), hyfi::Error>(())
 //! ```
 
+use std::any::{type_name, Any, TypeId};
+use std::collections::hash_map::{Entry, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
-use crate::balance::{Balancer, FjNode};
 use crate::config::Config;
 use crate::error::Error;
 use crate::node::{NodeLink, PhaseEnd};
@@ -35,8 +36,8 @@ mod sealed {
     impl Sealed for crate::sched::Ctx {}
 }
 
-/// A layer's side of a [`Runtime`]: starting one over a link, and
-/// installing the phase-end hook and the fork-join balancer.
+/// A layer's side of a [`Runtime`]: starting one over a link, installing
+/// the phase-end hook, and keeping the layer's own state on the runtime.
 pub trait RuntimeExt: sealed::Sealed + Sized {
     /// Starts a runtime whose node-level steps (barrier, cross-node
     /// reduction, SPMD step checks) go through `link`: how the cluster
@@ -59,14 +60,38 @@ pub trait RuntimeExt: sealed::Sealed + Sized {
     /// writes). Read it `Relaxed`: it changes only while no filament runs.
     fn access_epoch_counter(&self) -> Arc<AtomicU64>;
 
-    /// Installs the cluster layer's side of fork-join across nodes (see
-    /// [`Balancer`]). One per runtime: a second returns
-    /// [`Error::BalancerTaken`].
-    fn set_balancer(&self, b: Arc<dyn Balancer>) -> Result<(), Error>;
+    /// Keeps `state` on this runtime, under its type `T`, for as long as
+    /// the runtime lives: how a layer finds what it set up on a runtime
+    /// again (hyfi-dsm: its shared memory, so that a second `Dsm::new` on
+    /// the runtime returns the same one) without the runtime knowing the
+    /// layer. Key it on a type of the layer's own (crate-private), which no
+    /// other layer can name. One per type and runtime: a second returns
+    /// [`Error::LayerStateTaken`] and keeps the first.
+    ///
+    /// Not the program's [`Runtime::share`]: that is reachable from every
+    /// filament and replaceable; this is neither.
+    ///
+    /// ```
+    /// use hyfi::layers::RuntimeExt;
+    /// use std::sync::Arc;
+    ///
+    /// struct MyLayer {
+    ///     pages: usize,
+    /// }
+    /// let rt = hyfi::Runtime::new(hyfi::Config::new().procs(1).pin(false))?;
+    /// assert!(rt.layer_state::<MyLayer>().is_none());
+    /// rt.set_layer_state(Arc::new(MyLayer { pages: 4 }))?;
+    /// assert_eq!(rt.layer_state::<MyLayer>().map(|s| s.pages), Some(4));
+    /// let again = rt.set_layer_state(Arc::new(MyLayer { pages: 8 }));
+    /// assert!(matches!(again, Err(hyfi::Error::LayerStateTaken { .. })));
+    /// assert_eq!(rt.layer_state::<MyLayer>().map(|s| s.pages), Some(4));
+    /// # Ok::<(), hyfi::Error>(())
+    /// ```
+    fn set_layer_state<T: Any + Send + Sync>(&self, state: Arc<T>) -> Result<(), Error>;
 
-    /// The handle through which the cluster layer moves this node's
-    /// filaments (see [`FjNode`]).
-    fn fj_node(&self) -> FjNode;
+    /// The state of type `T` a layer keeps on this runtime (see
+    /// [`set_layer_state`](RuntimeExt::set_layer_state)), if any.
+    fn layer_state<T: Any + Send + Sync>(&self) -> Option<Arc<T>>;
 }
 
 impl RuntimeExt for Runtime {
@@ -93,16 +118,39 @@ impl RuntimeExt for Runtime {
         self.shared.access_epoch.clone()
     }
 
-    fn set_balancer(&self, b: Arc<dyn Balancer>) -> Result<(), Error> {
-        self.shared
-            .fj
-            .balancer
-            .set(b)
-            .map_err(|_| Error::BalancerTaken)
+    fn set_layer_state<T: Any + Send + Sync>(&self, state: Arc<T>) -> Result<(), Error> {
+        self.shared.layer_states.set(state)
     }
 
-    fn fj_node(&self) -> FjNode {
-        FjNode(Arc::downgrade(&self.shared))
+    fn layer_state<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.shared.layer_states.get()
+    }
+}
+
+/// The layers' states on one runtime ([`RuntimeExt::set_layer_state`]),
+/// one per type. Set once per type, so a value handed out stays the one
+/// stored.
+#[derive(Default)]
+pub(crate) struct LayerStates(RwLock<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>);
+
+impl LayerStates {
+    fn set<T: Any + Send + Sync>(&self, state: Arc<T>) -> Result<(), Error> {
+        let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
+        match map.entry(TypeId::of::<T>()) {
+            Entry::Vacant(v) => {
+                v.insert(state);
+                Ok(())
+            }
+            Entry::Occupied(_) => Err(Error::LayerStateTaken {
+                state: type_name::<T>(),
+            }),
+        }
+    }
+
+    fn get<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        let map = self.0.read().unwrap_or_else(|e| e.into_inner());
+        // Stored under `T`'s id, so the downcast succeeds.
+        map.get(&TypeId::of::<T>())?.clone().downcast::<T>().ok()
     }
 }
 

@@ -15,7 +15,7 @@
 //!   every processor is busy. See [`Runtime::run`]. Filaments forked with
 //!   [`Ctx::join_remote`] (a [`RemoteFn`] of serde types) may also run on
 //!   other nodes, with [`Runtime::run_distributed`] (see [`remote`] and
-//!   [`balance`]: start-up distribution, cross-node stealing, termination).
+//!   [`steal`]: start-up distribution, cross-node stealing, termination).
 //!
 //! Jacobi iteration, the paper's Figure 1–2 program, checked against a
 //! sequential loop:
@@ -108,14 +108,10 @@ mod stats;
 pub mod trace;
 pub mod waits;
 
-/// Fork-join across nodes, the node's side (now `remote::balance`; kept at
-/// this path).
-pub use remote::balance;
 /// Fork-join across nodes, the messaging side (now `remote::steal`; kept
 /// at this path).
 pub use remote::steal;
 
-pub use balance::{Balancer, FjNode, PortableJob};
 /// Re-exported so reduction variables of your own `#[repr(C)]` types need
 /// no direct dependency: derive with
 /// `#[derive(Clone, Copy, hyfi::bytemuck::Pod, hyfi::bytemuck::Zeroable)]`

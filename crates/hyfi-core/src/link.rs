@@ -61,9 +61,11 @@
 //!
 //! let nodes = InProcess::connect(2);
 //! let log = Arc::new(Log::default());
-//! nodes[1].set_service(ServiceId::Steal, log.clone()).unwrap();
+//! // A layer owns its service's number and name.
+//! const LOG: ServiceId = ServiceId::new(100, "a log");
+//! nodes[1].set_service(LOG, log.clone()).unwrap();
 //! let port = nodes[0].port().unwrap();
-//! port.send_bytes(1, ServiceId::Steal, Class::Control, b"hello").unwrap();
+//! port.send_bytes(1, LOG, Class::Control, b"hello").unwrap();
 //! // Delivery is asynchronous, on node 1's delivery thread.
 //! while log.0.lock().unwrap().is_empty() {
 //!     std::thread::yield_now();
@@ -71,10 +73,14 @@
 //! assert_eq!(log.0.lock().unwrap()[0], (0, b"hello".to_vec()));
 //! ```
 
+pub mod collective;
 mod in_process;
+mod services;
 pub mod spmd;
 
 pub use in_process::InProcess;
+pub(crate) use services::registered_name;
+pub use services::{ServiceError, ServiceTable};
 pub use spmd::{StepError, Steps};
 
 // The seam's types are defined next to `NodeLink`, which hands them out

@@ -166,10 +166,7 @@ impl std::fmt::Display for Step {
             ),
             Step::Distributed { seq } => write!(f, "called run_distributed (#{seq})"),
             Step::Start { program } => write!(f, "started program #{program}"),
-            Step::Setup { layer } => match layer {
-                ServiceId::Dsm => write!(f, "set up {layer} (Dsm::new)"),
-                ServiceId::Steal => write!(f, "set up {layer}"),
-            },
+            Step::Setup { layer } => write!(f, "set up {layer}"),
         }
     }
 }
@@ -188,9 +185,6 @@ pub trait PhaseEnd: Send + Sync + 'static {
     /// phase's filaments, after its post-phase code, and before a new
     /// command (program or fork-join run) begins. No filament runs then.
     fn access_epoch_ended(&self) {}
-    /// The hook as `Any`, so its layer can find its own state again on a
-    /// runtime it already set up.
-    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// The link of a one-node run.
@@ -227,39 +221,68 @@ pub enum Class {
     Bulk,
 }
 
-/// The services a node runs, by name: the one place their numbers are
-/// agreed on (the number is what the transport puts on the wire).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum ServiceId {
-    /// The shared memory (hyfi-dsm): page requests, pages, releases.
-    Dsm = 1,
-    /// Fork-join across nodes ([`crate::steal`]): start-up distribution,
-    /// steals, results, termination.
-    Steal = 2,
+/// A service's number on the wire and its name in messages. Each layer
+/// owns its own: hyfi-dsm's `hyfi_dsm::SERVICE`, cross-node stealing's
+/// [`crate::steal::SERVICE`], the seam's collectives'
+/// [`crate::link::collective::SERVICE`]. The seam names none of them; two
+/// layers that chose the same number find out when the second registers
+/// ([`NodeLink::set_service`] refuses it).
+///
+/// Equality and hashing look at the number only: a step that came over
+/// the wire ([`Step::from_words`]) names its layer by number.
+#[derive(Clone, Copy, Debug)]
+pub struct ServiceId {
+    number: u8,
+    name: &'static str,
 }
 
 impl ServiceId {
-    /// Every service.
-    pub const ALL: [ServiceId; 2] = [ServiceId::Dsm, ServiceId::Steal];
+    /// The service numbered `number` (1 to 127; 0 and 128 up are the
+    /// transports' own), called `name` in messages ("the shared memory").
+    pub const fn new(number: u8, name: &'static str) -> ServiceId {
+        assert!(number > 0 && number < 128, "a service's number is 1 to 127");
+        ServiceId { number, name }
+    }
 
     /// The service's number on the wire (below 128).
     pub const fn number(self) -> u8 {
-        self as u8
+        self.number
     }
 
-    /// The service numbered `n`, if any.
+    /// The service's name, for messages.
+    pub const fn name(self) -> &'static str {
+        self.name
+    }
+
+    /// The service numbered `n`, named as it was registered on this node
+    /// (see [`crate::link::ServiceTable`]) or else by its number; `None`
+    /// for a number no service may have.
     pub fn from_number(n: u8) -> Option<ServiceId> {
-        ServiceId::ALL.into_iter().find(|s| s.number() == n)
+        if n == 0 || n >= 128 {
+            return None;
+        }
+        let name = crate::link::registered_name(n).unwrap_or("an unregistered service");
+        Some(ServiceId { number: n, name })
+    }
+}
+
+impl PartialEq for ServiceId {
+    fn eq(&self, other: &Self) -> bool {
+        self.number == other.number
+    }
+}
+
+impl Eq for ServiceId {}
+
+impl std::hash::Hash for ServiceId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.number.hash(state)
     }
 }
 
 impl std::fmt::Display for ServiceId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ServiceId::Dsm => write!(f, "the shared memory"),
-            ServiceId::Steal => write!(f, "fork-join across nodes"),
-        }
+        f.write_str(self.name)
     }
 }
 
@@ -367,6 +390,9 @@ pub type Report = Box<dyn Fn() -> Option<String> + Send + Sync>;
 mod tests {
     use super::*;
 
+    const DSM: ServiceId = ServiceId::new(1, "the shared memory");
+    const STEAL: ServiceId = ServiceId::new(2, "fork-join across nodes");
+
     #[test]
     fn steps_round_trip_and_a_setup_names_its_layer() {
         let steps = [
@@ -382,25 +408,19 @@ mod tests {
             },
             Step::Start { program: 1 },
             Step::Distributed { seq: 1 },
-            Step::Setup {
-                layer: ServiceId::Dsm,
-            },
-            Step::Setup {
-                layer: ServiceId::Steal,
-            },
+            Step::Setup { layer: DSM },
+            Step::Setup { layer: STEAL },
         ];
         for s in steps {
             assert_eq!(Step::from_words(s.to_words()), Some(s), "{s}");
         }
         // The shared memory's set-up is service 1 on the wire, as before.
-        let dsm = Step::Setup {
-            layer: ServiceId::Dsm,
-        };
+        let dsm = Step::Setup { layer: DSM };
         assert_eq!(dsm.to_words(), [4, 1, 0, 0]);
-        assert_eq!(dsm.to_string(), "set up the shared memory (Dsm::new)");
-        // A layer no service has is no step, nor is a word that is service
+        assert_eq!(dsm.to_string(), "set up the shared memory");
+        // A number no service may have is no step, nor is a word that is service
         // 1 only in its low byte.
-        assert_eq!(Step::from_words([4, 99, 0, 0]), None);
+        assert_eq!(Step::from_words([4, 200, 0, 0]), None);
         assert_eq!(Step::from_words([4, 0x101, 0, 0]), None);
     }
 }

@@ -110,6 +110,8 @@ pub(crate) struct Shared {
     pub(crate) cfg: Config,
     pub(crate) link: Arc<dyn NodeLink>,
     pub(crate) phase_end: OnceLock<Arc<dyn PhaseEnd>>,
+    /// What the layers above keep on this runtime (`RuntimeExt::set_layer_state`).
+    pub(crate) layer_states: crate::layer::LayerStates,
     pub(crate) workers: Vec<CachePadded<WorkerShared>>,
     pub(crate) stealers: Vec<Stealer<JobRef>>,
     pub(crate) injector: Injector<JobRef>,
@@ -146,6 +148,7 @@ impl Shared {
             procs,
             link,
             phase_end: OnceLock::new(),
+            layer_states: Default::default(),
             workers: (0..procs)
                 .map(|_| CachePadded::new(WorkerShared::new()))
                 .collect(),

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hyfi_core::link::{FrameError, InProcess, Service, ServiceId};
+use hyfi_core::link::{FrameError, InProcess, Service};
 use hyfi_core::{Config, Control, NodeLink, PoolArray, Program, Runtime, Step};
 
 /// Runs `body(node, link)` on one thread per node and returns what each
@@ -191,7 +191,7 @@ fn faulty_job(block: bool, limit: Duration) -> Vec<String> {
                 block,
                 release: release.clone(),
             };
-            link.set_service(ServiceId::Steal, Arc::new(faulty))
+            link.set_service(hyfi_core::steal::SERVICE, Arc::new(faulty))
                 .expect("register");
             // Every node registered before anything is sent: an early
             // message would be handled (and fail) in `set_service` instead.
@@ -200,7 +200,7 @@ fn faulty_job(block: bool, limit: Duration) -> Vec<String> {
                 let port = link.port().expect("a port");
                 port.send_with(
                     1,
-                    ServiceId::Steal,
+                    hyfi_core::steal::SERVICE,
                     hyfi_core::link::Class::Control,
                     3,
                     &mut |b| b.extend_from_slice(b"abc"),

@@ -379,9 +379,11 @@ fn stealing_needs_a_link_with_services() {
         }
         fn failed(&self, _: &str) {}
     }
-    links[0].set_service(ServiceId::Dsm, Arc::new(Nop)).unwrap();
+    links[0]
+        .set_service(ServiceId::new(1, "a test service"), Arc::new(Nop))
+        .unwrap();
     let e = links[0]
-        .set_service(ServiceId::Dsm, Arc::new(Nop))
+        .set_service(ServiceId::new(1, "a test service"), Arc::new(Nop))
         .unwrap_err();
     assert!(e.to_string().contains("twice"), "{e}");
     // Dropping the nodes one after the other must not hang: each waits

@@ -119,14 +119,18 @@ impl std::fmt::Debug for DsmError {
 
 /// Into the program's one error type (`hyfi::Error`): a refusal of the
 /// runtime is that error again; any other failure becomes
-/// [`hyfi_core::Error::Dsm`], which shows this message and has this error as
-/// its source.
+/// [`hyfi_core::Error::Layer`] of layer `"hyfi-dsm"`, which shows this
+/// message and has this error as its source (a configuration error for a
+/// bad `HYFI_*` setting).
 impl From<DsmError> for hyfi_core::Error {
     fn from(e: DsmError) -> Self {
         match e {
             DsmError::Core(e) => e,
-            e @ DsmError::BadEnv { .. } => hyfi_core::Error::Config(Box::new(e)),
-            e => hyfi_core::Error::Dsm(Box::new(e)),
+            e => hyfi_core::Error::Layer {
+                layer: "hyfi-dsm",
+                config: matches!(e, DsmError::BadEnv { .. }),
+                source: Box::new(e),
+            },
         }
     }
 }
@@ -140,7 +144,15 @@ mod tests {
         let dsm = DsmError::Placement("Node(5) names node 5, but the job has 1 nodes".into());
         let msg = dsm.to_string();
         let e = hyfi_core::Error::from(dsm);
-        assert!(matches!(e, hyfi_core::Error::Dsm(_)));
+        assert!(matches!(
+            e,
+            hyfi_core::Error::Layer {
+                layer: "hyfi-dsm",
+                config: false,
+                ..
+            }
+        ));
+        assert_eq!(e.exit_code(), 1);
         assert_eq!(e.to_string(), msg);
         assert_eq!(format!("{e:?}"), msg);
         let src = std::error::Error::source(&e).expect("the layer's error is the source");
@@ -148,6 +160,22 @@ mod tests {
             src.downcast_ref::<DsmError>(),
             Some(DsmError::Placement(_))
         ));
+
+        // A setting to change is a configuration error: exit code 2.
+        let e = hyfi_core::Error::from(DsmError::BadEnv {
+            var: "HYFI_DSM_SIZE",
+            value: "lots".into(),
+            expected: "a size",
+        });
+        assert!(matches!(
+            e,
+            hyfi_core::Error::Layer {
+                layer: "hyfi-dsm",
+                config: true,
+                ..
+            }
+        ));
+        assert_eq!(e.exit_code(), 2);
 
         let core = hyfi_core::Error::from(DsmError::Core(hyfi_core::Error::PhaseEndTaken));
         assert!(matches!(core, hyfi_core::Error::PhaseEndTaken));

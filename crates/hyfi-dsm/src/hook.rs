@@ -26,7 +26,4 @@ impl hyfi_core::PhaseEnd for Hook {
             seg.end_access_epoch();
         }
     }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
 }

@@ -127,6 +127,10 @@ use hyfi_core::{NodeLink, Runtime};
 pub use alloc::{MatrixAlloc, Placement, VecAlloc};
 pub use array::{DsmMatrix, DsmVec, MatrixView, View, ViewMut};
 pub use error::DsmError;
+
+/// The shared memory's service on the node link: its number on the wire,
+/// owned by this layer (see [`ServiceId`]).
+pub const SERVICE: ServiceId = ServiceId::new(1, "the shared memory");
 pub use footprint::{ReadRange, ReadRows, RowWriter, WriteRange, WriteRows};
 pub use region::{DEFAULT_ADDR, DEFAULT_SIZE, PAGE};
 
@@ -188,13 +192,8 @@ impl Dsm {
 
     fn create(rt: &Runtime, base: Base) -> Result<Dsm, DsmError> {
         let link = rt.link().clone();
-        if let Some(h) = rt.phase_end() {
-            if let Some(Hook(core)) = h.as_any().downcast_ref::<Hook>() {
-                return Ok(Dsm {
-                    core: core.clone(),
-                    link,
-                });
-            }
+        if let Some(core) = rt.layer_state::<Core>() {
+            return Ok(Dsm { core, link });
         }
         let (me, nodes) = (link.my_node(), link.num_nodes());
         plain::configure()?;
@@ -253,7 +252,7 @@ impl Dsm {
             rt.access_epoch_counter(),
         ));
         if nodes > 1 {
-            link.set_service(ServiceId::Dsm, core.clone())
+            link.set_service(SERVICE, core.clone())
                 .map_err(DsmError::Link)?;
             // SIGUSR1 prints the DSM's counters with the node's traffic.
             let weak = Arc::downgrade(&core);
@@ -262,10 +261,11 @@ impl Dsm {
             }));
         }
         rt.set_phase_end(Arc::new(Hook(core.clone())))?;
-        link.enter_step(hyfi_core::Step::Setup {
-            layer: ServiceId::Dsm,
-        })
-        .map_err(DsmError::Link)?;
+        // Found again by a later `Dsm::new` on this runtime. The hook just
+        // went in, so this is the runtime's first DSM.
+        rt.set_layer_state(core.clone())?;
+        link.enter_step(hyfi_core::Step::Setup { layer: SERVICE })
+            .map_err(DsmError::Link)?;
         // Nobody sends a page request before every page server is in.
         link.barrier().map_err(DsmError::Link)?;
         Ok(Dsm { core, link })

@@ -193,9 +193,6 @@ fn a_second_phase_end_hook_is_refused() {
         ) -> Result<(), hyfi_core::LinkError> {
             Ok(())
         }
-        fn as_any(&self) -> &dyn std::any::Any {
-            self
-        }
     }
     let e = rt.set_phase_end(std::sync::Arc::new(Other)).err().unwrap();
     assert!(

@@ -306,7 +306,7 @@ static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
 
 /// Keeps the message of every panic (then runs the hook that was there),
 /// so that a node whose program panics can tell its peers why.
-fn record_panics() {
+pub(crate) fn record_panics() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let prev = std::panic::take_hook();
@@ -329,6 +329,6 @@ fn record_panics() {
     });
 }
 
-fn last_panic() -> Option<String> {
+pub(crate) fn last_panic() -> Option<String> {
     LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }

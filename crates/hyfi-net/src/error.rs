@@ -260,16 +260,18 @@ impl NetError {
 
 /// Into the program's one error type (`hyfi::Error`): a refusal of the
 /// single-node runtime is that error again; any other failure becomes
-/// [`hyfi_core::Error::Net`], which shows this message and has this error as
-/// its source.
+/// [`hyfi_core::Error::Layer`] of layer `"hyfi-net"`, which shows this
+/// message and has this error as its source (a configuration error when
+/// its cause is a setting to change).
 impl From<NetError> for hyfi_core::Error {
     fn from(e: NetError) -> Self {
         match e {
             NetError::Core(e) => e,
-            e if e.cause_kind() == crate::cause::CauseKind::Config => {
-                hyfi_core::Error::Config(Box::new(e))
-            }
-            e => hyfi_core::Error::Net(Box::new(e)),
+            e => hyfi_core::Error::Layer {
+                layer: "hyfi-net",
+                config: e.cause_kind() == crate::cause::CauseKind::Config,
+                source: Box::new(e),
+            },
         }
     }
 }
@@ -306,7 +308,14 @@ mod tests {
         };
         let msg = net.to_string();
         let e = hyfi_core::Error::from(net);
-        assert!(matches!(e, hyfi_core::Error::Net(_)));
+        assert!(matches!(
+            e,
+            hyfi_core::Error::Layer {
+                layer: "hyfi-net",
+                config: false,
+                ..
+            }
+        ));
         assert_eq!(e.to_string(), msg);
         assert_eq!(format!("{e:?}"), msg);
         assert_eq!(e.exit_code(), 1);
@@ -318,7 +327,14 @@ mod tests {
 
         // A setting to change is a configuration error: exit code 2.
         let e = hyfi_core::Error::from(NetError::DuplicateRank { rank: 3 });
-        assert!(matches!(e, hyfi_core::Error::Config(_)));
+        assert!(matches!(
+            e,
+            hyfi_core::Error::Layer {
+                layer: "hyfi-net",
+                config: true,
+                ..
+            }
+        ));
         assert_eq!(e.exit_code(), 2);
         let src = std::error::Error::source(&e).expect("the layer's error is the source");
         assert!(matches!(

@@ -30,6 +30,8 @@ pub mod comm;
 mod error;
 pub mod launch;
 pub mod mesh;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod refusal;
 pub mod rendezvous;
 pub mod signals;
@@ -67,6 +69,9 @@ pub fn init_with(cfg: Config) -> Result<Runtime, NetError> {
 /// (a `--nodes N` option): with no launcher around it acts as `HYFI_NODES=N`;
 /// under a launcher it must agree with the launcher's node count.
 pub fn init_nodes(cfg: Config, nodes: Option<usize>) -> Result<Runtime, NetError> {
+    if Transport::from_env()? == Transport::Mpi {
+        return mpi_member(cfg, nodes);
+    }
     let detected = match (bootstrap::detect_env()?, nodes) {
         (bootstrap::Detected::Single | bootstrap::Detected::LaunchLocal { .. }, Some(n))
             if n > 1 =>
@@ -125,6 +130,97 @@ fn member(cfg: Config, spec: bootstrap::JobSpec) -> Result<Runtime, NetError> {
     }
 }
 
+/// How a job's nodes talk to each other: `HYFI_TRANSPORT`.
+///
+/// * `tcp`: hyfi's own transport, over sockets (hyfi-net's [`Cluster`]);
+///   works under every launcher, hyfi's own included.
+/// * `mpi`: over MPI point-to-point ([`mpi`](crate#mpi), with the `mpi`
+///   cargo feature), for a job started by `mpirun` or `srun`: whatever the
+///   site's MPI drives (shared memory, InfiniBand, RoCE, ...) carries it.
+///
+/// The default is `mpi` when the feature is built in *and* an MPI launcher
+/// started the process (Open MPI's, PMI's or PMIx's variables are set):
+/// whoever built the program with MPI and launched it with `mpirun` wants
+/// MPI's fabric, and an MPI launcher's processes may not reach each other
+/// over TCP at all (a cluster's compute network is often not IP). It is
+/// `tcp` otherwise: hyfi's own launcher (`--nodes`, `HYFI_NODES`,
+/// `hyfi-run`) starts no MPI job, and the default build carries no MPI.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Sockets.
+    Tcp,
+    /// MPI point-to-point.
+    Mpi,
+}
+
+impl Transport {
+    /// The transport `HYFI_TRANSPORT` names, or the default (see the type's
+    /// docs); an error for any other value, or for `mpi` in a build without
+    /// the feature.
+    pub fn from_env() -> Result<Transport, NetError> {
+        let Ok(v) = std::env::var("HYFI_TRANSPORT") else {
+            return Ok(if cfg!(feature = "mpi") && under_mpi_launcher() {
+                Transport::Mpi
+            } else {
+                Transport::Tcp
+            });
+        };
+        match v.trim() {
+            "tcp" => Ok(Transport::Tcp),
+            "mpi" if cfg!(feature = "mpi") => Ok(Transport::Mpi),
+            "mpi" => Err(NetError::BadEnv {
+                var: "HYFI_TRANSPORT",
+                value: v,
+                expected: "tcp: this program was built without hyfi's `mpi` feature (build \
+                           it with `--features mpi` to run over MPI)",
+            }),
+            _ => Err(NetError::BadEnv {
+                var: "HYFI_TRANSPORT",
+                value: v,
+                expected: "tcp or mpi",
+            }),
+        }
+    }
+}
+
+/// Whether an MPI launcher (Open MPI's `mpirun`, a PMI or PMIx launcher
+/// such as MPICH's hydra or `srun --mpi=pmix`) started this process.
+fn under_mpi_launcher() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+}
+
+/// Starts this node's part of a job over MPI.
+#[cfg(feature = "mpi")]
+fn mpi_member(cfg: Config, nodes: Option<usize>) -> Result<Runtime, NetError> {
+    if !under_mpi_launcher() {
+        return Err(NetError::BadEnv {
+            var: "HYFI_TRANSPORT",
+            value: "mpi".into(),
+            expected: "tcp outside an MPI launcher: start the program with `mpirun -np N` \
+                       (or `srun --mpi=pmix`) to run it over MPI",
+        });
+    }
+    cfg.check()?;
+    let cfg = match bootstrap::local_share()? {
+        Some((index, count)) if cfg.get_cpu_share().is_none() => cfg.cpu_share(index, count),
+        _ => cfg,
+    };
+    signals::block_async_signals()?;
+    let link = mpi::MpiLink::start(nodes, heartbeat()?)?;
+    link.handle_signals()?;
+    let rt = Runtime::with_link(cfg, link.clone())?;
+    link.set_runtime_stats(rt.stats_handle());
+    hyfi_core::steal::install(&rt)?;
+    Ok(rt)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_member(_: Config, _: Option<usize>) -> Result<Runtime, NetError> {
+    unreachable!("Transport::from_env refuses mpi without the feature")
+}
+
 /// Checks every setting of this layer and the runtime's that a node reads
 /// (`HYFI_PROCS`, `HYFI_PIN`, `HYFI_PRUNE`, `HYFI_STACK_SIZE`,
 /// `HYFI_TIMEOUT`, `HYFI_HEARTBEAT`, `HYFI_PROGRESS`): the
@@ -132,6 +228,7 @@ fn member(cfg: Config, spec: bootstrap::JobSpec) -> Result<Runtime, NetError> {
 /// error, exit code 2, not one per node.
 pub fn check_env() -> Result<(), NetError> {
     Config::from_env()?.check()?;
+    Transport::from_env()?;
     heartbeat()?;
     setup_timeout()?;
     const PROGRESS: [&str; 9] = ["auto", "off", "0", "no", "force", "on", "1", "yes", "lines"];

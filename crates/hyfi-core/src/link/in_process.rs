@@ -4,8 +4,9 @@
 //! Each node has a mailbox (a control queue and a bulk queue) and a
 //! delivery thread that plays the communication thread's part: it takes
 //! control messages first, then bulk ones, each class in order, and hands
-//! them to the node's services. Collectives meet in one shared state
-//! (combined in node order, so results are reproducible). A node whose
+//! them to the node's services. Collectives run the seam's algorithm
+//! ([`super::collective`], so results are bit-identical to TCP's and
+//! MPI's), their messages meeting in one shared state. A node whose
 //! [`InProcess`] is dropped says goodbye to every peer behind everything it
 //! sent (the services' `peer_left`); its delivery thread keeps serving its
 //! peers until every node has left, as a TCP node does after its program
@@ -38,8 +39,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::collective::{self, Channel, Dir};
+use super::services::{ServiceError, ServiceTable};
 use super::spmd::Steps;
-use super::{Class, ClassTraffic, FrameError, Port, Report, Service, ServiceId, Traffic};
+use super::{Class, ClassTraffic, Port, Report, Service, ServiceId, Traffic};
 use crate::node::{LinkError, NodeLink, Step};
 
 /// How long a delivery thread may spend in one message before its peers
@@ -66,12 +69,6 @@ struct Queues {
     control: VecDeque<Frame>,
     bulk: VecDeque<Frame>,
     stop: bool,
-}
-
-enum Slot {
-    /// Messages that came before the service was registered.
-    Pending(Vec<(usize, Vec<u8>)>),
-    Ready(Arc<dyn Service>),
 }
 
 /// Counters by class: index 0 control, 1 bulk.
@@ -105,7 +102,7 @@ impl Counters {
 struct Mailbox {
     q: Mutex<Queues>,
     cv: Condvar,
-    services: Mutex<HashMap<ServiceId, Slot>>,
+    services: ServiceTable,
     counters: Counters,
     /// This node's SPMD steps and its ring predecessor's.
     steps: Mutex<Steps>,
@@ -119,7 +116,7 @@ impl Mailbox {
         Mailbox {
             q: Mutex::default(),
             cv: Condvar::new(),
-            services: Mutex::default(),
+            services: ServiceTable::new(),
             counters: Counters::default(),
             steps: Mutex::new(Steps::new(me)),
             busy: Mutex::new(None),
@@ -129,10 +126,9 @@ impl Mailbox {
 
 /// The collectives' meeting point, the failure, and who has left.
 struct State {
-    gen: u64,
-    arrived: usize,
-    values: Vec<Vec<u8>>,
-    result: Vec<u8>,
+    /// Collective messages not yet taken, by (receiver, sender, sequence
+    /// number, direction).
+    coll: HashMap<(usize, usize, u64, Dir), Vec<u8>>,
     failed: Option<String>,
     left: Vec<bool>,
 }
@@ -170,9 +166,7 @@ impl Hub {
             self.cv.notify_all();
         }
         for mb in &self.nodes {
-            for s in ready(mb) {
-                s.failed(&why);
-            }
+            mb.services.fail_all(&why);
         }
     }
 
@@ -201,17 +195,6 @@ impl Hub {
     }
 }
 
-/// The services registered so far on `mb`.
-fn ready(mb: &Mailbox) -> Vec<Arc<dyn Service>> {
-    lock(&mb.services)
-        .values()
-        .filter_map(|s| match s {
-            Slot::Ready(s) => Some(s.clone()),
-            Slot::Pending(_) => None,
-        })
-        .collect()
-}
-
 /// One node's delivery thread: control first, then bulk, until stopped
 /// with empty queues.
 fn deliver(hub: Arc<Hub>, me: usize) {
@@ -233,29 +216,14 @@ fn deliver(hub: Arc<Hub>, me: usize) {
             return;
         };
         match item {
-            Item::Bye => {
-                for s in ready(mb) {
-                    s.peer_left(from);
-                }
-            }
+            Item::Bye => mb.services.peer_left(from),
             Item::Msg { service, payload } => {
                 mb.counters.received[ix(class)].fetch_add(1, Ordering::Relaxed);
                 mb.counters.bytes_received[ix(class)]
                     .fetch_add(payload.len() as u64, Ordering::Relaxed);
-                // The lock is held while the handler runs, so messages
-                // reach the service in the order they came.
-                let mut slots = lock(&mb.services);
-                let r = match slots
-                    .entry(service)
-                    .or_insert_with(|| Slot::Pending(Vec::new()))
-                {
-                    Slot::Pending(v) => {
-                        v.push((from, payload));
-                        Ok(())
-                    }
-                    Slot::Ready(s) => handle(mb, &**s, service, from, payload),
-                };
-                drop(slots);
+                let r = handle(mb, service, from, || {
+                    mb.services.deliver(from, service.number(), payload)
+                });
                 if let Err(why) = r {
                     hub.fail(format!("node {me}: {service} of node {from}: {why}"));
                 }
@@ -264,20 +232,22 @@ fn deliver(hub: Arc<Hub>, me: usize) {
     }
 }
 
-/// Hands `payload` to `s`, marked busy for the watchdog. A panicking
-/// handler must not end the delivery thread silently (its peers would wait
-/// forever): it is an error with the panic's message.
+/// Runs `f` (a delivery to `service`'s handler), marked busy for the
+/// watchdog. A panicking handler must not end the delivery thread silently
+/// (its peers would wait forever): it is an error with the panic's message.
 fn handle(
     mb: &Mailbox,
-    s: &dyn Service,
     service: ServiceId,
     from: usize,
-    payload: Vec<u8>,
-) -> Result<(), FrameError> {
+    f: impl FnOnce() -> Result<(), ServiceError>,
+) -> Result<(), String> {
     *lock(&mb.busy) = Some((Instant::now(), service, from));
-    let r = catch_unwind(AssertUnwindSafe(|| s.frame(from, payload)));
+    let r = catch_unwind(AssertUnwindSafe(f));
     *lock(&mb.busy) = None;
-    r.unwrap_or_else(|p| Err(format!("its handler panicked: {}", panic_message(&*p)).into()))
+    match r {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(p) => Err(format!("its handler panicked: {}", panic_message(&*p))),
+    }
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
@@ -349,6 +319,8 @@ pub struct InProcess {
     me: usize,
     hub: Arc<Hub>,
     reports: Mutex<Vec<Report>>,
+    /// The collectives this node entered.
+    seq: AtomicU64,
 }
 
 impl std::fmt::Debug for InProcess {
@@ -418,10 +390,7 @@ impl InProcess {
             nodes: (0..n).map(Mailbox::new).collect(),
             delivery: Mutex::new(Vec::new()),
             st: Mutex::new(State {
-                gen: 0,
-                arrived: 0,
-                values: vec![Vec::new(); n],
-                result: Vec::new(),
+                coll: HashMap::new(),
                 failed: None,
                 left: vec![false; n],
             }),
@@ -448,6 +417,7 @@ impl InProcess {
                     me,
                     hub: hub.clone(),
                     reports: Mutex::new(Vec::new()),
+                    seq: AtomicU64::new(0),
                 })
             })
             .collect()
@@ -474,42 +444,13 @@ impl NodeLink for InProcess {
         value: &mut [u8],
         combine: &mut dyn FnMut(&mut [u8], &[u8]),
     ) -> Result<(), LinkError> {
-        let n = self.hub.nodes.len();
-        let mut st = lock(&self.hub.st);
-        let gen = st.gen;
-        st.values[self.me] = value.to_vec();
-        st.arrived += 1;
-        if st.arrived == n {
-            // In node order, so the result is the same on every run.
-            let mut acc = std::mem::take(&mut st.values[0]);
-            for i in 1..n {
-                combine(&mut acc, &st.values[i]);
-            }
-            st.result = acc;
-            st.arrived = 0;
-            st.gen += 1;
-            self.hub.cv.notify_all();
-        }
-        loop {
-            if st.gen != gen {
-                // The next collective cannot complete (and overwrite the
-                // result) before this node enters it.
-                value.copy_from_slice(&st.result);
-                return Ok(());
-            }
-            if let Some(f) = &st.failed {
-                return Err(f.clone().into());
-            }
-            if let Some(p) = st.left.iter().position(|l| *l) {
-                return Err(format!(
-                    "node {} waits for node {p} at a barrier or reduction, but node {p} \
-                     ended its program",
-                    self.me
-                )
-                .into());
-            }
-            st = self.hub.cv.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
+        // The seam's algorithm, so that results are bit-identical to every
+        // other transport's; its messages meet in the hub, not through the
+        // delivery threads (a collective completes while a service blocks
+        // its node's delivery thread, as over TCP, where they are the
+        // inbox's).
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        collective::allreduce(self, seq, value, combine)
     }
     fn abort(&self, cause: &str) {
         self.hub.fail(format!("node {} aborted: {cause}", self.me));
@@ -547,24 +488,26 @@ impl NodeLink for InProcess {
     }
     fn set_service(&self, id: ServiceId, service: Arc<dyn Service>) -> Result<(), LinkError> {
         let mb = &self.hub.nodes[self.me];
-        let mut slots = lock(&mb.services);
-        let early = match slots.insert(id, Slot::Ready(service.clone())) {
-            None => Vec::new(),
-            Some(Slot::Pending(v)) => v,
-            Some(Slot::Ready(old)) => {
-                slots.insert(id, Slot::Ready(old));
-                return Err(format!("node {}: {id} was registered twice", self.me).into());
+        // Frames that came early are handed over by `install`; one that
+        // fails, or panics, fails the job as a delivery's would.
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            mb.services.install(id, service.clone())
+        }));
+        let why = match r {
+            Ok(Ok(())) => None,
+            Ok(Err(e @ ServiceError::Twice { .. })) => {
+                return Err(format!("node {}: {e}", self.me).into())
             }
+            Ok(Err(e @ ServiceError::Failed { from, .. })) => {
+                Some(format!("node {}: {id} of node {from}: {e}", self.me))
+            }
+            Err(p) => Some(format!(
+                "node {}: {id}: its handler panicked: {}",
+                self.me,
+                panic_message(&*p)
+            )),
         };
-        let mut r = Ok(());
-        for (from, payload) in early {
-            if let Err(why) = handle(mb, &*service, id, from, payload) {
-                r = Err(format!("node {}: {id} of node {from}: {why}", self.me));
-                break;
-            }
-        }
-        drop(slots);
-        if let Err(why) = r {
+        if let Some(why) = why {
             self.hub.fail(why.clone());
             return Err(why.into());
         }
@@ -583,6 +526,45 @@ impl NodeLink for InProcess {
     }
     fn add_report(&self, section: Report) {
         lock(&self.reports).push(section);
+    }
+}
+
+impl Channel for InProcess {
+    type Error = LinkError;
+    fn rank(&self) -> usize {
+        self.me
+    }
+    fn nodes(&self) -> usize {
+        self.hub.nodes.len()
+    }
+    fn send(&self, to: usize, seq: u64, dir: Dir, data: &[u8]) -> Result<(), LinkError> {
+        let mut st = lock(&self.hub.st);
+        if let Some(f) = &st.failed {
+            return Err(f.clone().into());
+        }
+        st.coll.insert((to, self.me, seq, dir), data.to_vec());
+        self.hub.cv.notify_all();
+        Ok(())
+    }
+    fn recv(&self, from: usize, seq: u64, dir: Dir) -> Result<Vec<u8>, LinkError> {
+        let mut st = lock(&self.hub.st);
+        loop {
+            if let Some(d) = st.coll.remove(&(self.me, from, seq, dir)) {
+                return Ok(d);
+            }
+            if let Some(f) = &st.failed {
+                return Err(f.clone().into());
+            }
+            if st.left[from] {
+                return Err(format!(
+                    "node {} waits for node {from} at a barrier or reduction, but node {from} \
+                     ended its program",
+                    self.me
+                )
+                .into());
+            }
+            st = self.hub.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
     }
 }
 
@@ -630,7 +612,7 @@ impl Drop for InProcess {
         }
         // Services hold a port, which holds the hub, which holds them.
         for mb in &self.hub.nodes {
-            lock(&mb.services).clear();
+            mb.services.clear();
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Fork-join across nodes (paper §3.5): the node's side of start-up
-//! distribution, cross-node stealing and termination, and the seam through
-//! which the cluster layer moves filaments ([`Balancer`], [`FjNode`]).
+//! distribution, cross-node stealing and termination, and the handle
+//! through which the node's fork-join messaging (`steal`) moves filaments
+//! ([`FjNode`]).
 //!
 //! **Entry point.** Every node calls [`Runtime::run_distributed`](crate::Runtime::run_distributed) with the
 //! same root, in SPMD style (the same program runs everywhere). Node 0 runs
@@ -15,60 +16,74 @@
 //! `log2(N·P)` forks.
 //!
 //! **Stealing.** An idle processor first steals on its own node (other
-//! processors' deques and incoming lists); then it asks the cluster layer
-//! ([`Balancer::want_work`]), which sends one request at a time to another
-//! node. The donor takes half of all its ready filaments (rounded up),
-//! one by one round-robin from its processors' lists ([`FjNode::export_half`]);
-//! the receiver spreads them evenly over its processors ([`FjNode::install`]).
-//! A donor with nothing to give asks every processor for a real fork, so
-//! pruning never starves another node: while nodes keep asking, forks
-//! stay real. A shipped filament's parent waits for its result as for a
-//! filament stolen on its own node (its filthread suspends).
+//! processors' deques and incoming lists); then it asks the node's
+//! messaging ([`Stealing::want_work`](crate::steal::Stealing::want_work)),
+//! which sends one request at a time to another node. The donor takes half
+//! of all its ready filaments (rounded up), one by one round-robin from its
+//! processors' lists ([`FjNode::export_half`]); the receiver spreads them
+//! evenly over its processors ([`FjNode::install`]). A donor with nothing
+//! to give asks every processor for a real fork, so pruning never starves
+//! another node: while nodes keep asking, forks stay real. A shipped
+//! filament's parent waits for its result as for a filament stolen on its
+//! own node (its filthread suspends).
 //!
 //! **Termination.** A fork-join computation is finished when its root
 //! returns: every filament's result reaches its parent before the parent's
 //! join returns, so nothing of the run is left anywhere. Node 0 sends the
-//! root's outcome to every node ([`Balancer::finish`]); each node's server
-//! threads stop when it arrives.
+//! root's outcome to every node
+//! ([`Stealing::finish`](crate::steal::Stealing::finish)); each node's
+//! server threads stop when it arrives.
 //!
-//! **Failure.** If the cluster fails (a lost node, an abort) the cluster
-//! layer calls [`FjNode::fail`]: filaments shipped from here are completed
-//! with the error, every later join unwinds at once, and `run_distributed`
-//! returns [`Error::Link`](crate::Error::Link) on every surviving node.
+//! **Failure.** If the cluster fails (a lost node, an abort) the link tells
+//! the node's messaging, which calls [`FjNode::fail`]: filaments shipped
+//! from here are completed with the error, every later join unwinds at
+//! once, and `run_distributed` returns [`Error::Link`](crate::Error::Link)
+//! on every surviving node.
 
 use std::sync::atomic::Ordering;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crossbeam_deque::Steal;
+use serde::{Deserialize, Serialize};
 
 use crate::crossnode::{bump, Failure, Pending};
 use crate::job::{HeapJob, JobRef};
 use crate::registry::Shared;
 use crate::remote;
 use crate::remote::startup::{with_startup, Slot};
+use crate::runtime::Runtime;
 use crate::sched::Ctx;
 
-/// The seam's data (the job that travels, the cluster layer's side) is
-/// shared with the scheduler's core, which holds the node's cross-node
-/// state: it lives in a leaf module; these are its public paths.
-pub use crate::crossnode::{Balancer, PortableJob};
+/// A filament on its way to another node: its function's name and encoded
+/// argument, and the token its home node completes it by.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct PortableJob {
+    /// Identifies the waiting parent on the home node.
+    pub(crate) token: u64,
+    /// The [`RemoteFn`](crate::RemoteFn)'s name.
+    pub(crate) name: String,
+    /// The bincode-encoded argument.
+    pub(crate) args: Vec<u8>,
+    /// The start-up slot it takes over, if it is a start-up filament.
+    pub(crate) startup: Option<Slot>,
+}
 
 /// A result for a shipped filament that no filament of this node waits
 /// for: a protocol violation by the node that sent it (or a late result
 /// after a failure, which the receiver expects and ignores).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("a result for filament {token}, which nobody waits for")]
-pub struct NobodyWaits {
+pub(crate) struct NobodyWaits {
     /// The filament's token.
-    pub token: u64,
+    pub(crate) token: u64,
 }
 
-/// The cluster layer's handle on a node's fork-join state (see
-/// [`RuntimeExt::fj_node`](crate::layer::RuntimeExt::fj_node)). It does not keep the runtime alive; once the
-/// runtime is gone every call does nothing.
+/// The node's fork-join messaging's handle on the node's fork-join state.
+/// It does not keep the runtime alive; once the runtime is gone every call
+/// does nothing.
 #[derive(Clone)]
-pub struct FjNode(pub(crate) Weak<Shared>);
+pub(crate) struct FjNode(Weak<Shared>);
 
 impl std::fmt::Debug for FjNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -124,9 +139,9 @@ pub(crate) fn ship(sh: &Shared, job: JobRef) -> Taken {
 }
 
 impl FjNode {
-    /// This node's index.
-    pub fn node(&self) -> Option<usize> {
-        self.0.upgrade().map(|sh| sh.link.my_node())
+    /// The handle on `rt`'s node.
+    pub(crate) fn of(rt: &Runtime) -> FjNode {
+        FjNode(Arc::downgrade(&rt.shared))
     }
 
     /// Donor side of a steal from another node: half of this node's ready
@@ -134,7 +149,7 @@ impl FjNode {
     /// processors' lists and encoded. Empty if `run` is not in progress
     /// here or nothing is ready; then every processor is asked for a real
     /// fork, so the next request finds work.
-    pub fn export_half(&self, run: u64) -> Vec<PortableJob> {
+    pub(crate) fn export_half(&self, run: u64) -> Vec<PortableJob> {
         let Some(sh) = self.0.upgrade() else {
             return Vec::new();
         };
@@ -192,10 +207,10 @@ impl FjNode {
     /// node: on processor `at` (start-up distribution), or spread evenly
     /// over the processors (a steal). Jobs for a run not in progress here
     /// are answered with a failure at once, so their parents never hang.
-    pub fn install(&self, run: u64, from: usize, jobs: Vec<PortableJob>, at: Option<usize>) {
+    pub(crate) fn install(&self, run: u64, from: usize, jobs: Vec<PortableJob>, at: Option<usize>) {
         let Some(sh) = self.0.upgrade() else { return };
         if !sh.fj.active(run) {
-            if let Some(b) = sh.fj.balancer.get() {
+            if let Some(b) = sh.fj.stealing.get() {
                 for j in jobs {
                     b.send_result(from, run, j.token, Err(sh.fj.failure_or_stale(run)));
                 }
@@ -221,7 +236,7 @@ impl FjNode {
                     ctx.count_filaments(1);
                     remote::run_imported(ctx, &job.name, &job.args)
                 });
-                if let Some(b) = ctx.shared.fj.balancer.get() {
+                if let Some(b) = ctx.shared.fj.stealing.get() {
                     b.send_result(from, run, token, out);
                 }
             });
@@ -233,7 +248,7 @@ impl FjNode {
 
     /// The outcome of filament `token` shipped from here. `Err` if no such
     /// filament waits (a protocol violation).
-    pub fn complete(
+    pub(crate) fn complete(
         &self,
         token: u64,
         outcome: Result<Vec<u8>, Failure>,
@@ -250,7 +265,7 @@ impl FjNode {
 
     /// Node 0 says the root of `run` returned with `outcome`: this node's
     /// part of the run ends.
-    pub fn finished(&self, run: u64, outcome: Result<Vec<u8>, Failure>) {
+    pub(crate) fn finished(&self, run: u64, outcome: Result<Vec<u8>, Failure>) {
         let Some(sh) = self.0.upgrade() else { return };
         if sh.fj.run.load(Ordering::SeqCst) != run {
             return;
@@ -262,7 +277,7 @@ impl FjNode {
 
     /// The cluster failed: complete every filament shipped from here with
     /// the failure, make every join unwind, and end this node's run.
-    pub fn fail(&self, why: &str) {
+    pub(crate) fn fail(&self, why: &str) {
         let Some(sh) = self.0.upgrade() else { return };
         {
             let mut f = sh.fj.failure.lock().unwrap_or_else(|e| e.into_inner());
@@ -297,7 +312,7 @@ impl FjNode {
     }
 
     /// Wakes the idle processors (to ask again after a refusal).
-    pub fn wake_idle(&self) {
+    pub(crate) fn wake_idle(&self) {
         if let Some(sh) = self.0.upgrade() {
             sh.fj.kick.fetch_add(1, Ordering::SeqCst);
             sh.notify_idle();
@@ -306,14 +321,14 @@ impl FjNode {
 
     /// Counts the time from sending a steal request to having installed
     /// its answer.
-    pub fn count_steal_wait(&self, d: Duration) {
+    pub(crate) fn count_steal_wait(&self, d: Duration) {
         if let Some(sh) = self.0.upgrade() {
             bump(&sh.fj.counters.steal_wait_ns, d.as_nanos() as u64);
         }
     }
 
     /// Counts a steal request sent to another node.
-    pub fn count_request(&self) {
+    pub(crate) fn count_request(&self) {
         if let Some(sh) = self.0.upgrade() {
             bump(&sh.fj.counters.steal_requests, 1);
         }
@@ -332,7 +347,7 @@ pub(crate) fn send_to_slot(ctx: &Ctx, job: JobRef, slot: Slot) {
         sh.workers[proc].notify();
         sh.notify_idle();
     };
-    let (Some(b), true) = (sh.fj.balancer.get(), node != ctx.node) else {
+    let (Some(b), true) = (sh.fj.stealing.get(), node != ctx.node) else {
         return local(job);
     };
     let run = sh.fj.run.load(Ordering::SeqCst);

@@ -40,15 +40,14 @@
 //! ```
 //!
 //! Across nodes, this directory holds the rest of the protocol: `startup`
-//! (start-up distribution), [`balance`] (what moves: a node's ready
+//! (start-up distribution), `balance` (what moves: a node's ready
 //! filaments, shipped jobs waiting for results, termination and failure)
 //! and [`steal`] (the messages that move it). The protocol is in this
 //! directory's `README.md`; the serializable job itself, `RemoteJob`, and
 //! the branches of [`Ctx::join_remote`] are in `join`, on the one join path
 //! of `crate::fork`. The data the scheduler's core shares with this layer
-//! (the node's cross-node state, start-up slots, [`Failure`], the
-//! [`Balancer`](balance::Balancer) seam) is in the leaf module
-//! `crate::crossnode`.
+//! (the node's cross-node state, start-up slots, [`Failure`]) is in the
+//! module `crate::crossnode`.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -62,7 +61,7 @@ use crate::error::{panic_message, Error};
 use crate::fork::Pruned;
 use crate::sched::Ctx;
 
-pub mod balance;
+pub(crate) mod balance;
 pub(crate) mod join;
 mod many;
 mod run;

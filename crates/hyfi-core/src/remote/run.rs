@@ -1,8 +1,7 @@
 //! How a fork-join run over every node starts and ends on this one:
 //! [`Runtime::run_distributed`] (the root on node 0, its result sent to
-//! every node), and the seams through which the cluster layer installs
-//! itself ([`RuntimeExt::set_balancer`](crate::layer::RuntimeExt::set_balancer),
-//! [`RuntimeExt::fj_node`](crate::layer::RuntimeExt::fj_node)). The protocol
+//! every node), through the node's fork-join messaging that the cluster
+//! layer installs ([`steal::install`](crate::steal::install)). The protocol
 //! is in this directory's `README.md`.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -64,8 +63,8 @@ impl Runtime {
             return Err(sh.fj.failure().into());
         }
         let (me, nodes) = (sh.link.my_node(), sh.link.num_nodes());
-        let balancer = sh.fj.balancer.get().cloned();
-        if nodes > 1 && balancer.is_none() {
+        let stealing = sh.fj.stealing.get().cloned();
+        if nodes > 1 && stealing.is_none() {
             return Err(Error::NoBalancer { nodes });
         }
         let total = nodes * sh.procs;
@@ -82,17 +81,17 @@ impl Runtime {
         sh.fj_done.store(false, Ordering::SeqCst);
         *sh.fj.outcome.lock().unwrap_or_else(|e| e.into_inner()) = None;
         sh.fj.run.store(run, Ordering::SeqCst);
-        if let Some(b) = &balancer {
+        if let Some(b) = &stealing {
             b.begin(run);
         }
         let root_job = (me == 0).then(|| {
-            let balancer = balancer.clone();
+            let stealing = stealing.clone();
             move |ctx: &Ctx| {
                 let start = (total > 1).then_some(Slot { slot: 0, depth: 0 });
                 let mut r =
                     with_startup(ctx, start, || catch_unwind(AssertUnwindSafe(|| root(ctx))))
                         .map_err(|p| failure_of(me, ctx.proc(), p));
-                if let Some(b) = &balancer {
+                if let Some(b) = &stealing {
                     let bytes = match &r {
                         Ok(v) => bincode::serialize(v).map_err(|e| Failure::Codec {
                             node: me,
@@ -111,7 +110,7 @@ impl Runtime {
         });
         let slot = self.dispatch_fork_join(root_job);
         sh.fj.run.store(0, Ordering::SeqCst);
-        if let Some(b) = &balancer {
+        if let Some(b) = &stealing {
             b.end(run);
         }
         // Every node ran this command (SPMD), whatever its outcome, so the

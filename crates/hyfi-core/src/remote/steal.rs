@@ -1,10 +1,10 @@
 //! Fork-join across nodes, the messaging side (paper §3.5): the messages
 //! of start-up distribution, cross-node stealing, results and termination.
 //!
-//! [`crate::balance`] decides *what* moves ([`FjNode`]: which filaments a
-//! donor gives, where received ones run, how a parent gets its result);
-//! this module moves it, through the node seam only ([`crate::link`]): it
-//! is the node's [`ServiceId::Steal`] service, so every message is handled
+//! The node's side (module `balance`) decides *what* moves: which
+//! filaments a donor gives, where received ones run, how a parent gets its
+//! result. This module moves it, through the node seam only
+//! ([`crate::link`]): it is the node's [`SERVICE`] service, so every message is handled
 //! on the delivery (communication) thread as it arrives, without waking a
 //! server thread: a donor answers a steal request while its processors
 //! keep computing. Steal requests travel as [`Class::Control`] (they
@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 use crate::layer::RuntimeExt;
 use crate::link::{Class, FrameError, Port, Service, ServiceId};
 use crate::node::LinkError;
-use crate::remote::balance::{Balancer, FjNode, NobodyWaits, PortableJob};
+use crate::remote::balance::{FjNode, NobodyWaits, PortableJob};
 use crate::remote::Failure;
 use crate::runtime::Runtime;
 use crate::Error;
@@ -50,7 +50,11 @@ pub const MIN_BACKOFF: Duration = Duration::from_micros(20);
 /// Longest wait between rounds of requests.
 pub const MAX_BACKOFF: Duration = Duration::from_millis(1);
 
-/// The messages (bincode payloads of [`ServiceId::Steal`]).
+/// The service of fork-join across nodes: its number on the wire, owned
+/// here (see [`ServiceId`]).
+pub const SERVICE: ServiceId = ServiceId::new(2, "fork-join across nodes");
+
+/// The messages (bincode payloads of [`SERVICE`]).
 #[derive(Debug, Serialize, Deserialize)]
 enum FjMsg {
     StealReq {
@@ -108,8 +112,9 @@ struct State {
     failed: bool,
 }
 
-/// A node's fork-join messaging: the [`Balancer`] the runtime calls, and the
-/// [`Service`] the delivery thread calls.
+/// A node's fork-join messaging: what the runtime calls to ask other nodes
+/// for work, push start-up filaments and send results, and the [`Service`]
+/// the delivery thread calls.
 pub struct Stealing {
     port: Arc<dyn Port>,
     node: FjNode,
@@ -125,7 +130,7 @@ impl std::fmt::Debug for Stealing {
 }
 
 /// Makes `rt`'s fork-join runs span its link's nodes: installs the
-/// balancer in the runtime and the [`ServiceId::Steal`] service on the
+/// messaging in the runtime and the [`SERVICE`] service on the
 /// link. The cluster layer does this for every multi-node runtime
 /// (`hyfi_net::init`); a one-node link carries no services and gets an
 /// error.
@@ -138,7 +143,7 @@ pub fn install(rt: &Runtime) -> Result<Arc<Stealing>, Error> {
         // The port does not keep the link alive: the runtime holds the
         // link, and the link's delivery thread holds this service.
         port,
-        node: rt.fj_node(),
+        node: FjNode::of(rt),
         me: link.my_node(),
         nodes: link.num_nodes(),
         st: Mutex::new(State {
@@ -146,9 +151,12 @@ pub fn install(rt: &Runtime) -> Result<Arc<Stealing>, Error> {
             ..State::default()
         }),
     });
-    rt.set_balancer(s.clone())?;
-    link.set_service(ServiceId::Steal, s.clone())
-        .map_err(Error::Link)?;
+    rt.shared
+        .fj
+        .stealing
+        .set(s.clone())
+        .map_err(|_| Error::BalancerTaken)?;
+    link.set_service(SERVICE, s.clone()).map_err(Error::Link)?;
     Ok(s)
 }
 
@@ -185,7 +193,7 @@ impl Stealing {
             _ => Class::Bulk,
         };
         self.port
-            .send_bytes(to, ServiceId::Steal, class, &body)
+            .send_bytes(to, SERVICE, class, &body)
             .map_err(|e| {
                 format!(
                     "node {}: sending a fork-join message of {} bytes to node {to}: {e} \
@@ -282,8 +290,12 @@ impl Stealing {
     }
 }
 
-impl Balancer for Stealing {
-    fn begin(&self, run: u64) {
+/// What the runtime calls (none of it blocks).
+impl Stealing {
+    /// Distributed run `run` begins on this node (runs are numbered 1, 2,
+    /// ... in the same order on every node): messages of this run that
+    /// came early are handled now.
+    pub(crate) fn begin(&self, run: u64) {
         let mut st = self.lock();
         st.run = run;
         st.begun = run;
@@ -303,7 +315,8 @@ impl Balancer for Stealing {
         }
     }
 
-    fn end(&self, run: u64) {
+    /// Run `run` ended on this node.
+    pub(crate) fn end(&self, run: u64) {
         let mut st = self.lock();
         if st.run == run {
             st.run = 0;
@@ -311,7 +324,11 @@ impl Balancer for Stealing {
         }
     }
 
-    fn want_work(&self, run: u64) -> Option<Duration> {
+    /// A processor of this node is idle and found no work on the node: asks
+    /// another node, unless a request is already out. Returns how long to
+    /// wait before asking again if nothing arrives (`None`: the answer
+    /// will wake the processor).
+    pub(crate) fn want_work(&self, run: u64) -> Option<Duration> {
         if self.nodes < 2 {
             return None;
         }
@@ -341,7 +358,14 @@ impl Balancer for Stealing {
         None
     }
 
-    fn push(&self, node: usize, proc: usize, run: u64, job: PortableJob) -> Result<(), LinkError> {
+    /// Start-up distribution: `job` is for processor `proc` of `node`.
+    pub(crate) fn push(
+        &self,
+        node: usize,
+        proc: usize,
+        run: u64,
+        job: PortableJob,
+    ) -> Result<(), LinkError> {
         self.send(
             node,
             &FjMsg::Push {
@@ -352,7 +376,14 @@ impl Balancer for Stealing {
         )
     }
 
-    fn send_result(&self, node: usize, run: u64, token: u64, outcome: Result<Vec<u8>, Failure>) {
+    /// The outcome of a filament that came from `node`, back to it.
+    pub(crate) fn send_result(
+        &self,
+        node: usize,
+        run: u64,
+        token: u64,
+        outcome: Result<Vec<u8>, Failure>,
+    ) {
         // A failed send means the node failed: the parent's node learns of
         // the failure itself.
         let _ = self.send(
@@ -365,7 +396,9 @@ impl Balancer for Stealing {
         );
     }
 
-    fn finish(&self, run: u64, outcome: &Result<Vec<u8>, Failure>) {
+    /// The root returned (node 0): tells every other node, with the
+    /// encoded result.
+    pub(crate) fn finish(&self, run: u64, outcome: &Result<Vec<u8>, Failure>) {
         for n in (0..self.nodes).filter(|&n| n != self.me) {
             let _ = self.send(
                 n,

@@ -15,8 +15,9 @@
 //! What a filament sees of its processor is [`Ctx`] (module `ctx`); the
 //! filthreads' coroutines, and suspending one, are module `coro`. The
 //! scheduler's core (this module, `registry`, `job`, `latch`) names no
-//! layer above it: the cross-node layer's state is plain data
-//! (`crate::crossnode`) and its seam a trait object installed at start-up.
+//! layer above hyfi-core: the cross-node state is plain data
+//! (`crate::crossnode`), and the node's fork-join messaging
+//! (`remote::steal`) is installed there at start-up.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -228,16 +229,16 @@ impl Sched {
     }
 }
 
-/// An idle processor found no work on its node: asks the cluster layer for
-/// some (through the node's [`Balancer`](crate::Balancer), installed by
-/// the cross-node layer). Returns when to look again if nothing arrives.
+/// An idle processor found no work on its node: asks another node for
+/// some (through the node's fork-join messaging, `remote::steal`, if one
+/// is installed). Returns when to look again if nothing arrives.
 fn ask_another_node(ctx: &Ctx) -> Option<Instant> {
     let sh = &*ctx.shared;
     let run = sh.fj.run.load(Ordering::SeqCst);
     if ctx.nodes == 1 || !sh.fj.active(run) || sh.fj_done.load(Ordering::SeqCst) {
         return None;
     }
-    let b = sh.fj.balancer.get()?;
+    let b = sh.fj.stealing.get()?;
     b.want_work(run).map(|d| Instant::now() + d)
 }
 

@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 
 use crossbeam_utils::CachePadded;
 use hyfi_core::filthread;
-use hyfi_core::link::{FrameError, Port, Service, ServiceId};
+use hyfi_core::link::{FrameError, Port, Service};
 
 pub(crate) use page_table::{readable, settled_readable, writable, Segment, INVALID, READ, WRITE};
 
@@ -245,7 +245,7 @@ impl Core {
         let Some(port) = &self.port else { return };
         let len = msg.encoded_len();
         let mut msg = Some(msg);
-        let sent = port.send_with(to, ServiceId::Dsm, M::CLASS, len, &mut |b| {
+        let sent = port.send_with(to, crate::SERVICE, M::CLASS, len, &mut |b| {
             if let Some(m) = msg.take() {
                 m.encode(b);
             }

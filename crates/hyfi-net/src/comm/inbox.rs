@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use hyfi_core::link::{StepError, Steps};
 
-use super::service::Services;
 use crate::cause::Cause;
+use hyfi_core::link::ServiceTable;
 
 /// How long a waiting thread polls before it sleeps. It polls by yielding
 /// its CPU, not by spinning: the communication thread that will deliver the
@@ -41,7 +41,7 @@ pub struct Inbox {
     /// of microseconds on a VM, more than a round trip on loopback).
     pub(super) generation: AtomicU64,
     /// The node's services (see [`super::service`]).
-    pub(super) services: Services,
+    pub(super) services: ServiceTable,
 }
 
 /// Why a wait in the inbox ended without its message.
@@ -152,9 +152,7 @@ impl Inbox {
             s.failed = Some(why);
             s.cause = Some(cause);
         });
-        for s in self.services.ready() {
-            s.failed(&text);
-        }
+        self.services.fail_all(&text);
         true
     }
     /// Peer `from` said `Bye` after `steps` steps: an error if this node
@@ -182,9 +180,7 @@ impl Inbox {
         // A wrong goodbye fails the node (which wakes the services with
         // why); a right one only ends the services' waits for that peer.
         if r.is_ok() {
-            for s in self.services.ready() {
-                s.peer_left(from);
-            }
+            self.services.peer_left(from);
         }
         r
     }

@@ -62,9 +62,9 @@ use crate::mesh::Links;
 use crate::wire::Msg;
 use hyfi_core::link::Steps;
 
+use hyfi_core::link::ServiceError;
 use inbox::WaitError;
 use rx::{run, Node};
-use service::ServiceError;
 use tx::{PeerTx, Waker};
 
 /// How long a node whose program ended serves its peers before it says

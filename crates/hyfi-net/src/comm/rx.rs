@@ -224,7 +224,11 @@ impl Link {
                     [peer as u64, u64::from(class == Class::Bulk), bytes, 0],
                 );
                 if h.tag & SERVICE_TAG != 0 {
-                    if let Err(why) = inbox.services.to_service(peer, h.tag, payload) {
+                    if let Err(why) =
+                        inbox
+                            .services
+                            .deliver(peer, split_service_tag(h.tag).0, payload)
+                    {
                         return Err(self.protocol(why.to_string()));
                     }
                 } else {

@@ -1,0 +1,455 @@
+//! The communication thread: the one thread that calls MPI (see the
+//! [module docs](super)).
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mpi::point_to_point::{Destination, MatchedReceiveVec, Source, Status};
+use mpi::request::{Request, StaticScope};
+use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::Threading;
+
+use hyfi_core::link::spmd::Steps;
+use hyfi_core::link::{Class, ServiceTable};
+use hyfi_core::Step;
+
+use super::{decode_abort, ix, lock, tag, Counters, Out, Outbox, Shared};
+use super::{BULK_IN_FLIGHT, HOT, NAP_MAX, NAP_MIN};
+use crate::cause::{Cause, CauseKind};
+use crate::error::NetError;
+
+/// A posted send and the buffer it reads.
+struct Posted {
+    req: Request<'static, [u8], StaticScope>,
+    /// The buffer, leaked for the request's `'static` borrow; freed when
+    /// the request completes.
+    buf: *mut [u8],
+    to: usize,
+    class: Class,
+}
+
+/// Starts the communication thread; returns once MPI is initialised,
+/// with the node's shared state.
+pub(super) fn spawn(heartbeat: Duration) -> Result<(Arc<Shared>, JoinHandle<()>), NetError> {
+    let (tx, rx) = std::sync::mpsc::channel::<Result<Arc<Shared>, String>>();
+    let t = std::thread::Builder::new()
+        .name("hyfi-mpi".into())
+        .spawn(move || run(heartbeat, tx))
+        .map_err(|e| NetError::io("spawning the MPI communication thread", e))?;
+    match rx.recv() {
+        Ok(Ok(shared)) => {
+            let _ = shared.thread.set(t.thread().clone());
+            Ok((shared, t))
+        }
+        Ok(Err(why)) => {
+            let _ = t.join();
+            Err(NetError::Launch(why))
+        }
+        Err(_) => {
+            let _ = t.join();
+            Err(NetError::Launch(
+                "the MPI communication thread ended while initialising MPI".into(),
+            ))
+        }
+    }
+}
+
+fn run(heartbeat: Duration, tx: std::sync::mpsc::Sender<Result<Arc<Shared>, String>>) {
+    let Some((universe, level)) = mpi::initialize_with_threading(Threading::Funneled) else {
+        let _ = tx.send(Err(
+            "MPI was initialised already in this process: hyfi's MPI transport initialises \
+             it itself, on its communication thread; do not initialise MPI in the program"
+                .into(),
+        ));
+        return;
+    };
+    if level < Threading::Funneled {
+        let _ = tx.send(Err(format!(
+            "this MPI library offers threads at level {level:?}, below MPI_THREAD_FUNNELED, \
+             which hyfi's communication thread needs: use an MPI built with thread support, \
+             or HYFI_TRANSPORT=tcp"
+        )));
+        return;
+    }
+    let world = universe.world();
+    let (rank, nodes) = (world.rank() as usize, world.size() as usize);
+    let shared = Arc::new(Shared {
+        rank,
+        nodes,
+        out: Mutex::new(Outbox::default()),
+        thread: std::sync::OnceLock::new(),
+        asleep: Default::default(),
+        services: ServiceTable::new(),
+        failure: Mutex::new(None),
+        steps: Mutex::new(Steps::new(rank)),
+        counters: Counters::default(),
+        heartbeat,
+    });
+    let mut e = Engine {
+        control: world.duplicate(),
+        bulk: world.duplicate(),
+        world,
+        s: shared.clone(),
+        posted: Vec::new(),
+        in_flight: vec![0; nodes],
+        heard: vec![Instant::now(); nodes],
+        byes: vec![0; nodes],
+        held: VecDeque::new(),
+    };
+    if tx.send(Ok(shared)).is_err() {
+        return;
+    }
+    e.run();
+    // Communicators are freed before MPI is finalised (the universe's drop).
+    drop(e);
+    drop(universe);
+}
+
+struct Engine {
+    world: SimpleCommunicator,
+    control: SimpleCommunicator,
+    bulk: SimpleCommunicator,
+    s: Arc<Shared>,
+    posted: Vec<Posted>,
+    /// Bulk bytes posted and not yet completed, per destination.
+    in_flight: Vec<usize>,
+    /// When each peer was last heard from.
+    heard: Vec<Instant>,
+    /// Goodbyes received from each peer (one per class).
+    byes: Vec<u8>,
+    /// Bulk messages held back by [`BULK_IN_FLIGHT`], in order.
+    held: VecDeque<Out>,
+}
+
+// SAFETY: `Posted::buf` is a leaked box owned by the engine alone; the
+// engine lives and dies on the communication thread.
+unsafe impl Send for Posted {}
+
+impl Engine {
+    fn run(&mut self) {
+        let s = self.s.clone();
+        let beat = (s.heartbeat / 4).max(Duration::from_millis(10));
+        let mut next_beat = Instant::now();
+        let mut last_moved = Instant::now();
+        let mut nap = NAP_MIN;
+        loop {
+            let mut moved = self.post();
+            moved |= self.complete();
+            moved |= self.receive();
+            let now = Instant::now();
+            if now >= next_beat {
+                self.beat();
+                self.judge(now);
+                next_beat = now + beat;
+            }
+            let (closing, abort) = {
+                let o = lock(&s.out);
+                (o.closing, o.abort)
+            };
+            if let Some(code) = abort {
+                self.world.abort(code);
+            }
+            if closing {
+                if let Some(c) = s.failure() {
+                    // The program ended after the node failed: end the job
+                    // now rather than wait for peers that may never leave.
+                    eprintln!("hyfi: {}", c.line(s.rank));
+                    self.world.abort(c.kind.exit_code());
+                }
+                if self.done() {
+                    return;
+                }
+            }
+            if moved {
+                last_moved = now;
+                nap = NAP_MIN;
+                continue;
+            }
+            if now.duration_since(last_moved) < HOT {
+                std::thread::yield_now();
+                continue;
+            }
+            // Idle: sleep between polls; a sender wakes the thread.
+            s.asleep.store(true, Ordering::Release);
+            let pending = {
+                let o = lock(&s.out);
+                !o.control.is_empty() || !o.bulk.is_empty() || o.abort.is_some()
+            };
+            if !pending {
+                std::thread::park_timeout(nap.min(next_beat.saturating_duration_since(now)));
+            }
+            s.asleep.store(false, Ordering::Release);
+            nap = (nap * 2).min(NAP_MAX);
+        }
+    }
+
+    /// Every peer said goodbye and everything this node sent is sent.
+    fn done(&self) -> bool {
+        let o = lock(&self.s.out);
+        let all_left = (0..self.s.nodes).all(|p| p == self.s.rank || self.byes[p] >= 2);
+        all_left
+            && o.control.is_empty()
+            && o.bulk.is_empty()
+            && self.held.is_empty()
+            && self.posted.is_empty()
+    }
+
+    /// Posts queued messages: control first, bulk as far as the in-flight
+    /// limit allows.
+    fn post(&mut self) -> bool {
+        let (control, bulk) = {
+            let mut o = lock(&self.s.out);
+            (std::mem::take(&mut o.control), std::mem::take(&mut o.bulk))
+        };
+        let moved = !control.is_empty() || !bulk.is_empty();
+        for m in control {
+            self.isend(m);
+        }
+        self.held.extend(bulk);
+        while let Some(m) = self.held.front() {
+            let room =
+                self.in_flight[m.to] == 0 || self.in_flight[m.to] + m.data.len() <= BULK_IN_FLIGHT;
+            if !room {
+                // Later messages to other nodes could go, but bulk stays in
+                // order per destination; holding all is simpler and rare.
+                break;
+            }
+            let m = self.held.pop_front().expect("front exists");
+            self.isend(m);
+        }
+        moved
+    }
+
+    fn isend(&mut self, m: Out) {
+        let Out {
+            to,
+            tag,
+            class,
+            data,
+        } = m;
+        let comm = match class {
+            Class::Control => &self.control,
+            Class::Bulk => &self.bulk,
+        };
+        if class == Class::Bulk {
+            self.in_flight[to] += data.len();
+        }
+        let buf: &'static mut [u8] = Box::leak(data.into_boxed_slice());
+        let ptr: *mut [u8] = buf;
+        // SAFETY: `ptr` was just leaked and is freed only in `complete`,
+        // after the request that reads it completed.
+        let req = comm.process_at_rank(to as i32).immediate_send_with_tag(
+            StaticScope,
+            unsafe { &*ptr },
+            tag,
+        );
+        self.posted.push(Posted {
+            req,
+            buf: ptr,
+            to,
+            class,
+        });
+    }
+
+    /// Frees the buffers of completed sends.
+    fn complete(&mut self) -> bool {
+        let mut moved = false;
+        let mut i = 0;
+        while i < self.posted.len() {
+            let p = self.posted.swap_remove(i);
+            match p.req.test() {
+                Ok(_) => {
+                    moved = true;
+                    // SAFETY: the send that borrowed the buffer completed;
+                    // nothing else refers to it.
+                    let buf = unsafe { Box::from_raw(p.buf) };
+                    let len = buf.len();
+                    drop(buf);
+                    if p.class == Class::Bulk {
+                        self.in_flight[p.to] -= len;
+                    }
+                }
+                Err(req) => {
+                    let last = self.posted.len();
+                    self.posted.push(Posted { req, ..p });
+                    // Back where it was, so the loop looks at each once.
+                    self.posted.swap(i, last);
+                    i += 1;
+                }
+            }
+        }
+        moved
+    }
+
+    /// Receives what has arrived: control first, then at most a few bulk
+    /// messages before looking at control again.
+    fn receive(&mut self) -> bool {
+        let mut moved = false;
+        loop {
+            let mut got = false;
+            while let Some(m) = self.control.any_process().immediate_matched_probe() {
+                let (data, st) = m.matched_receive_vec::<u8>();
+                self.dispatch(st, Class::Control, data);
+                got = true;
+            }
+            for _ in 0..4 {
+                match self.bulk.any_process().immediate_matched_probe() {
+                    Some(m) => {
+                        let (data, st) = m.matched_receive_vec::<u8>();
+                        self.dispatch(st, Class::Bulk, data);
+                        got = true;
+                    }
+                    None => break,
+                }
+            }
+            if !got {
+                return moved;
+            }
+            moved = true;
+        }
+    }
+
+    fn dispatch(&mut self, st: Status, class: Class, data: Vec<u8>) {
+        let from = st.source_rank() as usize;
+        let s = self.s.clone();
+        self.heard[from] = Instant::now();
+        match st.tag() {
+            t @ 1..=127 => {
+                s.counters.received[ix(class)].fetch_add(1, Ordering::Relaxed);
+                s.counters.bytes_received[ix(class)]
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    s.services.deliver(from, t as u8, data)
+                }));
+                let why = match r {
+                    Ok(Ok(())) => return,
+                    Ok(Err(e)) => e.to_string(),
+                    Err(p) => format!(
+                        "the handler of service {t} panicked on a message from node {from}: {}",
+                        p.downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_default()
+                    ),
+                };
+                s.fail(Cause::new(s.rank, CauseKind::Program, why));
+            }
+            tag::STEP => {
+                let w = words(&data);
+                let step = Step::from_words([w[1], w[2], w[3], w[4]]);
+                let r = match step {
+                    Some(step) => lock(&s.steps)
+                        .on_step(from, w[0], step)
+                        .map_err(|e| e.to_string()),
+                    None => Err(format!(
+                        "a step message from node {from} that names no step"
+                    )),
+                };
+                if let Err(why) = r {
+                    s.fail(Cause::new(s.rank, CauseKind::Program, why));
+                }
+            }
+            tag::BYE => {
+                self.byes[from] += 1;
+                if self.byes[from] == 2 {
+                    let w = words(&data);
+                    let last = Step::from_words([w[1], w[2], w[3], w[4]]);
+                    match lock(&s.steps).on_bye(from, w[0], last) {
+                        Ok(()) => s.services.peer_left(from),
+                        Err(e) => s.fail(Cause::new(s.rank, CauseKind::Program, e.to_string())),
+                    }
+                }
+            }
+            tag::ABORT => s.fail(decode_abort(from, &data)),
+            tag::HEARTBEAT => {}
+            t => s.fail(Cause::new(
+                s.rank,
+                CauseKind::Program,
+                format!(
+                    "a message with tag {t} from node {from}, which is no tag of hyfi's MPI \
+                     transport: is another library sending on hyfi's communicators?"
+                ),
+            )),
+        }
+    }
+
+    /// Tells every peer that this node is alive.
+    fn beat(&mut self) {
+        let (me, n) = (self.s.rank, self.s.nodes);
+        for to in (0..n).filter(|&p| p != me) {
+            self.isend(Out {
+                to,
+                tag: tag::HEARTBEAT,
+                class: Class::Control,
+                data: Vec::new(),
+            });
+        }
+    }
+
+    /// Fails the node if a peer that has not left was silent too long.
+    fn judge(&self, now: Instant) {
+        let s = &self.s;
+        if s.failure().is_some() {
+            return;
+        }
+        for p in (0..s.nodes).filter(|&p| p != s.rank && self.byes[p] == 0) {
+            let silent = now.duration_since(self.heard[p]);
+            if silent > s.heartbeat {
+                s.fail(Cause::new(
+                    p,
+                    CauseKind::Hung,
+                    format!(
+                        "stopped answering: node {} heard nothing from it, not even a \
+                         heartbeat, for {:.1} s (HYFI_HEARTBEAT={:.1}); a stopped \
+                         (SIGSTOP) or stalled process",
+                        s.rank,
+                        silent.as_secs_f64(),
+                        s.heartbeat.as_secs_f64()
+                    ),
+                ));
+                // The cause is the peer's, but this node found it: tell the
+                // others.
+                let text = super::encode_abort(&Cause::new(
+                    p,
+                    CauseKind::Hung,
+                    "stopped answering (no heartbeat)",
+                ));
+                for to in (0..s.nodes).filter(|&q| q != s.rank && q != p) {
+                    s.push(Out {
+                        to,
+                        tag: tag::ABORT,
+                        class: Class::Control,
+                        data: text.clone(),
+                    });
+                }
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Requests must complete before their buffers go (and rsmpi aborts
+        // on a dropped request).
+        for p in self.posted.drain(..) {
+            p.req.wait();
+            // SAFETY: as in `complete`.
+            drop(unsafe { Box::from_raw(p.buf) });
+        }
+    }
+}
+
+/// The little-endian words of a step or goodbye message (zero-padded).
+fn words(data: &[u8]) -> [u64; 5] {
+    let mut w = [0u64; 5];
+    for (i, c) in data.chunks(8).take(5).enumerate() {
+        let mut b = [0u8; 8];
+        b[..c.len()].copy_from_slice(c);
+        w[i] = u64::from_le_bytes(b);
+    }
+    w
+}

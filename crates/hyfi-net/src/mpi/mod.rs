@@ -1,0 +1,579 @@
+//! The MPI transport: hyfi's nodes over MPI point-to-point, through the
+//! `mpi` crate (rsmpi), so that whatever the site's MPI drives carries
+//! pages, steals, releases and collectives: shared memory within a host,
+//! TCP, InfiniBand or RoCE through UCX or OFI.
+//!
+//! Built with the `mpi` feature; chosen at run time by `HYFI_TRANSPORT`
+//! (see [`crate::Transport`]). Launched by `mpirun` or `srun` as the TCP
+//! transport is; rank and size are MPI's.
+//!
+//! # MPI and threads: one communication thread owns MPI
+//!
+//! The node's communication thread (`hyfi-mpi`) initialises MPI with
+//! `MPI_THREAD_FUNNELED`, makes every MPI call, and finalises it: no other
+//! thread of hyfi's, nor of the program's through hyfi, calls MPI.
+//! Senders (filaments, the page server, the collectives) queue a message
+//! in the node's outbox and never block; the communication thread posts it
+//! (`MPI_Isend`), receives (`MPI_Improbe` and `MPI_Mrecv`) and hands each
+//! frame to its service, as the TCP communication thread does.
+//!
+//! Why not `MPI_THREAD_MULTIPLE`, with senders calling `MPI_Isend`
+//! themselves (as the TCP transport writes to its sockets from the sending
+//! thread)? It needs a thread to receive anyway, since a service's
+//! requests must be answered while every processor computes, and with
+//! MPICH and Open MPI, `MULTIPLE` puts a lock around every call that the
+//! receiving thread's polling contends for; `FUNNELED` is also the level
+//! every MPI provides. The cost is one hand-off per message, which the
+//! polling communication thread takes within microseconds while it is
+//! hot (measured in `BENCHMARKS.md`, against a raw MPI ping-pong).
+//!
+//! **Waiting without taking a CPU from the servers.** MPI's progress
+//! engine polls: there is no descriptor to sleep on. The communication
+//! thread polls while messages flow, yielding the CPU between polls
+//! (`sched_yield`, so a server thread that wants the CPU gets it), and
+//! once nothing has moved for [`HOT`] it sleeps between polls, for
+//! intervals growing from [`NAP_MIN`] to [`NAP_MAX`]; a sender wakes it at
+//! once. A node that computes without communicating so costs its servers
+//! a poll every [`NAP_MAX`]; a message that arrives while it sleeps waits
+//! at most that long.
+//!
+//! # Classes on two communicators
+//!
+//! Control messages travel on one duplicate of `MPI_COMM_WORLD`, bulk
+//! messages on another; the tag names the service. MPI keeps each
+//! communicator's messages from one sender in order (its non-overtaking
+//! rule), which is the seam's order per sender and class. The
+//! communication thread receives control first, and posts queued control
+//! messages before queued bulk ones; it keeps at most [`BULK_IN_FLIGHT`]
+//! bytes of bulk messages posted per destination, so that a control
+//! message overtakes bulk ones still queued (the seam's "control never
+//! waits behind bulk").
+//!
+//! # Failures
+//!
+//! As over TCP ([`crate::Cluster`]):
+//! * a node's error or panic tells every peer (an `Abort` message with the
+//!   cause), whose waits end with it; the node prints the cause and, after
+//!   [`crate::FAILURE_GRACE`] unless its program ended first, calls
+//!   `MPI_Abort`, which ends the job everywhere;
+//! * a stopped node (no message, not even a heartbeat, for
+//!   `HYFI_HEARTBEAT` seconds) is named by its peers, which fail the same
+//!   way;
+//! * a dead process is seen by the MPI launcher, which ends the job and
+//!   says which rank died; hyfi learns nothing it could add;
+//! * SPMD steps are checked along the ring as over TCP
+//!   ([`hyfi_core::link::spmd`]).
+
+mod engine;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use hyfi_core::link::collective::{self, Collectives};
+use hyfi_core::link::spmd::Steps;
+use hyfi_core::link::{
+    Class, ClassTraffic, Port, Report, Service, ServiceError, ServiceId, ServiceTable, Traffic,
+};
+use hyfi_core::{LinkError, NodeLink, Step};
+
+use crate::cause::{Cause, CauseKind};
+use crate::error::NetError;
+use crate::signals::{self, SignalEvent, SignalThread};
+
+/// How long the communication thread polls without pause after the last
+/// message moved.
+pub const HOT: Duration = Duration::from_millis(2);
+/// Its first sleep between polls once idle.
+pub const NAP_MIN: Duration = Duration::from_micros(20);
+/// Its longest sleep between polls.
+pub const NAP_MAX: Duration = Duration::from_micros(500);
+/// Bulk bytes posted and not yet sent, per destination, beyond which more
+/// bulk messages wait in the outbox (at least one is always posted).
+pub const BULK_IN_FLIGHT: usize = 4 << 20;
+
+/// Tags of the transport's own messages (services use 1 to 127).
+pub(crate) mod tag {
+    /// An SPMD step, to the ring successor.
+    pub const STEP: i32 = 1000;
+    /// The sender's program ended (on both communicators).
+    pub const BYE: i32 = 1001;
+    /// The sender failed: the cause.
+    pub const ABORT: i32 = 1002;
+    /// Nothing: the sender is alive.
+    pub const HEARTBEAT: i32 = 1003;
+}
+
+/// A message waiting to be posted.
+pub(crate) struct Out {
+    pub to: usize,
+    pub tag: i32,
+    pub class: Class,
+    pub data: Vec<u8>,
+}
+
+/// What senders hand the communication thread.
+#[derive(Default)]
+pub(crate) struct Outbox {
+    pub control: std::collections::VecDeque<Out>,
+    pub bulk: std::collections::VecDeque<Out>,
+    /// The program ended: leave once every peer has.
+    pub closing: bool,
+    /// End the job with `MPI_Abort` and this code.
+    pub abort: Option<i32>,
+}
+
+/// Counters by class: index 0 control, 1 bulk.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub sent: [AtomicU64; 2],
+    pub bytes_sent: [AtomicU64; 2],
+    pub received: [AtomicU64; 2],
+    pub bytes_received: [AtomicU64; 2],
+}
+
+pub(crate) fn ix(c: Class) -> usize {
+    match c {
+        Class::Control => 0,
+        Class::Bulk => 1,
+    }
+}
+
+impl Counters {
+    fn class(&self, i: usize) -> ClassTraffic {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ClassTraffic {
+            sent: g(&self.sent[i]),
+            bytes_sent: g(&self.bytes_sent[i]),
+            received: g(&self.received[i]),
+            bytes_received: g(&self.bytes_received[i]),
+        }
+    }
+}
+
+/// The node's state shared by its senders and its communication thread.
+pub(crate) struct Shared {
+    pub rank: usize,
+    pub nodes: usize,
+    pub out: Mutex<Outbox>,
+    /// The communication thread, to wake when it sleeps.
+    pub thread: std::sync::OnceLock<std::thread::Thread>,
+    pub asleep: AtomicBool,
+    pub services: ServiceTable,
+    pub failure: Mutex<Option<Cause>>,
+    pub steps: Mutex<Steps>,
+    pub counters: Counters,
+    /// Silence after which a peer counts as stopped.
+    pub heartbeat: Duration,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// Queues `out` for the communication thread and wakes it.
+    pub(crate) fn push(&self, out: Out) {
+        {
+            let mut o = lock(&self.out);
+            match out.class {
+                Class::Control => o.control.push_back(out),
+                Class::Bulk => o.bulk.push_back(out),
+            }
+        }
+        self.wake();
+    }
+
+    pub(crate) fn wake(&self) {
+        if self.asleep.swap(false, Ordering::AcqRel) {
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// The node's failure, if it failed.
+    pub(crate) fn failure(&self) -> Option<Cause> {
+        lock(&self.failure).clone()
+    }
+
+    /// Fails this node with `cause` (the first failure wins): every waiter
+    /// ends with it, the peers are told when it started here, and the job
+    /// ends after the grace.
+    pub(crate) fn fail(&self, cause: Cause) {
+        {
+            let mut f = lock(&self.failure);
+            if f.is_some() {
+                return;
+            }
+            *f = Some(cause.clone());
+        }
+        let line = cause.line(self.rank);
+        if cause.origin == self.rank {
+            let text = encode_abort(&cause);
+            for to in (0..self.nodes).filter(|&p| p != self.rank) {
+                self.push(Out {
+                    to,
+                    tag: tag::ABORT,
+                    class: Class::Control,
+                    data: text.clone(),
+                });
+            }
+        }
+        self.services.fail_all(&line);
+        // The program's waits return the cause now, and it prints it as
+        // its error; hyfi says it and ends the job if the program does not
+        // end within the grace.
+        let me = self.rank;
+        let code = cause.kind.exit_code();
+        let shared = SHARED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let _ = std::thread::Builder::new()
+            .name("hyfi-abort".into())
+            .spawn(move || {
+                std::thread::sleep(crate::FAILURE_GRACE);
+                eprintln!("hyfi: {}", cause.line(me));
+                if let Some(s) = shared.and_then(|w| w.upgrade()) {
+                    lock(&s.out).abort = Some(code);
+                    s.wake();
+                    // The communication thread ends the job; if it cannot
+                    // (stuck in MPI), the process ends itself.
+                    std::thread::sleep(Duration::from_secs(5));
+                }
+                std::process::exit(code);
+            });
+    }
+}
+
+/// The node's shared state, for the thread that ends the job after a
+/// failure (a weak reference: a node that closed has nothing to end).
+static SHARED: Mutex<Option<std::sync::Weak<Shared>>> = Mutex::new(None);
+
+/// An abort's payload: the kind's exit code, the origin, and the text.
+pub(crate) fn encode_abort(c: &Cause) -> Vec<u8> {
+    let mut v = (c.kind.exit_code() as u32).to_le_bytes().to_vec();
+    v.extend_from_slice(&(c.origin as u32).to_le_bytes());
+    v.extend_from_slice(c.text.as_bytes());
+    v
+}
+
+/// The cause an abort from node `from` carries.
+pub(crate) fn decode_abort(from: usize, data: &[u8]) -> Cause {
+    let word = |i: usize| {
+        data.get(i..i + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+    };
+    let code = word(0).map_or(1, |c| c as i32);
+    let origin = word(4).map_or(from, |o| o as usize);
+    let kind = match code {
+        2 => CauseKind::Config,
+        3 => CauseKind::Lost,
+        4 => CauseKind::Startup,
+        c if c == 128 + libc::SIGABRT => CauseKind::Fatal,
+        c if c > 128 => CauseKind::Signal(c - 128),
+        _ => CauseKind::Program,
+    };
+    let text = String::from_utf8_lossy(data.get(8..).unwrap_or_default()).into_owned();
+    Cause::new(origin, kind, text)
+}
+
+/// A node's sending side over MPI.
+struct MpiPort(Arc<Shared>);
+
+impl Port for MpiPort {
+    fn send_with(
+        &self,
+        to: usize,
+        service: ServiceId,
+        class: Class,
+        len_hint: usize,
+        fill: &mut dyn FnMut(&mut Vec<u8>),
+    ) -> Result<usize, LinkError> {
+        let s = &self.0;
+        if to >= s.nodes || to == s.rank {
+            return Err(format!("node {}: no link to node {to}", s.rank).into());
+        }
+        if let Some(c) = s.failure() {
+            return Err(c.line(s.rank).into());
+        }
+        let mut data = Vec::with_capacity(len_hint);
+        fill(&mut data);
+        let n = data.len();
+        s.counters.sent[ix(class)].fetch_add(1, Ordering::Relaxed);
+        s.counters.bytes_sent[ix(class)].fetch_add(n as u64, Ordering::Relaxed);
+        s.push(Out {
+            to,
+            tag: i32::from(service.number()),
+            class,
+            data,
+        });
+        Ok(n)
+    }
+}
+
+/// One node of a job over MPI: the [`NodeLink`] the runtime runs on.
+pub struct MpiLink {
+    shared: Arc<Shared>,
+    coll: Arc<Collectives>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    signals: Mutex<Option<SignalThread>>,
+    reports: Mutex<Vec<Report>>,
+    runtime_stats: Mutex<Option<hyfi_core::StatsHandle>>,
+}
+
+impl std::fmt::Debug for MpiLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MpiLink(node {} of {})",
+            self.shared.rank, self.shared.nodes
+        )
+    }
+}
+
+impl MpiLink {
+    /// Initialises MPI on this node's communication thread and joins the
+    /// job. `expected` is the node count the launcher's environment gave,
+    /// if any: MPI must agree.
+    pub fn start(expected: Option<usize>, heartbeat: Duration) -> Result<Arc<MpiLink>, NetError> {
+        crate::cluster::record_panics();
+        let (started, thread) = engine::spawn(heartbeat)?;
+        let shared = started;
+        if let Some(n) = expected.filter(|&n| n != shared.nodes) {
+            return Err(NetError::BadEnv {
+                var: "--nodes",
+                value: n.to_string(),
+                expected: "the number of MPI processes (or no --nodes under mpirun)",
+            });
+        }
+        *SHARED.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::downgrade(&shared));
+        let port: Arc<dyn Port> = Arc::new(MpiPort(shared.clone()));
+        let coll = Collectives::new(shared.rank, shared.nodes, port);
+        shared
+            .services
+            .install(collective::SERVICE, coll.clone())
+            .map_err(|e| NetError::Protocol {
+                me: shared.rank,
+                from: shared.rank,
+                why: e.to_string(),
+            })?;
+        // A fault that kills this process (a stack overflow, an abort) is
+        // told to every peer before it dies.
+        let s = shared.clone();
+        let _ = hyfi_core::last_words::set_hook(move |text| {
+            s.fail(Cause::new(s.rank, CauseKind::Fatal, text));
+            std::thread::sleep(Duration::from_millis(100));
+        });
+        Ok(Arc::new(MpiLink {
+            shared,
+            coll,
+            thread: Mutex::new(Some(thread)),
+            signals: Mutex::new(None),
+            reports: Mutex::new(Vec::new()),
+            runtime_stats: Mutex::new(None),
+        }))
+    }
+
+    /// Starts the signal-handling thread: SIGINT, SIGTERM, SIGHUP or
+    /// SIGQUIT end the job (the cause told to every node, then
+    /// `MPI_Abort`); SIGUSR1 prints the node's counters.
+    pub fn handle_signals(self: &Arc<Self>) -> Result<(), NetError> {
+        let weak = Arc::downgrade(self);
+        let t = SignalThread::start(move |ev| {
+            let Some(l) = weak.upgrade() else { return };
+            match ev {
+                SignalEvent::Abort { signal, from } => {
+                    let sender = from
+                        .map(|p| format!(" from process {p}"))
+                        .unwrap_or_default();
+                    let c = Cause::new(
+                        l.shared.rank,
+                        CauseKind::Signal(signal as i32),
+                        format!("received {signal}{sender}; the job ends"),
+                    );
+                    eprintln!("hyfi: {}", c.line(l.shared.rank));
+                    l.shared.fail(c);
+                    std::thread::sleep(Duration::from_millis(200));
+                    lock(&l.shared.out).abort = Some(signals::exit_code_for(signal));
+                    l.shared.wake();
+                }
+                SignalEvent::DumpStats => eprint!("{}", l.report()),
+            }
+        })?;
+        *lock(&self.signals) = Some(t);
+        Ok(())
+    }
+
+    /// Makes [`MpiLink::report`] include the runtime's counters.
+    pub fn set_runtime_stats(&self, h: hyfi_core::StatsHandle) {
+        *lock(&self.runtime_stats) = Some(h);
+    }
+
+    /// This node's counters: messages and bytes by class, the runtime's
+    /// and the layers' sections. What SIGUSR1 prints.
+    pub fn report(&self) -> String {
+        let mut s = format!(
+            "hyfi: node {} traffic (MPI): {}\n",
+            self.shared.rank,
+            self.traffic().unwrap_or_default()
+        );
+        if let Some(st) = lock(&self.runtime_stats).as_ref().and_then(|h| h.stats()) {
+            s += &st.to_string();
+        }
+        for section in lock(&self.reports).iter() {
+            if let Some(text) = section() {
+                s += &text;
+            }
+        }
+        s
+    }
+
+    fn failed(&self) -> Result<(), LinkError> {
+        match self.shared.failure() {
+            Some(c) => Err(c.line(self.shared.rank).into()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl NodeLink for MpiLink {
+    fn num_nodes(&self) -> usize {
+        self.shared.nodes
+    }
+    fn my_node(&self) -> usize {
+        self.shared.rank
+    }
+    fn barrier(&self) -> Result<(), LinkError> {
+        self.failed()?;
+        self.coll.barrier()
+    }
+    fn allreduce(
+        &self,
+        value: &mut [u8],
+        combine: &mut dyn FnMut(&mut [u8], &[u8]),
+    ) -> Result<(), LinkError> {
+        self.failed()?;
+        self.coll.allreduce(value, combine)
+    }
+    fn traffic(&self) -> Option<Traffic> {
+        let c = &self.shared.counters;
+        Some(Traffic {
+            control: c.class(0),
+            bulk: c.class(1),
+            refused: 0,
+        })
+    }
+    fn port(&self) -> Option<Arc<dyn Port>> {
+        Some(Arc::new(MpiPort(self.shared.clone())))
+    }
+    fn set_service(&self, id: ServiceId, service: Arc<dyn Service>) -> Result<(), LinkError> {
+        let s = &self.shared;
+        match s.services.install(id, service.clone()) {
+            Ok(()) => {}
+            Err(e @ ServiceError::Twice { .. }) => {
+                return Err(format!("node {}: {e}", s.rank).into())
+            }
+            Err(e @ ServiceError::Failed { .. }) => {
+                let c = Cause::new(s.rank, CauseKind::Program, e.to_string());
+                s.fail(c.clone());
+                return Err(c.line(s.rank).into());
+            }
+        }
+        if let Some(c) = s.failure() {
+            service.failed(&c.line(s.rank));
+        }
+        Ok(())
+    }
+    fn add_report(&self, section: Report) {
+        lock(&self.reports).push(section);
+    }
+    fn enter_step(&self, step: Step) -> Result<(), LinkError> {
+        let s = &self.shared;
+        if s.nodes < 2 {
+            return Ok(());
+        }
+        self.failed()?;
+        let prev = (s.rank + s.nodes - 1) % s.nodes;
+        let entered = lock(&s.steps).enter(prev, step);
+        match entered {
+            Ok(k) => {
+                let mut data = k.to_le_bytes().to_vec();
+                for w in step.to_words() {
+                    data.extend_from_slice(&w.to_le_bytes());
+                }
+                s.push(Out {
+                    to: (s.rank + 1) % s.nodes,
+                    tag: tag::STEP,
+                    class: Class::Control,
+                    data,
+                });
+                Ok(())
+            }
+            Err(e) => {
+                let c = Cause::new(s.rank, CauseKind::Program, e.to_string());
+                s.fail(c.clone());
+                Err(c.line(s.rank).into())
+            }
+        }
+    }
+    fn abort(&self, cause: &str) {
+        let s = &self.shared;
+        s.fail(Cause::new(s.rank, CauseKind::Program, cause));
+    }
+}
+
+impl Drop for MpiLink {
+    fn drop(&mut self) {
+        if let Some(t) = lock(&self.signals).take() {
+            let _ = t.stop();
+        }
+        let s = &self.shared;
+        if std::thread::panicking() {
+            let what = crate::cluster::last_panic().unwrap_or_else(|| "(no message)".into());
+            s.fail(Cause::new(
+                s.rank,
+                CauseKind::Program,
+                format!("its program panicked: {what}"),
+            ));
+        }
+        // Goodbye behind everything this node sent, on both classes; the
+        // communication thread serves the peers until each said goodbye
+        // too, then finalises MPI.
+        let (steps, last) = lock(&s.steps).last();
+        let mut bye = steps.to_le_bytes().to_vec();
+        for w in last.map(Step::to_words).unwrap_or([0; 4]) {
+            bye.extend_from_slice(&w.to_le_bytes());
+        }
+        {
+            let mut o = lock(&s.out);
+            for to in (0..s.nodes).filter(|&p| p != s.rank) {
+                for class in [Class::Control, Class::Bulk] {
+                    let out = Out {
+                        to,
+                        tag: tag::BYE,
+                        class,
+                        data: bye.clone(),
+                    };
+                    match class {
+                        Class::Control => o.control.push_back(out),
+                        Class::Bulk => o.bulk.push_back(out),
+                    }
+                }
+            }
+            o.closing = true;
+        }
+        s.wake();
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+        // Services hold a port, which holds the shared state, which holds
+        // them.
+        s.services.clear();
+        if let Some(c) = s.failure() {
+            // The node failed and its program ended anyway: the job must
+            // not look as if it succeeded.
+            eprintln!("hyfi: {}", c.line(s.rank));
+            std::process::exit(c.kind.exit_code());
+        }
+    }
+}
