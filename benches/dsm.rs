@@ -36,6 +36,11 @@
 //!   grid, bit for bit. The ratios of criterion's median estimates are
 //!   printed at the end.
 //!
+//! Over MPI (`--features mpi`): `mpirun -np 2 target/release/deps/dsm-* --bench
+//! dsm_fetch` runs the fetch part alone over the site's MPI, against a raw
+//! MPI ping-pong of the same sizes between the same two processes
+//! (`hyfi_net::mpi::raw_round_trips`, on their communication threads).
+//!
 //! Run with `cargo bench --bench dsm -- --noplot` (about 2 minutes). A
 //! criterion filter that does not match `dsm_fetch` skips the fetch part;
 //! without `--bench` (as under `cargo test --benches`) the fetch part runs
@@ -122,8 +127,13 @@ fn fetch_node(full: bool) {
         .expect("shared vector");
     assert!((0..2 * PAGES).all(|p| v.home_of(p * PER_PAGE) == 1));
 
-    // Raw baseline: node 0 connects to an echo thread of node 1.
-    let listener = (me == 1).then(|| TcpListener::bind("127.0.0.1:0").expect("bind"));
+    // Raw baseline: over TCP, node 0 connects to an echo thread of node 1;
+    // over MPI, the two communication threads ping-pong with MPI_Send and
+    // MPI_Recv (`hyfi_net::mpi::raw_round_trips`).
+    let over_mpi =
+        hyfi_net::Transport::from_env().expect("HYFI_TRANSPORT") == hyfi_net::Transport::Mpi;
+    let raw_name = if over_mpi { "raw_mpi" } else { "raw_tcp" };
+    let listener = (me == 1 && !over_mpi).then(|| TcpListener::bind("127.0.0.1:0").expect("bind"));
     let mut port = listener
         .as_ref()
         .map_or(0u64, |l| u64::from(l.local_addr().expect("addr").port()));
@@ -154,9 +164,11 @@ fn fetch_node(full: bool) {
             }
         }))
     } else {
-        let s = TcpStream::connect(("127.0.0.1", port as u16)).expect("connect");
-        s.set_nodelay(true).expect("nodelay");
-        client = Some(s);
+        if !over_mpi {
+            let s = TcpStream::connect(("127.0.0.1", port as u16)).expect("connect");
+            s.set_nodelay(true).expect("nodelay");
+            client = Some(s);
+        }
         None
     };
 
@@ -169,7 +181,10 @@ fn fetch_node(full: bool) {
     for block in 0..blocks {
         // Raw block (node 0 asks, node 1's echo thread answers).
         let mut raw = Vec::with_capacity(RAW_PER_BLOCK);
-        if let Some(c) = client.as_mut() {
+        let n_raw = if full { RAW_PER_BLOCK } else { 50 };
+        if over_mpi {
+            raw = raw_mpi(me, n_raw);
+        } else if let Some(c) = client.as_mut() {
             let mut req = [0u8; REQ];
             let mut reply = vec![0u8; REPLY];
             let n = if full { RAW_PER_BLOCK } else { 50 };
@@ -267,21 +282,21 @@ fn fetch_node(full: bool) {
     if me == 0 {
         let (rm, dm) = (median(&mut raw_all), median(&mut dsm_all));
         println!(
-            "dsm_fetch: {blocks} blocks × ({} raw 16 B → 4 KiB round trips, {} page fetches); \
-             per-block medians in µs:",
+            "dsm_fetch: {blocks} blocks × ({} {raw_name} 16 B → 4 KiB round trips, {} page \
+             fetches); per-block medians in µs:",
             if full { RAW_PER_BLOCK } else { 50 },
             PAGES * rounds
         );
         for k in 0..raw_med.len() {
             println!(
-                "dsm_fetch:   block {k}: raw_tcp {:7.2}  dsm_fetch {:7.2}  ratio {:.2}",
+                "dsm_fetch:   block {k}: {raw_name} {:7.2}  dsm_fetch {:7.2}  ratio {:.2}",
                 raw_med[k] / 1e3,
                 dsm_med[k] / 1e3,
                 ratios[k]
             );
         }
         println!(
-            "dsm_fetch: all samples: raw_tcp median {:.2} µs (p10 {:.2}, p90 {:.2}); \
+            "dsm_fetch: all samples: {raw_name} median {:.2} µs (p10 {:.2}, p90 {:.2}); \
              dsm_fetch median {:.2} µs (p10 {:.2}, p90 {:.2})",
             rm / 1e3,
             pct(&raw_all, 0.1) / 1e3,
@@ -294,7 +309,7 @@ fn fetch_node(full: bool) {
         let lo = rs.iter().cloned().fold(f64::INFINITY, f64::min);
         let hi = rs.iter().cloned().fold(0.0, f64::max);
         println!(
-            "dsm_fetch: RESULT remote page fetch / raw TCP 4 KiB round trip = {:.2} \
+            "dsm_fetch: RESULT remote page fetch / {raw_name} 4 KiB round trip = {:.2} \
              (median of per-block ratios, range {lo:.2}–{hi:.2}); {:.2} (ratio of the \
              medians of all samples); target ≤ 1.50",
             median(&mut rs),
@@ -302,6 +317,19 @@ fn fetch_node(full: bool) {
         );
         println!("dsm_fetch: {}", dsm.stats().total);
     }
+}
+
+/// Raw MPI round trips, 16 bytes out and 4 KiB back, node 0 asking node 1:
+/// their times in ns on node 0.
+#[cfg(feature = "mpi")]
+fn raw_mpi(me: usize, n: usize) -> Vec<f64> {
+    let t = hyfi_net::mpi::raw_round_trips(1 - me, me == 0, REQ, REPLY, n).expect("raw MPI");
+    t.iter().map(|d| d.as_nanos() as f64).collect()
+}
+
+#[cfg(not(feature = "mpi"))]
+fn raw_mpi(_: usize, _: usize) -> Vec<f64> {
+    unreachable!("HYFI_TRANSPORT=mpi is refused without the feature")
 }
 
 // ------------------------------------------------------------- Jacobi 1×1
@@ -725,7 +753,10 @@ fn main() {
     // As criterion decides: `--bench` without `--test` measures; anything
     // else (`cargo test --benches`) is a smoke test.
     let full = has("--bench") && !has("--test");
-    if std::env::var_os("HYFI_RANK").is_some() {
+    // A node of the fetch pair: started by `launch_fetch` (hyfi's launcher)
+    // or by `mpirun -np 2` (over MPI or TCP, as HYFI_TRANSPORT says).
+    if std::env::var_os("HYFI_RANK").is_some() || std::env::var_os("OMPI_COMM_WORLD_RANK").is_some()
+    {
         fetch_node(full);
         return;
     }

@@ -17,7 +17,7 @@
 //!   by node 0, every node calling the collective back to back. hyfi:
 //!   `Cluster::barrier` / `Cluster::allreduce` of one `f64` with a max
 //!   combine. Baseline `raw_tree`: the same binomial tree as
-//!   `hyfi_net::collective` (up to node 0 combining, then back down) over a
+//!   `hyfi_net::tcp::collective` (up to node 0 combining, then back down) over a
 //!   full mesh of blocking `TcpStream`s with `TCP_NODELAY`, no
 //!   communication thread: the value (1 byte for the barrier, 8 for the
 //!   reduction) is written and read directly by the node's thread. With 2
@@ -37,9 +37,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use hyfi_net::bootstrap::{JobSpec, Launcher, Rendezvous};
-use hyfi_net::comm::{Comm, Dir};
-use hyfi_net::wire::Msg;
-use hyfi_net::{mesh, Cluster};
+use hyfi_net::tcp::comm::{Comm, Dir};
+use hyfi_net::tcp::mesh;
+use hyfi_net::tcp::wire::Msg;
+use hyfi_net::Cluster;
 
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bulk tag that stops an echo loop (below bit 63: tags with that bit
@@ -261,7 +262,7 @@ impl RawNode {
             .expect("raw recv");
     }
 
-    /// The binomial-tree all-reduce of `hyfi_net::collective`, over raw
+    /// The binomial-tree all-reduce of `hyfi_net::tcp::collective`, over raw
     /// blocking sockets.
     fn allreduce(&mut self, value: &mut [u8], combine: &mut dyn FnMut(&mut [u8], &[u8])) {
         let (r, n) = (self.rank, self.peers.len());

@@ -18,7 +18,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use hyfi_net::wire::{Handshake, Purpose};
+use hyfi_net::tcp::wire::{Handshake, Purpose};
 
 /// Points per block: small, so a run takes a fraction of a second.
 const SAMPLES: &str = "2000";
@@ -208,7 +208,10 @@ fn run_by_hand(
     job.files = files;
     for rank in 0..nodes {
         let mut cmd = montecarlo(1, &[]);
-        cmd.envs(env(rank));
+        // The launchers' variables by hand, without an MPI library behind
+        // them: the TCP transport's bootstrap is what is tested (with the
+        // `mpi` feature, MPI would be the default under them).
+        cmd.env("HYFI_TRANSPORT", "tcp").envs(env(rank));
         job.spawn(&format!("rank {rank}"), cmd);
     }
     let statuses = job.wait_all(BOUND);
@@ -338,12 +341,22 @@ fn on_path(exe: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn run_mpirun(mpirun: &Path, nodes: usize) -> Outcome {
-    let mut job = Job::new(&format!("mpirun -np {nodes}"));
+/// The transports a job under `mpirun` can run on in this build.
+fn mpirun_transports() -> &'static [&'static str] {
+    if cfg!(feature = "mpi") {
+        &["tcp", "mpi"]
+    } else {
+        &["tcp"]
+    }
+}
+
+fn run_mpirun(mpirun: &Path, nodes: usize, transport: &str) -> Outcome {
+    let mut job = Job::new(&format!("mpirun -np {nodes} (HYFI_TRANSPORT={transport})"));
     let mut cmd = command(mpirun);
     cmd.args(["--oversubscribe", "--allow-run-as-root", "-np"])
         .arg(nodes.to_string())
         .args(["-x", "HYFI_PIN=0"])
+        .args(["-x", &format!("HYFI_TRANSPORT={transport}")])
         .arg(&bins().montecarlo)
         .args(["--procs", "1", "--samples", SAMPLES])
         // Open MPI 4 refuses to start, even on one host, without an ssh or
@@ -399,10 +412,12 @@ fn mpirun_agrees_with_one_node() {
         eprintln!("SKIPPED: mpirun not installed");
         return;
     };
-    for nodes in [2, 4] {
-        let a = run_mpirun(&mpirun, nodes);
-        let b = run_mpirun(&mpirun, nodes);
-        check_runs(&format!("mpirun -np {nodes}"), &a, &b);
+    for &transport in mpirun_transports() {
+        for nodes in [2, 4] {
+            let a = run_mpirun(&mpirun, nodes, transport);
+            let b = run_mpirun(&mpirun, nodes, transport);
+            check_runs(&format!("mpirun -np {nodes} over {transport}"), &a, &b);
+        }
     }
 }
 

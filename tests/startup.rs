@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use hyfi_net::wire::{Handshake, Purpose, HANDSHAKE_LEN, NONCE_LEN, PROOF_LEN};
+use hyfi_net::tcp::wire::{Handshake, Purpose, HANDSHAKE_LEN, NONCE_LEN, PROOF_LEN};
 
 mod common;
 use common::*;
@@ -216,7 +216,7 @@ fn without_a_token_the_rendezvous_file_is_private_and_removed() {
         .filter(|t| !t.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/tmp"));
-    let dir = hyfi_net::rendezvous::private_dir(&tmp);
+    let dir = hyfi_net::bootstrap::private_dir(&tmp);
     let file = dir.join(format!("hyfi-{ns}.addr"));
     job.files.push(file.clone());
     // A stale file of a crashed run of this job: node 0 must replace it.
@@ -228,7 +228,10 @@ fn without_a_token_the_rendezvous_file_is_private_and_removed() {
     std::fs::write(&file, format!("{id} 127.0.0.1:1 {}\n", "ab".repeat(16))).unwrap();
     let ompi = |rank: usize| {
         let mut cmd = montecarlo(&[]);
-        cmd.env("OMPI_COMM_WORLD_RANK", rank.to_string())
+        // Open MPI's variables by hand, no MPI library behind them: the
+        // TCP transport's bootstrap is tested.
+        cmd.env("HYFI_TRANSPORT", "tcp")
+            .env("OMPI_COMM_WORLD_RANK", rank.to_string())
             .env("OMPI_COMM_WORLD_SIZE", nodes.to_string())
             .env("OMPI_COMM_WORLD_LOCAL_SIZE", nodes.to_string())
             .env("PMIX_NAMESPACE", &ns)

@@ -98,6 +98,10 @@ pub fn bins() -> &'static Bins {
             "--manifest-path",
         ])
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
+        // The examples with the transports this test was built with.
+        if cfg!(feature = "mpi") {
+            cmd.args(["--features", "mpi"]);
+        }
         match profile.as_str() {
             "debug" => {}
             "release" => {

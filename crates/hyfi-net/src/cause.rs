@@ -18,6 +18,7 @@
 //! peers' "lost node 1" lines name it, and the launcher adds how it ended.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::time::Duration;
 
 /// The variable that tells a node which file descriptor carries its causes
 /// to its launcher (set by hyfi's launchers only).
@@ -172,6 +173,22 @@ pub(crate) fn mark_delivered() {
 /// printed.
 pub(crate) fn take_delivered() -> bool {
     DELIVERED.swap(true, Ordering::SeqCst)
+}
+
+/// How long a node that failed, or learned of a failure, waits for its own
+/// program to report the error before it ends the process itself.
+pub const FAILURE_GRACE: Duration = Duration::from_secs(2);
+
+/// Ends the process [`FAILURE_GRACE`] after node `me` failed with `cause`,
+/// if its program has not ended it by then: printing the cause, unless the
+/// program was given it as an error (and so printed it, or chose not to),
+/// and exiting with the cause's code (see [`CauseKind::exit_code`]).
+pub(crate) fn end_after_grace(me: usize, cause: &Cause) {
+    std::thread::sleep(FAILURE_GRACE);
+    if !take_delivered() {
+        eprintln!("hyfi: {}", cause.line(me));
+    }
+    std::process::exit(cause.kind.exit_code());
 }
 
 /// Whether this node was started by hyfi's launcher (it has the pipe).

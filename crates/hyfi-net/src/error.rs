@@ -90,7 +90,7 @@ pub enum NetError {
         secs: u64,
         /// The last failure.
         #[source]
-        source: crate::wire::HandshakeError,
+        source: crate::tcp::wire::HandshakeError,
     },
 
     /// Not every node showed up at the coordinator in time.

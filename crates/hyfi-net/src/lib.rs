@@ -1,15 +1,40 @@
 //! # hyfi-net: nodes
 //!
-//! Turns one node into N (paper §3.2, §3.4): bootstrap from the launcher's
-//! environment ([`bootstrap`]), local launching ([`launch`], the `hyfi-run`
-//! binary), a full mesh of TCP connections opened with an authenticated
-//! handshake ([`mesh`], [`wire`]), a communication thread per node
-//! ([`comm`]), the signal-handling thread ([`signals`]), and the cross-node
-//! barrier and reduction ([`collective`]) that plug into hyfi-core through
-//! [`hyfi_core::NodeLink`] ([`Cluster`]). The cluster also carries the node
-//! seam for the layers above ([`hyfi_core::link`]: services, priority
-//! classes, typed counters), over which fork-join across nodes
-//! ([`hyfi_core::steal`]) and the shared memory (hyfi-dsm) talk.
+//! Turns one node into N (paper §3.2, §3.4). What every job needs, whatever
+//! carries its messages:
+//!
+//! * [`bootstrap`]: who am I, how many are we, where do we meet, from the
+//!   launcher's environment (hyfi's own, `mpirun`, `srun`), and the job's
+//!   secret;
+//! * [`launch`] and the `hyfi-run` binary: hyfi's own launcher of local
+//!   nodes, which supervises them and names the job's first failure;
+//! * [`cause`]: that first cause, on which the nodes and the launcher
+//!   agree, and the exit codes; [`FAILURE_GRACE`], how long a failed node
+//!   waits for its program before it ends itself;
+//! * [`signals`]: the signal-handling thread (abort the job, dump
+//!   counters);
+//! * [`init`] and friends, which read the settings ([`check_env`]) and
+//!   pick the transport ([`Transport`]).
+//!
+//! And the transports, each a module that implements hyfi-core's node seam
+//! ([`hyfi_core::NodeLink`], [`hyfi_core::link`]: services, priority
+//! classes, typed counters, the SPMD step checks, barrier and reduction),
+//! over which fork-join across nodes ([`hyfi_core::steal`]) and the shared
+//! memory (hyfi-dsm) talk without knowing which one runs:
+//!
+//! * [`tcp`]: hyfi's own, a full mesh of TCP connections opened with an
+//!   authenticated handshake and a communication thread per node
+//!   ([`Cluster`]);
+//! * `mpi` (the `mpi` cargo feature): MPI point-to-point, under `mpirun` or
+//!   `srun` (see [below](#mpi)).
+//!
+//! ## MPI
+//!
+//! Built with the `mpi` feature (it needs an MPI library and libclang),
+//! `hyfi_net::mpi` carries a job over MPI point-to-point, so that whatever
+//! the site's MPI drives (shared memory, InfiniBand, RoCE) carries it; it
+//! is the default under an MPI launcher in such a build
+//! (`HYFI_TRANSPORT`, see [`Transport`]).
 //!
 //! A program calls [`init`] first thing in `main`; the same binary then runs
 //! on one node, on N local nodes (`HYFI_NODES=N`, or `hyfi-run -n N`), or
@@ -24,22 +49,17 @@ use hyfi_core::{Config, Runtime};
 
 pub mod bootstrap;
 pub mod cause;
-mod cluster;
-pub mod collective;
-pub mod comm;
 mod error;
 pub mod launch;
-pub mod mesh;
 #[cfg(feature = "mpi")]
 pub mod mpi;
-mod refusal;
-pub mod rendezvous;
+mod panics;
 pub mod signals;
-mod token;
-pub mod wire;
+pub mod tcp;
 
-pub use cluster::{Cluster, Report, FAILURE_GRACE};
+pub use cause::FAILURE_GRACE;
 pub use error::NetError;
+pub use tcp::{Cluster, Report};
 
 /// Default limit on how long setup waits for the other nodes (`HYFI_TIMEOUT`
 /// overrides it, in seconds).

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
 use hyfi_net::bootstrap::{random_token, JobSpec, Launcher, Rendezvous};
-use hyfi_net::comm::{Comm, FailureHook};
+use hyfi_net::tcp::comm::{Comm, FailureHook};
 use hyfi_net::Cluster;
 
 fn free_port() -> u16 {
@@ -78,7 +78,7 @@ fn comms_with_hooks(hooks: impl Iterator<Item = FailureHook>) -> Vec<Arc<Comm>> 
         .zip(hooks)
         .map(|(spec, hook)| {
             std::thread::spawn(move || {
-                let links = hyfi_net::mesh::connect(&spec, Duration::from_secs(20)).unwrap();
+                let links = hyfi_net::tcp::mesh::connect(&spec, Duration::from_secs(20)).unwrap();
                 Arc::new(Comm::start(links, hook, hyfi_net::DEFAULT_HEARTBEAT).unwrap())
             })
         })
@@ -256,8 +256,8 @@ fn a_runtime_over_four_nodes_reduces_across_all_of_them() {
 /// order, across however many partial reads and writes it took.
 #[test]
 fn bursts_of_every_frame_size_arrive_whole_and_in_order() {
-    use hyfi_net::comm::Dir;
-    use hyfi_net::wire::Msg;
+    use hyfi_net::tcp::comm::Dir;
+    use hyfi_net::tcp::wire::Msg;
     const SIZES: [usize; 7] = [0, 1, 15, 4096, 65_537, 300_000, 3 << 20];
     const FRAMES: u64 = 60;
     let byte = |i: u64, j: usize| (i as usize * 31 + j * 7) as u8;

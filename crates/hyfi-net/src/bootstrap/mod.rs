@@ -15,7 +15,7 @@
 //!    every rank runs on this host (`OMPI_COMM_WORLD_LOCAL_SIZE` equals the
 //!    size), a file `$TMPDIR/hyfi-<uid>/hyfi-<jobkey>.addr` (`/tmp` if
 //!    `TMPDIR` is unset; the directory is private to the user, see
-//!    [`crate::rendezvous`]), where the job key is `PMIX_NAMESPACE` or else
+//!    [`crate::tcp::rendezvous`]), where the job key is `PMIX_NAMESPACE` or else
 //!    `OMPI_MCA_ess_base_jobid`.
 //!    Ranks spread over several hosts with neither variable set cannot meet:
 //!    [`NetError::NoRendezvous`] says what to set.
@@ -36,7 +36,7 @@
 //! which is otherwise a hash of the launcher's job key (or, failing one, of the
 //! rendezvous), and `HYFI_TOKEN` (32 hex digits) hands out the job's secret.
 //! Without `HYFI_TOKEN`, node 0 makes a random token and leaves it in a file
-//! only this user can read ([`crate::rendezvous`]), so a job without one
+//! only this user can read ([`crate::tcp::rendezvous`]), so a job without one
 //! works only when every node can read that file (one host, or a
 //! `HYFI_RENDEZVOUS` on a shared file system). `HYFI_COORD` and `HYFI_TOKEN`
 //! are checked whatever the launcher, even for a one-node run: a malformed
@@ -44,6 +44,15 @@
 //! ([`NetError::BadEnv`]) that names the variable and what it should hold,
 //! never a silent fallback: a node that guessed its rank wrongly would hang the
 //! whole job.
+//!
+//! All of this is the launcher's side of a job, whatever transport carries
+//! it: the [`JobSpec`] with its meeting point ([`Rendezvous`], and the
+//! private directory a default rendezvous file lives in, [`private_dir`])
+//! and its secret ([`Token`]) is what hyfi's launchers make and pass, and
+//! what `mpirun` and `srun` imply. How nodes meet there (the rendezvous
+//! file's protocol) and prove the token is the TCP transport's
+//! ([`crate::tcp`]); the MPI transport needs neither, as MPI's launcher
+//! wires the job up itself.
 //!
 //! ```
 //! use hyfi_net::bootstrap::{detect, Detected, Launcher, Rendezvous};
@@ -61,12 +70,13 @@
 //! assert!(addr.starts_with("cn017:"));
 //! ```
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 mod hostlist;
+mod token;
 
-pub use crate::token::{parse_token, random_token, random_u64, token_hex, Token};
 use hostlist::first_host;
+pub use token::{parse_token, random_token, random_u64, token_hex, Token};
 
 use crate::NetError;
 
@@ -136,6 +146,20 @@ pub enum Detected {
         /// Number of nodes to start.
         nodes: usize,
     },
+}
+
+/// This user's private directory under `tmp`: `tmp/hyfi-<uid>`, where a
+/// job's default rendezvous file lives (the TCP transport creates it mode
+/// 0700 and trusts nothing in it that is not this user's, see
+/// [`crate::tcp::rendezvous`]).
+pub fn private_dir(tmp: &Path) -> PathBuf {
+    tmp.join(format!("hyfi-{}", euid()))
+}
+
+/// This process's effective user id.
+pub(crate) fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 /// The hint of [`NetError::NoRendezvous`] for Open MPI.
@@ -368,7 +392,7 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
                 // by construction, and the job key keeps jobs apart.
                 (Some(key), Some(local)) if local == nodes => {
                     let dir = self.get("TMPDIR").unwrap_or_else(|| "/tmp".to_string());
-                    let private = crate::rendezvous::private_dir(&PathBuf::from(dir));
+                    let private = private_dir(&PathBuf::from(dir));
                     Rendezvous::File(private.join(format!("hyfi-{key}.addr")))
                 }
                 _ => {

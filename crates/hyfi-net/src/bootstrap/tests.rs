@@ -1,8 +1,8 @@
 //! The rules of [`detect`](super::detect), one launcher at a time, over
 //! made-up environments.
 
+use super::token::fallback_random;
 use super::*;
-use crate::token::fallback_random;
 
 fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
     move |k| {
@@ -243,8 +243,7 @@ fn ompi_all_local_uses_a_temp_file() {
             rank: 1,
             nodes: 4,
             rendezvous: Rendezvous::File(
-                crate::rendezvous::private_dir("/scratch/tmp".as_ref())
-                    .join("hyfi-prterun-host-1234_1.addr")
+                private_dir("/scratch/tmp".as_ref()).join("hyfi-prterun-host-1234_1.addr")
             ),
             job: fnv1a(b"prterun-host-1234_1"),
             token: None,
@@ -263,9 +262,7 @@ fn ompi_jobid_fallback_and_default_tmp() {
     ]);
     assert_eq!(
         spec.rendezvous,
-        Rendezvous::File(
-            crate::rendezvous::private_dir("/tmp".as_ref()).join("hyfi-3735879681.addr")
-        )
+        Rendezvous::File(private_dir("/tmp".as_ref()).join("hyfi-3735879681.addr"))
     );
     assert_eq!(spec.job, fnv1a(b"3735879681"));
 }
@@ -353,9 +350,7 @@ fn pmi_rules() {
         JobSpec {
             rank: 1,
             nodes: 2,
-            rendezvous: Rendezvous::File(
-                crate::rendezvous::private_dir("/tmp".as_ref()).join("hyfi-kvs_1234_0.addr")
-            ),
+            rendezvous: Rendezvous::File(private_dir("/tmp".as_ref()).join("hyfi-kvs_1234_0.addr")),
             job: fnv1a(b"kvs_1234_0"),
             token: None,
             launcher: Launcher::Pmi,
@@ -370,7 +365,7 @@ fn pmi_rules() {
     ]);
     assert_eq!(
         spec.rendezvous,
-        Rendezvous::File(crate::rendezvous::private_dir("/tmp".as_ref()).join("hyfi-ns.addr"))
+        Rendezvous::File(private_dir("/tmp".as_ref()).join("hyfi-ns.addr"))
     );
     let spec = member(&[("PMI_RANK", "0"), ("PMI_SIZE", "3"), ("HYFI_COORD", "n0:9")]);
     assert_eq!(spec.rendezvous, Rendezvous::Coord("n0:9".into()));

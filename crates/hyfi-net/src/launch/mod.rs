@@ -86,7 +86,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 
-use crate::token::{random_token, random_u64, token_hex};
+use crate::bootstrap::{random_token, random_u64, token_hex};
 use crate::NetError;
 use hyfi_core::progress::Setting;
 

@@ -16,7 +16,7 @@ use hyfi_core::link::spmd::Steps;
 use hyfi_core::link::{Class, ServiceTable};
 use hyfi_core::Step;
 
-use super::{decode_abort, ix, lock, tag, Counters, Out, Outbox, Shared};
+use super::{decode_abort, ix, lock, tag, Counters, Out, Outbox, RawJob, Shared};
 use super::{BULK_IN_FLIGHT, HOT, NAP_MAX, NAP_MIN};
 use crate::cause::{Cause, CauseKind};
 use crate::error::NetError;
@@ -91,6 +91,7 @@ fn run(heartbeat: Duration, tx: std::sync::mpsc::Sender<Result<Arc<Shared>, Stri
     let mut e = Engine {
         control: world.duplicate(),
         bulk: world.duplicate(),
+        raw: world.duplicate(),
         world,
         s: shared.clone(),
         posted: Vec::new(),
@@ -112,6 +113,8 @@ struct Engine {
     world: SimpleCommunicator,
     control: SimpleCommunicator,
     bulk: SimpleCommunicator,
+    /// For [`super::raw_round_trips`] alone.
+    raw: SimpleCommunicator,
     s: Arc<Shared>,
     posted: Vec<Posted>,
     /// Bulk bytes posted and not yet completed, per destination.
@@ -145,10 +148,15 @@ impl Engine {
                 self.judge(now);
                 next_beat = now + beat;
             }
-            let (closing, abort) = {
-                let o = lock(&s.out);
-                (o.closing, o.abort)
+            let (closing, abort, raw) = {
+                let mut o = lock(&s.out);
+                (o.closing, o.abort, o.raw.take())
             };
+            if let Some(job) = raw {
+                self.ping_pong(job);
+                last_moved = Instant::now();
+                continue;
+            }
             if let Some(code) = abort {
                 self.world.abort(code);
             }
@@ -374,6 +382,34 @@ impl Engine {
                 ),
             )),
         }
+    }
+
+    /// Runs a raw ping-pong (see [`super::raw_round_trips`]).
+    fn ping_pong(&mut self, job: RawJob) {
+        // What was queued before goes first (the peer may wait for it, a
+        // collective's last message, before it joins the ping-pong).
+        self.post();
+        let peer = self.raw.process_at_rank(job.peer as i32);
+        let mut req = vec![0u8; job.request];
+        let mut rep = vec![0u8; job.reply];
+        let mut times = Vec::with_capacity(if job.first { job.n } else { 0 });
+        for i in 0..job.n {
+            if job.first {
+                req[..8.min(job.request)]
+                    .copy_from_slice(&(i as u64).to_le_bytes()[..8.min(job.request)]);
+                let t = Instant::now();
+                peer.send_with_tag(&req[..], 0);
+                peer.receive_into_with_tag(&mut rep[..], 0);
+                times.push(t.elapsed());
+            } else {
+                peer.receive_into_with_tag(&mut req[..], 0);
+                peer.send_with_tag(&rep[..], 0);
+            }
+        }
+        // Silence from the peer while it was busy here is no hang.
+        let now = Instant::now();
+        self.heard.iter_mut().for_each(|h| *h = now);
+        let _ = job.done.send(times);
     }
 
     /// Tells every peer that this node is alive.

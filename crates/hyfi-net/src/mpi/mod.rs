@@ -122,6 +122,61 @@ pub(crate) struct Outbox {
     pub closing: bool,
     /// End the job with `MPI_Abort` and this code.
     pub abort: Option<i32>,
+    /// A raw ping-pong to time ([`raw_round_trips`]).
+    pub raw: Option<RawJob>,
+}
+
+/// A raw ping-pong for the communication thread to run and time.
+pub(crate) struct RawJob {
+    pub peer: usize,
+    pub first: bool,
+    pub request: usize,
+    pub reply: usize,
+    pub n: usize,
+    pub done: std::sync::mpsc::Sender<Vec<Duration>>,
+}
+
+/// Times `n` raw MPI round trips with node `peer`, as a benchmark's
+/// baseline for hyfi's own round trips (a page fetch): the node that is
+/// `first` sends `request` bytes and waits for `reply` bytes, `n` times;
+/// the peer, which must call this at the same time with `first` false,
+/// answers. Blocking `MPI_Send` and `MPI_Recv` on a communicator of their
+/// own, made by this node's communication thread while it does nothing
+/// else, so they measure MPI alone between the same two processes. Returns
+/// the round trips' times on the first node, nothing on the other.
+pub fn raw_round_trips(
+    peer: usize,
+    first: bool,
+    request: usize,
+    reply: usize,
+    n: usize,
+) -> Result<Vec<Duration>, NetError> {
+    let shared = SHARED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let Some(s) = shared.and_then(|w| w.upgrade()) else {
+        return Err(NetError::Launch(
+            "raw_round_trips needs a node running over MPI (HYFI_TRANSPORT=mpi under mpirun)"
+                .into(),
+        ));
+    };
+    if peer >= s.nodes || peer == s.rank {
+        return Err(NetError::Launch(format!(
+            "raw_round_trips: node {peer} is no peer of node {}",
+            s.rank
+        )));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    lock(&s.out).raw = Some(RawJob {
+        peer,
+        first,
+        request,
+        reply,
+        n,
+        done: tx,
+    });
+    s.wake();
+    rx.recv().map_err(|_| {
+        NetError::Launch("the MPI communication thread ended during raw_round_trips".into())
+    })
 }
 
 /// Counters by class: index 0 control, 1 bulk.
@@ -336,7 +391,7 @@ impl MpiLink {
     /// job. `expected` is the node count the launcher's environment gave,
     /// if any: MPI must agree.
     pub fn start(expected: Option<usize>, heartbeat: Duration) -> Result<Arc<MpiLink>, NetError> {
-        crate::cluster::record_panics();
+        crate::panics::record_panics();
         let (started, thread) = engine::spawn(heartbeat)?;
         let shared = started;
         if let Some(n) = expected.filter(|&n| n != shared.nodes) {
@@ -383,6 +438,27 @@ impl MpiLink {
             let Some(l) = weak.upgrade() else { return };
             match ev {
                 SignalEvent::Abort { signal, from } => {
+                    // SAFETY: getppid has no preconditions.
+                    let parent = unsafe { libc::getppid() };
+                    if from == Some(parent) {
+                        // The MPI launcher (its daemon is the parent) ends
+                        // the job: a rank died or aborted, which the
+                        // launcher names itself. Say what this node knows.
+                        let me = l.shared.rank;
+                        match l.shared.failure() {
+                            Some(c) => {
+                                eprintln!("hyfi: {}", c.line(me));
+                                std::process::exit(c.kind.exit_code());
+                            }
+                            None => {
+                                eprintln!(
+                                    "hyfi: node {me}: stopped by the MPI launcher ({signal}): \
+                                     another rank ended or failed (the launcher says which)"
+                                );
+                                std::process::exit(signals::exit_code_for(signal));
+                            }
+                        }
+                    }
                     let sender = from
                         .map(|p| format!(" from process {p}"))
                         .unwrap_or_default();
@@ -529,7 +605,7 @@ impl Drop for MpiLink {
         }
         let s = &self.shared;
         if std::thread::panicking() {
-            let what = crate::cluster::last_panic().unwrap_or_else(|| "(no message)".into());
+            let what = crate::panics::last_panic().unwrap_or_else(|| "(no message)".into());
             s.fail(Cause::new(
                 s.rank,
                 CauseKind::Program,

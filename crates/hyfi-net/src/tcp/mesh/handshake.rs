@@ -1,6 +1,6 @@
 //! The handshake of a mesh connection, both sides: the acceptor's [`Gate`]
 //! and the connector's [`introduce`], running the mutual challenge–response
-//! of [`crate::wire`] under one deadline for the whole exchange (a peer
+//! of [`crate::tcp::wire`] under one deadline for the whole exchange (a peer
 //! trickling one byte at a time cannot extend it). A failure is a
 //! [`HandshakeError`]: refused and logged on the acceptor's side, retried
 //! until setup's deadline on the connector's.
@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::bootstrap::JobSpec;
-use crate::refusal::RefusalLog;
-use crate::token::{random_token, Token};
-pub use crate::wire::HandshakeError;
-use crate::wire::{
+use crate::bootstrap::{random_token, Token};
+use crate::tcp::refusal::RefusalLog;
+pub use crate::tcp::wire::HandshakeError;
+use crate::tcp::wire::{
     self, Binding, Handshake, Msg, Nonce, Proof, Purpose, Side, HANDSHAKE_LEN, NONCE_LEN, PROOF_LEN,
 };
 

@@ -7,12 +7,12 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::bootstrap::Token;
 use crate::bootstrap::{JobSpec, Rendezvous};
 use crate::error::NetError;
-use crate::refusal::RefusalLog;
-use crate::rendezvous::{self, EntryError};
-use crate::token::Token;
-use crate::wire::{self, Msg, Purpose};
+use crate::tcp::refusal::RefusalLog;
+use crate::tcp::rendezvous::{self, EntryError};
+use crate::tcp::wire::{self, Msg, Purpose};
 
 use super::accept::Acceptor;
 use super::addr::is_local;

@@ -7,11 +7,11 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::bootstrap::random_token;
 use crate::bootstrap::JobSpec;
 use crate::error::NetError;
-use crate::refusal::RefusalLog;
-use crate::token::random_token;
-use crate::wire::{self, Msg, Purpose};
+use crate::tcp::refusal::RefusalLog;
+use crate::tcp::wire::{self, Msg, Purpose};
 
 use super::accept::Acceptor;
 use super::addr::bind_coordinator;

@@ -2,7 +2,7 @@
 //! thread starts (plain blocking sockets, every wait bounded).
 //!
 //! 1. Node 0 (the coordinator) listens at `HYFI_COORD`, or binds a port and
-//!    publishes `host:port` in the rendezvous file ([`crate::rendezvous`]).
+//!    publishes `host:port` in the rendezvous file ([`crate::tcp::rendezvous`]).
 //!    Without `HYFI_TOKEN` it makes a random token and puts it in that file
 //!    (for a `HYFI_COORD` job, in `$TMPDIR/hyfi-<uid>/hyfi-job-<job>.addr`),
 //!    created mode 0600 in a private directory, so only this user's
@@ -10,7 +10,7 @@
 //! 2. Every other node connects to node 0 (retrying until the deadline: node
 //!    0 may start last, and a stale rendezvous file is re-read), proves it
 //!    knows the token and checks node 0's proof (the challenge–response of
-//!    [`crate::wire`]), binds its own mesh listener and says where it is.
+//!    [`crate::tcp::wire`]), binds its own mesh listener and says where it is.
 //! 3. Once all have arrived, node 0 removes the rendezvous file and sends
 //!    everyone the table of listener addresses. Node 0's link to node *i* is
 //!    the connection *i* opened.
@@ -27,7 +27,7 @@
 //! **Strangers cannot hijack it.** Nothing keyed by the token, and not the
 //! address table, goes to a connection before it proved it knows the token;
 //! a connection that fails is logged (rate-limited, see
-//! `crate::refusal`) and dropped, and setup goes on. Only a node that
+//! `crate::tcp::refusal`) and dropped, and setup goes on. Only a node that
 //! proved itself can end setup with an error: a node count that disagrees
 //! with node 0's, or a rank claimed twice, ends setup on every node with an
 //! error that says what to check.
@@ -58,9 +58,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::bootstrap::JobSpec;
+use crate::bootstrap::Token;
 use crate::error::NetError;
-use crate::refusal::RefusalLog;
-use crate::token::Token;
+use crate::tcp::refusal::RefusalLog;
 
 /// The established mesh.
 pub struct Links {

@@ -1,14 +1,14 @@
 //! Addresses: which interface each listener binds, and what node 0 tells
 //! the others. A listener binds the interface the job uses, never every
 //! interface, so that a job on a private network is not reachable from
-//! the others (see the module docs of [`crate::mesh`]).
+//! the others (see the module docs of [`crate::tcp::mesh`]).
 
 use std::net::{IpAddr, TcpListener, ToSocketAddrs};
 
+use crate::bootstrap::Token;
 use crate::bootstrap::{JobSpec, Rendezvous};
 use crate::error::NetError;
-use crate::rendezvous::{self, Published};
-use crate::token::Token;
+use crate::tcp::rendezvous::{self, Published};
 
 /// The host name other nodes should use to reach this one.
 fn advertised_host() -> String {

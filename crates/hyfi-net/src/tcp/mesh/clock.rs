@@ -15,7 +15,7 @@ use hyfi_core::trace;
 
 use super::HANDSHAKE_WAIT;
 use crate::error::NetError;
-use crate::wire::{self, Msg};
+use crate::tcp::wire::{self, Msg};
 
 /// Round trips per node.
 pub(super) const ROUNDS: usize = 8;
@@ -118,8 +118,8 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let peer = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
-            let _ = crate::wire::read_msg(&mut s);
-            crate::wire::write_msg(&mut s, &crate::wire::Msg::Heartbeat).unwrap();
+            let _ = crate::tcp::wire::read_msg(&mut s);
+            crate::tcp::wire::write_msg(&mut s, &crate::tcp::wire::Msg::Heartbeat).unwrap();
         });
         let mut c = TcpStream::connect(addr).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();

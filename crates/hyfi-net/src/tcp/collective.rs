@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hyfi_core::link::collective::{self, Channel, Dir as CollDir, SizeMismatch};
 
-use crate::comm::{Comm, Dir};
 use crate::error::NetError;
-use crate::wire::Msg;
+use crate::tcp::comm::{Comm, Dir};
+use crate::tcp::wire::Msg;
 
 /// Sequence numbers of collectives: every node calls them in the same order.
 #[derive(Default)]

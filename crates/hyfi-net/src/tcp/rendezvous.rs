@@ -17,31 +17,26 @@
 //! - node 0 removes the file when the mesh is complete or setup fails (by
 //!   then every node has read it); a file left by a killed node 0 is
 //!   replaced by the next job's.
+//!
+//! Which file, and the private directory's name, the launcher's environment
+//! says ([`Rendezvous::File`](crate::bootstrap::Rendezvous::File),
+//! [`private_dir`]): that part is the bootstrap's, whatever the transport.
+//! The file itself, what it holds and whom to believe, is the TCP
+//! transport's way to meet.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::bootstrap::{euid, parse_token, private_dir, token_hex, Token};
 use crate::error::NetError;
-use crate::token::{parse_token, token_hex, Token};
-
-/// This process's effective user id.
-pub(crate) fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
 
 /// `$TMPDIR`, or `/tmp`.
-pub(crate) fn tmp_dir() -> PathBuf {
+fn tmp_dir() -> PathBuf {
     std::env::var_os("TMPDIR")
         .filter(|t| !t.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/tmp"))
-}
-
-/// This user's private directory under `tmp`: `tmp/hyfi-<uid>`.
-pub fn private_dir(tmp: &Path) -> PathBuf {
-    tmp.join(format!("hyfi-{}", euid()))
 }
 
 /// The file that carries the token of a `HYFI_COORD` job started without

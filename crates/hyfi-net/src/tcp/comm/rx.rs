@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use hyfi_core::link::Class;
 
-use crate::mesh::Links;
-use crate::refusal::RefusalLog;
-use crate::wire::{self, Header, Kind, Msg, HANDSHAKE_LEN, HEADER_LEN};
+use crate::tcp::mesh::Links;
+use crate::tcp::refusal::RefusalLog;
+use crate::tcp::wire::{self, Header, Kind, Msg, HANDSHAKE_LEN, HEADER_LEN};
 
 use super::inbox::Dir;
 use super::service::{split_service_tag, SERVICE_TAG};
@@ -543,7 +543,7 @@ impl Loop {
     }
 
     /// After setup, any connection to our listeners is a stray: accepted,
-    /// read for what it says (at most [`crate::mesh::HANDSHAKE_WAIT`]),
+    /// read for what it says (at most [`crate::tcp::mesh::HANDSHAKE_WAIT`]),
     /// refused with a line (rate-limited: a flood costs a few lines and a
     /// count).
     fn accept(&mut self, i: usize, now: Instant) {
@@ -564,7 +564,7 @@ impl Loop {
                         from,
                         said: [0; HANDSHAKE_LEN],
                         got: 0,
-                        deadline: now + crate::mesh::HANDSHAKE_WAIT,
+                        deadline: now + crate::tcp::mesh::HANDSHAKE_WAIT,
                         why,
                     });
                 }
@@ -592,7 +592,7 @@ impl Loop {
 
     /// Deadlines: strays refused, the refusal summary, heartbeats.
     fn on_time(&mut self, now: Instant) {
-        let wait = crate::mesh::HANDSHAKE_WAIT;
+        let wait = crate::tcp::mesh::HANDSHAKE_WAIT;
         let mut refused = Vec::new();
         self.strays.retain_mut(|s| {
             if s.why.is_none() && now >= s.deadline {

@@ -1,6 +1,8 @@
-//! The job's secret and the randomness behind it: every connection proves
-//! it knows the token ([`crate::wire`]), so it must be unpredictable
-//! (`/dev/urandom`), and it travels as the 32 hex digits of `HYFI_TOKEN`.
+//! The job's secret and the randomness behind it: every connection of the
+//! TCP transport proves it knows the token ([`crate::tcp::wire`]), so it
+//! must be unpredictable (`/dev/urandom`), and it travels as the 32 hex
+//! digits of `HYFI_TOKEN`. It is bootstrap's, not the transport's: hyfi's
+//! launcher makes it and the job spec carries it, whoever proves it.
 
 use std::io::Read;
 

@@ -12,7 +12,7 @@ use hyfi_core::link::{Class, ServiceId};
 
 use crate::cause::{Cause, CauseKind};
 use crate::error::NetError;
-use crate::wire::{self, Header, Kind, Msg, HEADER_LEN};
+use crate::tcp::wire::{self, Header, Kind, Msg, HEADER_LEN};
 
 use super::inbox::Inbox;
 use super::service::service_tag;

@@ -1,5 +1,5 @@
-//! A node of a multi-node job, as hyfi-core sees it: a [`NodeLink`] whose
-//! barrier and reduction run over the mesh.
+//! A node of a multi-node job over TCP, as hyfi-core sees it: a
+//! [`NodeLink`] whose messages, barrier and reduction run over the mesh.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -8,18 +8,15 @@ use hyfi_core::link::{Port, Service, ServiceId, Traffic};
 use hyfi_core::{LinkError, NodeLink};
 
 use crate::bootstrap::JobSpec;
-use crate::cause::{self, Cause, CauseKind};
-use crate::collective::Collectives;
-use crate::comm::{Comm, NetStats};
+use crate::cause::{self, end_after_grace, Cause, CauseKind};
 use crate::error::NetError;
-use crate::mesh;
+use crate::panics::{last_panic, record_panics};
 use crate::signals::{self, SignalEvent, SignalThread};
+use crate::tcp::collective::Collectives;
+use crate::tcp::comm::{Comm, NetStats};
+use crate::tcp::mesh;
 
-/// How long a node that lost a peer waits for its own program to report the
-/// error before it ends the process itself (exit code 1).
-pub const FAILURE_GRACE: Duration = Duration::from_secs(2);
-
-/// One node of a multi-node job.
+/// One node of a multi-node job over TCP.
 ///
 /// Layers above talk to other nodes through the node seam
 /// ([`NodeLink::port`], [`NodeLink::set_service`]) and the collectives; the
@@ -44,9 +41,11 @@ impl Cluster {
     /// Opens the mesh described by `spec` (waiting at most `timeout` for the
     /// other nodes) and starts the communication thread.
     ///
-    /// If a peer is lost later, the error is printed at once and, unless the
-    /// program ends first, the process exits with code 1 after
-    /// [`FAILURE_GRACE`]: a node never hangs waiting for a dead peer.
+    /// If a peer is lost later, the program's waits return the error and,
+    /// unless the program ends first, the process prints it and exits with
+    /// its code ([`CauseKind::exit_code`]) after
+    /// [`FAILURE_GRACE`](crate::FAILURE_GRACE): a node never hangs waiting
+    /// for a dead peer.
     pub fn connect(spec: &JobSpec, timeout: Duration) -> Result<Arc<Cluster>, NetError> {
         let heartbeat = crate::heartbeat()?;
         let links = mesh::connect(spec, timeout)?;
@@ -287,48 +286,4 @@ impl Drop for Cluster {
         // SPMD step), a live one is served until its program ends.
         self.comm.close(None);
     }
-}
-
-/// Ends the process [`FAILURE_GRACE`] after node `me` failed with `cause`,
-/// if its program has not ended it by then: printing the cause, unless the
-/// program was given it as an error (and so printed it, or chose not to),
-/// and exiting with the cause's code (see [`CauseKind::exit_code`]).
-fn end_after_grace(me: usize, cause: &Cause) {
-    std::thread::sleep(FAILURE_GRACE);
-    if !cause::take_delivered() {
-        eprintln!("hyfi: {}", cause.line(me));
-    }
-    std::process::exit(cause.kind.exit_code());
-}
-
-/// The last panic's message and place on this process (any thread).
-static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
-
-/// Keeps the message of every panic (then runs the hook that was there),
-/// so that a node whose program panics can tell its peers why.
-pub(crate) fn record_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let prev = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let msg = match info.payload().downcast_ref::<&str>() {
-                Some(s) => (*s).to_string(),
-                None => info
-                    .payload()
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .unwrap_or_else(|| "(a non-string payload)".into()),
-            };
-            let at = info
-                .location()
-                .map(|l| format!(" at {}:{}", l.file(), l.line()))
-                .unwrap_or_default();
-            *LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{msg}{at}"));
-            prev(info);
-        }));
-    });
-}
-
-pub(crate) fn last_panic() -> Option<String> {
-    LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }

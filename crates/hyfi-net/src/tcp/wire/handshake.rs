@@ -27,7 +27,7 @@
 //! that follow (run jobs on a network you trust with your data).
 //!
 //! ```
-//! use hyfi_net::wire::{proof, proof_ok, Binding, Purpose, Side};
+//! use hyfi_net::tcp::wire::{proof, proof_ok, Binding, Purpose, Side};
 //!
 //! let token = [7u8; 16];
 //! let b = Binding { purpose: Purpose::Hello, job: 42, from: 1, to: 0, nodes: 2,
@@ -43,7 +43,7 @@ use sha2::Sha256;
 
 use super::frame::Msg;
 use super::WireError;
-use crate::token::Token;
+use crate::bootstrap::Token;
 
 /// Protocol version; a peer speaking another is refused. Version 2 replaced
 /// the token in the handshake with a nonce and a challenge–response.

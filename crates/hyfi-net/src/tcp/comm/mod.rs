@@ -58,8 +58,8 @@ use hyfi_core::link::{Service, ServiceId};
 
 use crate::cause::{Cause, CauseKind};
 use crate::error::NetError;
-use crate::mesh::Links;
-use crate::wire::Msg;
+use crate::tcp::mesh::Links;
+use crate::tcp::wire::Msg;
 use hyfi_core::link::Steps;
 
 use hyfi_core::link::ServiceError;
