@@ -83,6 +83,40 @@ pub(crate) use services::registered_name;
 pub use services::{ServiceError, ServiceTable};
 pub use spmd::{StepError, Steps};
 
+/// A transport's progress function, polled by idle processors: see
+/// [`set_idle_progress`].
+static IDLE_PROGRESS: std::sync::OnceLock<fn() -> bool> = std::sync::OnceLock::new();
+
+/// Lets this process's idle processors drive a transport's progress.
+///
+/// A transport whose messages arrive only when someone polls (MPI's
+/// progress engine has no descriptor to sleep on) otherwise needs its
+/// communication thread to poll, and a message then reaches a waiting
+/// filthread through that thread: on a node whose server thread shares its
+/// CPU with the communication thread (`mpirun` binds a rank to one core),
+/// every message costs context switches between the two. With a progress
+/// function, a processor with nothing to run (its filthreads wait for a
+/// page, a steal, a release) calls `progress` while it waits: it receives
+/// and handles the messages itself, on its own CPU, as the communication
+/// thread would (services' handlers then run on that processor, between
+/// filaments; they must not block, as always). `progress` must return at
+/// once when another thread is polling (a `try_lock`), and say whether it
+/// moved anything. The transport's own thread must go on polling as well:
+/// a processor polls only while it waits, and a wait may end in sleep. One
+/// function per process; false if one was set already.
+pub fn set_idle_progress(progress: fn() -> bool) -> bool {
+    IDLE_PROGRESS.set(progress).is_ok()
+}
+
+/// Polls the transport's progress function, if any: for a thread with
+/// nothing to do while it waits (an idle processor, a collective's wait).
+#[inline]
+pub(crate) fn idle_progress() {
+    if let Some(f) = IDLE_PROGRESS.get() {
+        f();
+    }
+}
+
 // The seam's types are defined next to `NodeLink`, which hands them out
 // (so that `node` needs nothing of this module); this is their public home.
 pub use crate::node::{Class, ClassTraffic, FrameError, Port, Report, Service, ServiceId, Traffic};

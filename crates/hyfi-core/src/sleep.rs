@@ -70,6 +70,9 @@ pub fn poll_own_cpu(ready: impl FnMut() -> bool) -> bool {
 fn poll_yielding(mut ready: impl FnMut() -> bool, span: Duration) -> bool {
     let until = Instant::now() + span;
     loop {
+        // A thread with nothing to do drives the transport's progress where
+        // it has one (MPI: see `link::set_idle_progress`).
+        crate::link::idle_progress();
         if ready() {
             return true;
         }

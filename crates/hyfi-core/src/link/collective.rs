@@ -336,6 +336,8 @@ impl Channel for Collectives {
                 return r;
             }
             while self.generation.load(Ordering::Acquire) == seen && Instant::now() < spin_until {
+                // Nothing to do but wait: drive the transport (MPI).
+                super::idle_progress();
                 std::hint::spin_loop();
             }
             if Instant::now() >= spin_until {

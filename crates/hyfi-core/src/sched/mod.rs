@@ -162,9 +162,15 @@ impl Sched {
     ) {
         let t = Instant::now();
         let t0 = crate::trace::on().then(crate::trace::now);
-        ctx.ws()
-            .parker()
-            .wait_until_deadline(|| !ctx.ws().wakeups.is_empty() || ready(), deadline);
+        // An idle processor drives the transport's progress where it has
+        // one (MPI: see `link::set_idle_progress`).
+        ctx.ws().parker().wait_until_deadline(
+            || {
+                crate::link::idle_progress();
+                !ctx.ws().wakeups.is_empty() || ready()
+            },
+            deadline,
+        );
         ctx.stats
             .idle_ns
             .set(ctx.stats.idle_ns.get() + t.elapsed().as_nanos() as u64);

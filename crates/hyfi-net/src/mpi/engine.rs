@@ -2,7 +2,7 @@
 //! [module docs](super)).
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -58,7 +58,10 @@ pub(super) fn spawn(heartbeat: Duration) -> Result<(Arc<Shared>, JoinHandle<()>)
 }
 
 fn run(heartbeat: Duration, tx: std::sync::mpsc::Sender<Result<Arc<Shared>, String>>) {
-    let Some((universe, level)) = mpi::initialize_with_threading(Threading::Funneled) else {
+    // SERIALIZED: idle processors may poll too, one thread at a time (the
+    // engine's lock); an MPI that offers only FUNNELED gets the
+    // communication thread alone.
+    let Some((universe, level)) = mpi::initialize_with_threading(Threading::Serialized) else {
         let _ = tx.send(Err(
             "MPI was initialised already in this process: hyfi's MPI transport initialises \
              it itself, on its communication thread; do not initialise MPI in the program"
@@ -88,7 +91,7 @@ fn run(heartbeat: Duration, tx: std::sync::mpsc::Sender<Result<Arc<Shared>, Stri
         counters: Counters::default(),
         heartbeat,
     });
-    let mut e = Engine {
+    let e = Engine {
         control: world.duplicate(),
         bulk: world.duplicate(),
         raw: world.duplicate(),
@@ -100,13 +103,136 @@ fn run(heartbeat: Duration, tx: std::sync::mpsc::Sender<Result<Arc<Shared>, Stri
         byes: vec![0; nodes],
         held: VecDeque::new(),
     };
-    if tx.send(Ok(shared)).is_err() {
+    *lock(&ENGINE) = Some(e);
+    if level >= Threading::Serialized {
+        SERIALIZED.store(true, Ordering::Release);
+        hyfi_core::link::set_idle_progress(idle_progress);
+    }
+    if tx.send(Ok(shared.clone())).is_err() {
+        drop(lock(&ENGINE).take());
         return;
     }
-    e.run();
+    comm_loop(&shared);
     // Communicators are freed before MPI is finalised (the universe's drop).
-    drop(e);
+    drop(lock(&ENGINE).take());
     drop(universe);
+}
+
+/// The node's MPI state, under the lock that serialises MPI calls: the
+/// communication thread takes it for each pass of its loop, an idle
+/// processor or a sender only when it is free ([`idle_progress`],
+/// [`post_now`]). `None` before MPI is initialised and after it is
+/// finalised.
+static ENGINE: Mutex<Option<Engine>> = Mutex::new(None);
+
+/// Whether MPI runs at `MPI_THREAD_SERIALIZED`, so that threads other than
+/// the communication thread may make (serialised) MPI calls.
+static SERIALIZED: AtomicBool = AtomicBool::new(false);
+
+/// An idle processor's poll (see `hyfi_core::link::set_idle_progress`):
+/// one pass of the engine if no other thread is in MPI.
+fn idle_progress() -> bool {
+    let Ok(mut g) = ENGINE.try_lock() else {
+        return false;
+    };
+    g.as_mut().is_some_and(Engine::pass)
+}
+
+/// When a pass by any thread last moved a message ([`since_start`] units):
+/// the communication thread polls without pause for [`HOT`] after it.
+static MOVED: AtomicU64 = AtomicU64::new(0);
+
+/// Nanoseconds since the first call (a clock an atomic can hold).
+fn since_start() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Posts what senders queued, on the calling thread, if MPI allows it and
+/// no other thread is in MPI; false if the communication thread must.
+pub(super) fn post_now() -> bool {
+    if !SERIALIZED.load(Ordering::Acquire) {
+        return false;
+    }
+    let Ok(mut g) = ENGINE.try_lock() else {
+        return false;
+    };
+    let posted = g.as_mut().is_some_and(Engine::post);
+    if posted {
+        MOVED.store(since_start(), Ordering::Relaxed);
+    }
+    posted
+}
+
+/// The communication thread's loop: an engine pass under the lock, then
+/// its own duties (heartbeats, raw ping-pongs, the end), then a pause that
+/// lets others in.
+fn comm_loop(s: &Arc<Shared>) {
+    // Naps of tens of µs: without this, Linux stretches each by its default
+    // 50 µs of timer slack.
+    // SAFETY: PR_SET_TIMERSLACK takes a plain integer and affects only the
+    // calling thread.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+    let beat = (s.heartbeat / 4).max(Duration::from_millis(10));
+    let mut next_beat = Instant::now();
+    let mut nap = NAP_MIN;
+    loop {
+        let now = Instant::now();
+        let moved = {
+            let mut g = lock(&ENGINE);
+            let e = g.as_mut().expect("the engine lives until this loop ends");
+            let moved = e.pass();
+            if now >= next_beat {
+                e.beat();
+                e.judge(now);
+                next_beat = now + beat;
+            }
+            let (closing, abort, raw) = {
+                let mut o = lock(&s.out);
+                (o.closing, o.abort, o.raw.take())
+            };
+            if let Some(job) = raw {
+                e.ping_pong(job);
+                MOVED.store(since_start(), Ordering::Relaxed);
+                continue;
+            }
+            if let Some(code) = abort {
+                e.world.abort(code);
+            }
+            if closing {
+                if let Some(c) = s.failure() {
+                    // The program ended after the node failed: end the job
+                    // now rather than wait for peers that may never leave.
+                    eprintln!("hyfi: {}", c.line(s.rank));
+                    e.world.abort(c.kind.exit_code());
+                }
+                if e.done() {
+                    return;
+                }
+            }
+            moved
+        };
+        let t = since_start();
+        let hot = t.saturating_sub(MOVED.load(Ordering::Relaxed)) < HOT.as_nanos() as u64;
+        if hot {
+            nap = NAP_MIN;
+            std::thread::yield_now();
+            continue;
+        }
+        // Idle: sleep between polls; a sender wakes the thread.
+        s.asleep.store(true, Ordering::Release);
+        let pending = {
+            let o = lock(&s.out);
+            !o.control.is_empty() || !o.bulk.is_empty() || o.abort.is_some()
+        };
+        if !pending {
+            std::thread::park_timeout(nap.min(next_beat.saturating_duration_since(now)));
+        }
+        s.asleep.store(false, Ordering::Release);
+        if !moved {
+            nap = (nap * 2).min(NAP_MAX);
+        }
+    }
 }
 
 struct Engine {
@@ -127,71 +253,24 @@ struct Engine {
     held: VecDeque<Out>,
 }
 
-// SAFETY: `Posted::buf` is a leaked box owned by the engine alone; the
-// engine lives and dies on the communication thread.
-unsafe impl Send for Posted {}
+// SAFETY: `Posted::buf` is a leaked box owned by the engine alone. The
+// engine moves between threads only under `ENGINE`'s lock: MPI objects
+// (communicators, requests) may be used by any thread when MPI runs at
+// `MPI_THREAD_SERIALIZED` and calls never overlap, which the lock ensures;
+// at `MPI_THREAD_FUNNELED` only the communication thread takes the lock.
+unsafe impl Send for Engine {}
 
 impl Engine {
-    fn run(&mut self) {
-        let s = self.s.clone();
-        let beat = (s.heartbeat / 4).max(Duration::from_millis(10));
-        let mut next_beat = Instant::now();
-        let mut last_moved = Instant::now();
-        let mut nap = NAP_MIN;
-        loop {
-            let mut moved = self.post();
-            moved |= self.complete();
-            moved |= self.receive();
-            let now = Instant::now();
-            if now >= next_beat {
-                self.beat();
-                self.judge(now);
-                next_beat = now + beat;
-            }
-            let (closing, abort, raw) = {
-                let mut o = lock(&s.out);
-                (o.closing, o.abort, o.raw.take())
-            };
-            if let Some(job) = raw {
-                self.ping_pong(job);
-                last_moved = Instant::now();
-                continue;
-            }
-            if let Some(code) = abort {
-                self.world.abort(code);
-            }
-            if closing {
-                if let Some(c) = s.failure() {
-                    // The program ended after the node failed: end the job
-                    // now rather than wait for peers that may never leave.
-                    eprintln!("hyfi: {}", c.line(s.rank));
-                    self.world.abort(c.kind.exit_code());
-                }
-                if self.done() {
-                    return;
-                }
-            }
-            if moved {
-                last_moved = now;
-                nap = NAP_MIN;
-                continue;
-            }
-            if now.duration_since(last_moved) < HOT {
-                std::thread::yield_now();
-                continue;
-            }
-            // Idle: sleep between polls; a sender wakes the thread.
-            s.asleep.store(true, Ordering::Release);
-            let pending = {
-                let o = lock(&s.out);
-                !o.control.is_empty() || !o.bulk.is_empty() || o.abort.is_some()
-            };
-            if !pending {
-                std::thread::park_timeout(nap.min(next_beat.saturating_duration_since(now)));
-            }
-            s.asleep.store(false, Ordering::Release);
-            nap = (nap * 2).min(NAP_MAX);
+    /// One pass: post what is queued, free what completed, receive what
+    /// arrived. Whether anything moved.
+    fn pass(&mut self) -> bool {
+        let mut moved = self.post();
+        moved |= self.complete();
+        moved |= self.receive();
+        if moved {
+            MOVED.store(since_start(), Ordering::Relaxed);
         }
+        moved
     }
 
     /// Every peer said goodbye and everything this node sent is sent.

@@ -7,35 +7,40 @@
 //! (see [`crate::Transport`]). Launched by `mpirun` or `srun` as the TCP
 //! transport is; rank and size are MPI's.
 //!
-//! # MPI and threads: one communication thread owns MPI
+//! # MPI and threads: a communication thread, and idle processors
 //!
-//! The node's communication thread (`hyfi-mpi`) initialises MPI with
-//! `MPI_THREAD_FUNNELED`, makes every MPI call, and finalises it: no other
-//! thread of hyfi's, nor of the program's through hyfi, calls MPI.
-//! Senders (filaments, the page server, the collectives) queue a message
-//! in the node's outbox and never block; the communication thread posts it
-//! (`MPI_Isend`), receives (`MPI_Improbe` and `MPI_Mrecv`) and hands each
-//! frame to its service, as the TCP communication thread does.
+//! The node's communication thread (`hyfi-mpi`) initialises MPI, asking
+//! for `MPI_THREAD_SERIALIZED`, and finalises it. Every MPI call is made
+//! under one lock (the engine's): by the communication thread, which polls
+//! in a loop (post queued sends, complete sends, receive and hand each
+//! frame to its service, as the TCP communication thread does); by a
+//! sender, which posts its own message when the lock is free instead of
+//! handing it over; and by an *idle processor*, a server thread with
+//! nothing to run while its filthreads wait for a page, a steal or a
+//! release, which polls MPI itself ([`hyfi_core::link::set_idle_progress`]).
+//! With an MPI that offers only `MPI_THREAD_FUNNELED`, the communication
+//! thread alone calls MPI.
 //!
-//! Why not `MPI_THREAD_MULTIPLE`, with senders calling `MPI_Isend`
-//! themselves (as the TCP transport writes to its sockets from the sending
-//! thread)? It needs a thread to receive anyway, since a service's
-//! requests must be answered while every processor computes, and with
-//! MPICH and Open MPI, `MULTIPLE` puts a lock around every call that the
-//! receiving thread's polling contends for; `FUNNELED` is also the level
-//! every MPI provides. The cost is one hand-off per message, which the
-//! polling communication thread takes within microseconds while it is
-//! hot (measured in `BENCHMARKS.md`, against a raw MPI ping-pong).
+//! Why not `MPI_THREAD_MULTIPLE`? MPI would then lock inside every call,
+//! for the same serialisation, and the communication thread's polling
+//! would contend with every sender. Why not `FUNNELED` alone? `mpirun`
+//! binds a rank to one core by default, so the server thread and the
+//! communication thread share it, and every message crossed from one to
+//! the other by a context switch: a page fetch took 11.8 µs with FUNNELED
+//! and takes 9.9 µs now, against a raw MPI 4 KiB ping-pong of 2.2 µs
+//! between the same processes (`benches/dsm.rs`, BENCHMARKS.md); most of
+//! what remains is the DSM's own fault, request and install path, which
+//! costs as much over TCP.
 //!
 //! **Waiting without taking a CPU from the servers.** MPI's progress
 //! engine polls: there is no descriptor to sleep on. The communication
 //! thread polls while messages flow, yielding the CPU between polls
-//! (`sched_yield`, so a server thread that wants the CPU gets it), and
-//! once nothing has moved for [`HOT`] it sleeps between polls, for
-//! intervals growing from [`NAP_MIN`] to [`NAP_MAX`]; a sender wakes it at
-//! once. A node that computes without communicating so costs its servers
-//! a poll every [`NAP_MAX`]; a message that arrives while it sleeps waits
-//! at most that long.
+//! (`sched_yield`, so a server thread that wants the CPU gets it); once
+//! nothing has moved for [`HOT`] it sleeps between polls, for intervals
+//! growing from [`NAP_MIN`] to [`NAP_MAX`]; a sender wakes it at once. A
+//! node that computes without communicating so costs its servers a poll
+//! every [`NAP_MAX`]; a message that arrives while every thread sleeps
+//! waits at most that long.
 //!
 //! # Classes on two communicators
 //!
@@ -237,6 +242,10 @@ impl Shared {
                 Class::Bulk => o.bulk.push_back(out),
             }
         }
+        // Posted by this thread when no other is in MPI (no hand-off); the
+        // communication thread, if it sleeps, is woken to poll for the
+        // reply while the processors compute.
+        engine::post_now();
         self.wake();
     }
 
