@@ -171,7 +171,11 @@ fn failures_over_mpi_end_the_job_with_the_cause() {
             1,
         ),
         ("stop", &["node 1 failed first: stopped answering"], 3),
-        ("kill", &["rank 1", "signal 9", "stopped by the MPI launcher"], 137),
+        (
+            "kill",
+            &["rank 1", "signal 9", "stopped by the MPI launcher"],
+            137,
+        ),
     ];
     for (fault, words, code) in cases {
         let env: &[(&str, &str)] = if fault == "stop" {
