@@ -176,6 +176,10 @@ pub use hyfi_core::Error;
 
 pub mod layers;
 
+/// The conformance suite every transport of the node seam must pass
+/// ([`conformance::run`]), and the failures it must detect.
+pub mod conformance;
+
 /// Visibility checks: the seams are not at the facade's root, only in
 /// [`layers`]. Each `compile_fail` block must fail for the name alone, so
 /// every block is the same program as a compiling one below but for the path.

@@ -119,4 +119,6 @@ pub(crate) fn idle_progress() {
 
 // The seam's types are defined next to `NodeLink`, which hands them out
 // (so that `node` needs nothing of this module); this is their public home.
-pub use crate::node::{Class, ClassTraffic, FrameError, Port, Report, Service, ServiceId, Traffic};
+pub use crate::node::{
+    Class, ClassTraffic, FrameError, Port, Report, Service, ServiceId, Traffic, MAX_PAYLOAD,
+};

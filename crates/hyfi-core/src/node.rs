@@ -307,6 +307,10 @@ pub trait Service: Send + Sync + 'static {
     fn peer_left(&self, _peer: usize) {}
 }
 
+/// The largest payload every transport must carry (64 MiB): a layer that
+/// sends more splits it.
+pub const MAX_PAYLOAD: usize = 64 << 20;
+
 /// A node's sending side, for its services. It does not keep the link
 /// alive (a service keeps one to answer requests while its node closes).
 pub trait Port: Send + Sync + 'static {
@@ -315,6 +319,10 @@ pub trait Port: Send + Sync + 'static {
     /// `fill` only appends; `len_hint` is the expected length, for one
     /// allocation). Never blocks. Returns the bytes the message takes on
     /// the link (payload and framing), for the service's counters.
+    ///
+    /// Every transport carries payloads of 0 bytes up to [`MAX_PAYLOAD`]
+    /// (`hyfi::conformance` checks both ends); a larger one may be refused
+    /// with an error.
     fn send_with(
         &self,
         to: usize,

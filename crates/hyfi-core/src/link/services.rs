@@ -57,6 +57,10 @@ impl Default for Slot {
 #[derive(Default)]
 pub struct ServiceTable {
     slots: Mutex<HashMap<u8, Slot>>,
+    /// The installed services again, under a lock of their own that no
+    /// handler runs under: a failure reaches every service at once even
+    /// while one of them is stuck in a handler (which holds `slots`).
+    installed: Mutex<Vec<Arc<dyn Service>>>,
 }
 
 impl std::fmt::Debug for ServiceTable {
@@ -118,6 +122,7 @@ impl ServiceTable {
             return Err(ServiceError::Twice { service: id });
         }
         NAMES.lock().unwrap_or_else(|e| e.into_inner())[usize::from(id.number())] = Some(id.name());
+        (self.installed.lock().unwrap_or_else(|e| e.into_inner())).push(service.clone());
         let Slot::Pending(early) = std::mem::replace(slot, Slot::Ready(id, service.clone())) else {
             unreachable!("checked above")
         };
@@ -129,12 +134,10 @@ impl ServiceTable {
 
     /// The services installed so far.
     pub fn ready(&self) -> Vec<Arc<dyn Service>> {
-        (self.lock().values())
-            .filter_map(|slot| match slot {
-                Slot::Ready(_, s) => Some(s.clone()),
-                Slot::Pending(_) => None,
-            })
-            .collect()
+        self.installed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Tells every installed service that the node failed.
@@ -156,6 +159,10 @@ impl ServiceTable {
     /// the cycle so.
     pub fn clear(&self) {
         self.lock().clear();
+        self.installed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 }
 
@@ -172,4 +179,82 @@ fn frame_to(
         from,
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// Records frames; its handler can be made to wait on a channel.
+    #[derive(Default)]
+    struct Rec {
+        got: Mutex<Vec<(usize, Vec<u8>)>>,
+        failed: Mutex<Option<String>>,
+        hold: Mutex<Option<mpsc::Receiver<()>>>,
+    }
+
+    impl Service for Rec {
+        fn frame(&self, from: usize, payload: Vec<u8>) -> Result<(), FrameError> {
+            if payload == b"hold" {
+                let rx = self.hold.lock().unwrap().take();
+                if let Some(rx) = rx {
+                    let _ = rx.recv();
+                }
+            }
+            if payload == b"bad" {
+                return Err(format!("a bad frame from node {from}").into());
+            }
+            self.got.lock().unwrap().push((from, payload));
+            Ok(())
+        }
+        fn failed(&self, why: &str) {
+            *self.failed.lock().unwrap() = Some(why.to_string());
+        }
+    }
+
+    const ID: ServiceId = ServiceId::new(42, "a test service");
+
+    #[test]
+    fn early_frames_reach_the_service_in_order_and_errors_name_it() {
+        let t = ServiceTable::new();
+        t.deliver(1, 42, b"a".to_vec()).unwrap();
+        t.deliver(2, 42, b"b".to_vec()).unwrap();
+        let rec = Arc::new(Rec::default());
+        t.install(ID, rec.clone()).unwrap();
+        t.deliver(1, 42, b"c".to_vec()).unwrap();
+        let got = rec.got.lock().unwrap().clone();
+        assert_eq!(
+            got,
+            vec![(1, b"a".to_vec()), (2, b"b".to_vec()), (1, b"c".to_vec())]
+        );
+        let e = t.deliver(3, 42, b"bad".to_vec()).unwrap_err();
+        assert!(matches!(e, ServiceError::Failed { from: 3, .. }), "{e}");
+        assert_eq!(e.to_string(), "a bad frame from node 3");
+        let e = t.install(ID, Arc::new(Rec::default())).unwrap_err();
+        assert!(e.to_string().contains("installed twice"), "{e}");
+        assert_eq!(ServiceId::from_number(42).unwrap().name(), "a test service");
+    }
+
+    #[test]
+    fn a_failure_reaches_every_service_while_a_handler_is_stuck() {
+        let t = Arc::new(ServiceTable::new());
+        let rec = Arc::new(Rec::default());
+        let (tx, rx) = mpsc::channel();
+        *rec.hold.lock().unwrap() = Some(rx);
+        t.install(ID, rec.clone()).unwrap();
+        let t2 = t.clone();
+        let stuck = std::thread::spawn(move || t2.deliver(1, 42, b"hold".to_vec()));
+        // Wait until the handler holds the table (it has taken its channel).
+        while rec.hold.lock().unwrap().is_some() {
+            std::thread::yield_now();
+        }
+        t.fail_all("node 0: a peer was lost");
+        assert_eq!(
+            rec.failed.lock().unwrap().as_deref(),
+            Some("node 0: a peer was lost")
+        );
+        tx.send(()).unwrap();
+        stuck.join().unwrap().unwrap();
+    }
 }

@@ -134,6 +134,16 @@ impl Inbox {
         cause: Cause,
         announce: impl FnOnce(&Cause),
     ) -> bool {
+        if !self.claim_failure(&cause, announce) {
+            return false;
+        }
+        self.publish_failure(me, cause);
+        true
+    }
+    /// Makes `cause` this node's failure if it has none (and is not
+    /// exiting): reports and announces it, and wakes nobody yet. False if
+    /// another failure came first.
+    pub(super) fn claim_failure(&self, cause: &Cause, announce: impl FnOnce(&Cause)) -> bool {
         if self.exiting.load(Ordering::SeqCst) {
             return false;
         }
@@ -144,8 +154,12 @@ impl Inbox {
             }
             s.claimed = true;
         }
-        crate::cause::report(&cause);
-        announce(&cause);
+        crate::cause::report(cause);
+        announce(cause);
+        true
+    }
+    /// Wakes every waiter and service with the claimed failure `cause`.
+    pub(super) fn publish_failure(&self, me: usize, cause: Cause) {
         let text = cause.line(me);
         let why = text.clone();
         self.put(|s| {
@@ -153,7 +167,6 @@ impl Inbox {
             s.cause = Some(cause);
         });
         self.services.fail_all(&text);
-        true
     }
     /// Peer `from` said `Bye` after `steps` steps: an error if this node
     /// already went further.

@@ -533,6 +533,7 @@ impl Loop {
         let flushed = st.flush();
         if flushed.is_err() {
             st.backlog.clear();
+            st.controls = 0;
         }
         tx.note(&st);
         drop(st);

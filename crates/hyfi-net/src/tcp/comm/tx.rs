@@ -40,6 +40,7 @@ impl PeerTx {
                 sock: Some(sock),
                 backlog: Default::default(),
                 head_off: 0,
+                controls: 0,
             }),
             out: AtomicBool::new(false),
         }
@@ -58,6 +59,11 @@ pub(super) struct TxState {
     /// Frames not yet fully written; the first one is written from `head_off`.
     pub(super) backlog: std::collections::VecDeque<Vec<u8>>,
     pub(super) head_off: usize,
+    /// Control frames queued ahead of the rest, not started: they follow
+    /// the head if it is being written (`head_off > 0`), else they are the
+    /// first ones. A new control frame goes behind them, so control frames
+    /// keep their order among themselves while they overtake bulk ones.
+    pub(super) controls: usize,
 }
 
 /// Writes as much of `buf` as the non-blocking socket takes now (the
@@ -85,7 +91,12 @@ impl TxState {
             return Ok(self.backlog.is_empty());
         };
         while let Some(head) = self.backlog.front() {
+            let fresh = self.head_off == 0;
             let n = write_some(sock, &head[self.head_off..])?;
+            if fresh && n > 0 && self.controls > 0 {
+                // The first queued control frame has started.
+                self.controls -= 1;
+            }
             self.head_off += n;
             if self.head_off < head.len() {
                 return Ok(false);
@@ -188,9 +199,10 @@ impl Sender {
     /// Writes a frame to `peer` from the calling thread (no hand-off to the
     /// communication thread, whose wake-up would cost more than the write),
     /// never blocking: what the socket does not take now is backlogged for
-    /// the event loop to write when the socket drains. A control frame overtakes backlogged frames that
-    /// have not started, so control traffic waits at most for one frame
-    /// being written.
+    /// the event loop to write when the socket drains. A control frame
+    /// overtakes backlogged bulk frames that have not started (and stays
+    /// behind the control frames queued before it), so control traffic
+    /// waits at most for one frame being written.
     pub(crate) fn push(&self, peer: usize, frame: Vec<u8>, control: bool) -> Result<(), NetError> {
         let Some(Some(tx)) = self.tx.get(peer) else {
             return Err(self.failed_error(format!("no link to node {peer}")));
@@ -224,9 +236,11 @@ impl Sender {
             self.waker.wake();
             return Ok(());
         } else if control {
-            // Behind the frame being written, ahead of those not started.
-            let at = if st.head_off > 0 { 1 } else { 0 };
+            // Behind the frame being written and the control frames queued
+            // before it, ahead of the bulk frames not started.
+            let at = usize::from(st.head_off > 0) + st.controls;
             st.backlog.insert(at, frame);
+            st.controls += 1;
         } else {
             st.backlog.push_back(frame);
         }
@@ -389,14 +403,16 @@ impl Sender {
     /// every peer; returns false if the node had failed already.
     /// `announce` runs first (see [`Inbox::fail_announced`]).
     pub(crate) fn fail_and_tell(&self, cause: Cause, announce: impl FnOnce(&Cause)) -> bool {
-        if self
-            .inbox
-            .fail_announced(self.rank, cause.clone(), announce)
-        {
-            self.send_abort(&cause);
-            return true;
+        if !self.inbox.claim_failure(&cause, announce) {
+            return false;
         }
-        false
+        // The peers are told before this node's waits wake: a program that
+        // exits at once on the error closes its sockets, and a peer that saw
+        // them close before the abort came would blame this node for the
+        // failure instead of the node that caused it.
+        self.send_abort(&cause);
+        self.inbox.publish_failure(self.rank, cause);
+        true
     }
 
     /// The error the program gets for the node's failure, `cause` its

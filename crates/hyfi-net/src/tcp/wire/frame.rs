@@ -16,7 +16,7 @@ use super::WireError;
 /// Size of a frame header.
 pub const HEADER_LEN: usize = 16;
 /// Largest frame payload accepted (64 MiB).
-pub const MAX_FRAME: usize = 64 << 20;
+pub const MAX_FRAME: usize = hyfi_core::link::MAX_PAYLOAD;
 
 /// Frame kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
