@@ -89,11 +89,11 @@ use crate::signals::{self, SignalEvent, SignalThread};
 
 /// How long the communication thread polls without pause after the last
 /// message moved.
-pub const HOT: Duration = Duration::from_millis(2);
+pub const HOT: Duration = Duration::from_micros(50);
 /// Its first sleep between polls once idle.
 pub const NAP_MIN: Duration = Duration::from_micros(20);
 /// Its longest sleep between polls.
-pub const NAP_MAX: Duration = Duration::from_micros(500);
+pub const NAP_MAX: Duration = Duration::from_micros(100);
 /// Bulk bytes posted and not yet sent, per destination, beyond which more
 /// bulk messages wait in the outbox (at least one is always posted).
 pub const BULK_IN_FLIGHT: usize = 4 << 20;
