@@ -66,6 +66,16 @@ pub(super) struct TxState {
     pub(super) controls: usize,
 }
 
+/// Why [`Sender::write_or_queue`] sent nothing.
+enum Unsent {
+    /// No link to that node (itself, or out of range).
+    NoLink,
+    /// The link is closed.
+    Closed,
+    /// Writing failed.
+    Write(std::io::Error),
+}
+
 /// Writes as much of `buf` as the non-blocking socket takes now (the
 /// blocking flag is the socket's, shared with the event loop's reading
 /// handle). Returns how many bytes were written.
@@ -204,8 +214,20 @@ impl Sender {
     /// behind the control frames queued before it), so control traffic
     /// waits at most for one frame being written.
     pub(crate) fn push(&self, peer: usize, frame: Vec<u8>, control: bool) -> Result<(), NetError> {
+        match self.write_or_queue(peer, frame, control) {
+            Ok(()) => Ok(()),
+            Err(Unsent::NoLink) => Err(self.failed_error(format!("no link to node {peer}"))),
+            Err(Unsent::Closed) => Err(self.failed_error(format!("link to node {peer} is closed"))),
+            Err(Unsent::Write(e)) => Err(self.write_failed(peer, e)),
+        }
+    }
+
+    /// [`Sender::push`] without its error handling: what went wrong, for a
+    /// caller that must not wait for the node's failure or report it (the
+    /// abort a failing node sends its peers, some of them gone).
+    fn write_or_queue(&self, peer: usize, frame: Vec<u8>, control: bool) -> Result<(), Unsent> {
         let Some(Some(tx)) = self.tx.get(peer) else {
-            return Err(self.failed_error(format!("no link to node {peer}")));
+            return Err(Unsent::NoLink);
         };
         hyfi_core::trace::instant(
             hyfi_core::trace::Kind::Send,
@@ -214,16 +236,10 @@ impl Sender {
         let mut guard = tx.st.lock().unwrap_or_else(|e| e.into_inner());
         let st = &mut *guard;
         let Some(sock) = st.sock.as_mut() else {
-            return Err(self.failed_error(format!("link to node {peer} is closed")));
+            return Err(Unsent::Closed);
         };
         if st.backlog.is_empty() {
-            let n = match write_some(sock, &frame) {
-                Ok(n) => n,
-                Err(e) => {
-                    drop(guard);
-                    return Err(self.write_failed(peer, e));
-                }
-            };
+            let n = write_some(sock, &frame).map_err(Unsent::Write)?;
             if n == frame.len() {
                 return Ok(());
             }
@@ -351,17 +367,19 @@ impl Sender {
 
     /// Tells every peer the job ends, with its first `cause`.
     pub(super) fn send_abort(&self, cause: &Cause) {
-        for p in 0..self.nodes {
-            if p != self.rank {
-                let _ = self.send(
-                    p,
-                    &Msg::Abort {
-                        origin: cause.origin as u64,
-                        kind: cause.kind.to_wire(),
-                        cause: cause.text.clone(),
-                    },
-                );
-            }
+        let msg = Msg::Abort {
+            origin: cause.origin as u64,
+            kind: cause.kind.to_wire(),
+            cause: cause.text.clone(),
+        };
+        for p in (0..self.nodes).filter(|&p| p != self.rank) {
+            let f = wire::control_frame(&msg);
+            self.stats.control_sent.fetch_add(1, Ordering::Relaxed);
+            (self.stats.control_bytes_sent).fetch_add(f.len() as u64, Ordering::Relaxed);
+            // A peer that is gone cannot be told: no waiting for the
+            // node's failure (it is this one, not published yet), no error
+            // handed to the program.
+            let _ = self.write_or_queue(p, f, true);
         }
     }
 
