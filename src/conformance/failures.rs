@@ -9,7 +9,7 @@
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use super::service::{service_of, Expect, Suite};
+use super::service::{service_of, Expect, State, Suite};
 use super::{names_node, WAIT_BOUND};
 use crate::layers::link::Class;
 use crate::layers::{NodeLink, RuntimeExt};
@@ -122,12 +122,28 @@ pub fn stop_node(rt: &Runtime, victim: usize, how: Stop) -> Result<Ending, Strin
             let suite = suite.ok_or_else(|| format!("node {me}: no suite on one node"))?;
             if me == victim {
                 // Wait (bounded) for the stall to begin and end, so that
-                // the node is not closed under its own stalled thread.
-                suite.wait(
-                    Instant::now() + d + WAIT_BOUND,
-                    |st| st.stalls.1,
-                    |st| format!("the stall (begun: {})", st.stalls.0),
-                )?;
+                // the node is not closed under its own stalled thread. The
+                // victim's own node fails meanwhile (its link names it as
+                // stopped), which ends the wait early: then wait for the
+                // stall's end without looking at the failure.
+                let deadline = Instant::now() + d + WAIT_BOUND;
+                let stalled = |st: &State| st.stalls.1;
+                if suite
+                    .wait(deadline, stalled, |st| {
+                        format!("the stall (begun: {})", st.stalls.0)
+                    })
+                    .is_err()
+                {
+                    while !suite.peek(stalled) {
+                        if Instant::now() >= deadline {
+                            return Err(format!(
+                                "node {me}: the stall did not end within {} s",
+                                WAIT_BOUND.as_secs()
+                            ));
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
                 return Ok(Ending::Victim);
             }
             if me == (victim + 1) % n {

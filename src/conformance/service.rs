@@ -199,6 +199,11 @@ impl Suite {
         self.lock().sent[to][ix(c)].push(digest);
     }
 
+    /// Whether `f` holds of the state now.
+    pub fn peek(&self, f: impl Fn(&State) -> bool) -> bool {
+        f(&self.lock())
+    }
+
     /// Waits until `done` holds, the node fails, or `deadline` passes
     /// (then the error says what was missing, by `missing`).
     pub fn wait(
