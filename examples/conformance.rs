@@ -84,15 +84,17 @@ fn main() {
     };
     match ending {
         Ok(Ending::Detected { error, after }) => {
-            eprintln!(
+            say(&format!(
                 "conformance: node {me}: node {} was {what}, detected in {:.2} s: {error}",
                 args.victim,
                 after.as_secs_f64()
-            );
+            ));
             std::process::exit(1);
         }
         Ok(Ending::Victim) => {
-            eprintln!("conformance: node {me}: the victim, running again");
+            say(&format!(
+                "conformance: node {me}: the victim, running again"
+            ));
             std::process::exit(1);
         }
         Err(e) => failed(me, &e),
@@ -100,6 +102,13 @@ fn main() {
 }
 
 fn failed(me: usize, e: &str) -> ! {
-    eprintln!("conformance: node {me}: FAILED: {e}");
+    say(&format!("conformance: node {me}: FAILED: {e}"));
     std::process::exit(1)
+}
+
+/// Prints a line to stderr in one write (`mpirun --tag-output` tags every
+/// write, and `eprintln!` writes a formatted line in pieces).
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }

@@ -203,7 +203,7 @@ fn comm_loop(s: &Arc<Shared>) {
                 if let Some(c) = s.failure() {
                     // The program ended after the node failed: end the job
                     // now rather than wait for peers that may never leave.
-                    eprintln!("hyfi: {}", c.line(s.rank));
+                    super::say(&c.line(s.rank));
                     e.world.abort(c.kind.exit_code());
                 }
                 if e.done() {

@@ -296,7 +296,7 @@ impl Shared {
             .name("hyfi-abort".into())
             .spawn(move || {
                 std::thread::sleep(crate::FAILURE_GRACE);
-                eprintln!("hyfi: {}", cause.line(me));
+                say(&cause.line(me));
                 if let Some(s) = shared.and_then(|w| w.upgrade()) {
                     lock(&s.out).abort = Some(code);
                     s.wake();
@@ -307,6 +307,13 @@ impl Shared {
                 std::process::exit(code);
             });
     }
+}
+
+/// Prints `hyfi: line` to stderr in one write: `mpirun --tag-output` tags
+/// every write, and `eprintln!` writes a formatted line in pieces.
+pub(crate) fn say(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("hyfi: {line}\n").as_bytes());
 }
 
 /// The node's shared state, for the thread that ends the job after a
@@ -456,14 +463,14 @@ impl MpiLink {
                         let me = l.shared.rank;
                         match l.shared.failure() {
                             Some(c) => {
-                                eprintln!("hyfi: {}", c.line(me));
+                                say(&c.line(me));
                                 std::process::exit(c.kind.exit_code());
                             }
                             None => {
-                                eprintln!(
-                                    "hyfi: node {me}: stopped by the MPI launcher ({signal}): \
+                                say(&format!(
+                                    "node {me}: stopped by the MPI launcher ({signal}): \
                                      another rank ended or failed (the launcher says which)"
-                                );
+                                ));
                                 std::process::exit(signals::exit_code_for(signal));
                             }
                         }
@@ -476,7 +483,7 @@ impl MpiLink {
                         CauseKind::Signal(signal as i32),
                         format!("received {signal}{sender}; the job ends"),
                     );
-                    eprintln!("hyfi: {}", c.line(l.shared.rank));
+                    say(&c.line(l.shared.rank));
                     l.shared.fail(c);
                     std::thread::sleep(Duration::from_millis(200));
                     lock(&l.shared.out).abort = Some(signals::exit_code_for(signal));
@@ -657,7 +664,7 @@ impl Drop for MpiLink {
         if let Some(c) = s.failure() {
             // The node failed and its program ended anyway: the job must
             // not look as if it succeeded.
-            eprintln!("hyfi: {}", c.line(s.rank));
+            say(&c.line(s.rank));
             std::process::exit(c.kind.exit_code());
         }
     }
