@@ -87,8 +87,11 @@ use crate::cause::{Cause, CauseKind};
 use crate::error::NetError;
 use crate::signals::{self, SignalEvent, SignalThread};
 
-/// How long the communication thread polls without pause after the last
-/// message moved.
+/// How long the communication thread polls, yielding the CPU between
+/// polls, after any thread last moved a message. Short: a yielding thread
+/// that stays runnable still takes its fair share of a core it shares with
+/// a computing server thread (a 2 ms window cost 2048² Jacobi on 2×1 a
+/// third of its time; BENCHMARKS.md).
 pub const HOT: Duration = Duration::from_micros(50);
 /// Its first sleep between polls once idle.
 pub const NAP_MIN: Duration = Duration::from_micros(20);
