@@ -39,9 +39,17 @@
 //!
 //! # Implementations
 //!
-//! hyfi-net implements the seam over TCP (`hyfi_net::Cluster`);
+//! hyfi-net implements the seam over TCP (`hyfi_net::tcp::Cluster`) and,
+//! with its `mpi` feature, over MPI (`hyfi_net::mpi::MpiLink`);
 //! [`InProcess`] implements it with channels between several runtimes in
-//! one process, for unit tests of the protocols.
+//! one process, for unit tests of the protocols. What every transport
+//! shares is here, written once: the table of services and of the frames
+//! that come before their service ([`ServiceTable`]), barrier and
+//! all-reduce with their fixed combining order ([`collective`]), the SPMD
+//! step checks ([`spmd`]), and, for a transport that must be polled,
+//! progress made by idle processors ([`set_idle_progress`]). The facade's
+//! `hyfi::conformance` suite says what a transport must do, and CI runs
+//! it over each of them.
 //!
 //! ```
 //! use std::sync::{Arc, Mutex};
