@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # hyfi over TCP and over MPI on one host, against C MPI, in one run:
 #
-#   scripts/transports.sh [--runs N] [--sizes "1024 2048"] [--iters N]
-#                         [--fetch-blocks-only] [--out DIR] [--no-build]
+#   scripts/transports.sh [--runs N] [--nodes K] [--kernels jacobi,lu]
+#                         [--sizes "1024 2048"] [--lu-n N] [--iters N]
+#                         [--no-fetch] [--out DIR] [--no-build] [--bin-dir DIR]
 #
-# Round-robin (--runs rounds, default 5), Jacobi one filament per row,
-# eps 0, on 2 nodes of 1 processor:
+# Round-robin (--runs rounds, default 5) on K nodes of 1 processor (--nodes,
+# default 2): Jacobi one filament per row, eps 0, at each --sizes, and
+# (with --kernels ...,lu) LU at --lu-n (default 1024):
 #
-#   tcp       hyfi over TCP, its own launcher: `jacobi --nodes 2 --procs 1`
-#   mpi       hyfi over MPI: `mpirun -np 2 jacobi --procs 1`
+#   tcp       hyfi over TCP, its own launcher: `jacobi --nodes K --procs 1`
+#   mpi       hyfi over MPI: `mpirun -np K jacobi --procs 1`
 #             (HYFI_TRANSPORT's default under mpirun with the feature)
-#   cmpi-shm  C MPI 2 (benches/baselines/jacobi_mpi.c), Open MPI's default
-#             transports: shared memory between the two ranks
-#   cmpi-tcp  C MPI 2 with `--mca btl tcp,self`
+#   cmpi-shm  C MPI K (benches/baselines/jacobi_mpi.c, lu_mpi.c), Open
+#             MPI's default transports: shared memory between the ranks
+#   cmpi-tcp  C MPI K with `--mca btl tcp,self`
+#
+# More ranks than CPUs are oversubscribed (--oversubscribe), and said so.
+# --bin-dir DIR runs prebuilt binaries (jacobi, lu, the dsm bench as
+# `dsm`, and jacobi_mpi, lu_mpi) on a machine without cargo; it implies
+# --no-build. The 16-CPU table of issue 24: `--nodes 16 --kernels
+# jacobi,lu --sizes 2048 --lu-n 2048 --no-fetch`.
 #
 # Then the page-fetch latency (benches/dsm.rs, dsm_fetch) under `mpirun -np
 # 2` over MPI (against a raw MPI 16 B -> 4 KiB ping-pong between the same
@@ -24,79 +32,115 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/measure.sh
 source "$ROOT/scripts/lib/measure.sh"
 
-RUNS=5 SIZES="1024 2048" ITERS=200 BUILD=1 OUT=""
+RUNS=5 SIZES="1024 2048" ITERS=200 BUILD=1 OUT="" NODES=2 KERNELS=jacobi LU_N=1024 FETCH=1 BIN_DIR=""
 while (($#)); do
     case $1 in
     --runs) RUNS=$2; shift 2 ;;
+    --nodes) NODES=$2; shift 2 ;;
+    --kernels) KERNELS=$2; shift 2 ;;
     --sizes) SIZES=$2; shift 2 ;;
+    --lu-n) LU_N=$2; shift 2 ;;
     --iters) ITERS=$2; shift 2 ;;
+    --no-fetch) FETCH=0; shift ;;
     --out) OUT=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
+    --bin-dir) BIN_DIR=$(cd "$2" && pwd); BUILD=0; shift 2 ;;
     *) echo "transports.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
+[[ $NODES =~ ^[1-9][0-9]*$ && $NODES -ge 2 ]] || { echo "transports.sh: --nodes needs 2 or more" >&2; exit 2; }
 OUT=${OUT:-$(mktemp -d /tmp/hyfi-transports.XXXXXX)}
 mkdir -p "$OUT"
 die() { echo "transports.sh: $*" >&2; exit 1; }
 command -v mpirun >/dev/null && command -v mpicc >/dev/null ||
     die "needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
-MPIRUN=(mpirun -np 2)
+MPIRUN=(mpirun -np "$NODES")
 [[ $(id -u) == 0 ]] && MPIRUN+=(--allow-run-as-root)
+OVER=""
+if ((NODES > $(nproc))); then
+    MPIRUN+=(--oversubscribe)
+    OVER=" (oversubscribed: $NODES ranks on $(nproc) CPUs)"
+fi
 export OMPI_MCA_plm_rsh_agent=false
 
 if ((BUILD)); then
-    (cd "$ROOT" && cargo build --release --features mpi --example jacobi --bench dsm 2>&1 | tail -1) >&2
+    (cd "$ROOT" && cargo build --release --features mpi --example jacobi --example lu --bench dsm 2>&1 | tail -1) >&2
 fi
-EX=$ROOT/target/release/examples
-BENCH=$(ls -t "$ROOT"/target/release/deps/dsm-* | grep -v '\.d$' | head -1)
-mpicc -O2 -ffp-contract=off -o "$OUT/jacobi_mpi" "$ROOT/benches/baselines/jacobi_mpi.c"
+if [[ -n $BIN_DIR ]]; then
+    EX=$BIN_DIR BENCH=$BIN_DIR/dsm CDIR=$BIN_DIR
+else
+    EX=$ROOT/target/release/examples CDIR=$OUT
+    BENCH=$(ls -t "$ROOT"/target/release/deps/dsm-* | grep -v '\.d$' | head -1)
+    for m in jacobi_mpi lu_mpi; do
+        mpicc -O2 -ffp-contract=off -o "$OUT/$m" "$ROOT/benches/baselines/$m.c"
+    done
+fi
 
 RESULTS=$OUT/results
 : >"$RESULTS"
+# run ROUND KERNEL SIZE CONFIG: one run, "kernel size config round secs".
 run() {
-    local r=$1 n=$2 c=$3 log=$OUT/$n.$c.$r.log secs
+    local r=$1 k=$2 n=$3 c=$4 log=$OUT/$2.$3.$4.$1.log secs args
+    case $k in
+    jacobi) args=(--n "$n" --iters "$ITERS" --eps 0 --per-row) ;;
+    lu) args=(--n "$n") ;;
+    esac
     case $c in
-    tcp) "$EX/jacobi" --n "$n" --iters "$ITERS" --eps 0 --per-row --nodes 2 --procs 1 >"$log" 2>&1 ;;
-    mpi) "${MPIRUN[@]}" "$EX/jacobi" --n "$n" --iters "$ITERS" --eps 0 --per-row --procs 1 >"$log" 2>&1 ;;
-    cmpi-shm) "${MPIRUN[@]}" "$OUT/jacobi_mpi" "$n" "$ITERS" >"$log" 2>&1 ;;
-    cmpi-tcp) "${MPIRUN[@]}" --mca btl tcp,self "$OUT/jacobi_mpi" "$n" "$ITERS" >"$log" 2>&1 ;;
-    esac || { tail "$log" >&2; die "$c $n failed (output: $log)"; }
+    tcp) "$EX/$k" "${args[@]}" --nodes "$NODES" --procs 1 >"$log" 2>&1 ;;
+    mpi) "${MPIRUN[@]}" "$EX/$k" "${args[@]}" --procs 1 >"$log" 2>&1 ;;
+    cmpi-shm) "${MPIRUN[@]}" "$CDIR/${k}_mpi" "$n" $([[ $k == jacobi ]] && echo "$ITERS") >"$log" 2>&1 ;;
+    cmpi-tcp) "${MPIRUN[@]}" --mca btl tcp,self "$CDIR/${k}_mpi" "$n" $([[ $k == jacobi ]] && echo "$ITERS") >"$log" 2>&1 ;;
+    esac || { tail "$log" >&2; die "$k $n $c failed (output: $log)"; }
     case $c in
     tcp | mpi)
-        (($(grep -c 'OK: hyfi and sequential results are identical' "$log") == 2)) ||
-            die "$c $n: not both nodes OK (output: $log)"
+        (($(grep -cE '^(\[node [0-9]+\] )?OK' "$log") == NODES)) ||
+            die "$k $n $c: not every node printed OK (output: $log)"
         secs=$(grep -E '^(\[node [0-9]+\] )?hyfi' "$log" | sed 's/^\[node [0-9]*\] //' |
             while read -r l; do echo "$l" | secs_in; done | sort -g | tail -1)
         ;;
     *) secs=$(grep -m1 '^time:' "$log" | awk '{ print $2 }') ;;
     esac
     [[ $secs =~ ^[0-9.eE+-]+$ ]] || die "no time in $log"
-    echo "$n $c $r $secs" >>"$RESULTS"
-    printf '  round %d  %5d  %-9s %8.4f s\n' "$r" "$n" "$c" "$secs" >&2
+    echo "$k $n $c $r $secs" >>"$RESULTS"
+    printf '  round %d  %-6s %5d  %-9s %8.4f s\n' "$r" "$k" "$n" "$c" "$secs" >&2
 }
 CONFIGS=(tcp mpi cmpi-shm cmpi-tcp)
+CASES=()
+for k in ${KERNELS//,/ }; do
+    case $k in
+    jacobi) for n in $SIZES; do CASES+=("jacobi $n"); done ;;
+    lu) CASES+=("lu $LU_N") ;;
+    *) die "unknown kernel $k (jacobi, lu)" ;;
+    esac
+done
 for r in $(seq "$RUNS"); do
-    for n in $SIZES; do
-        for c in "${CONFIGS[@]}"; do run "$r" "$n" "$c"; done
+    for kc in "${CASES[@]}"; do
+        for c in "${CONFIGS[@]}"; do run "$r" $kc "$c"; done
     done
 done
-med() { awk -v n="$1" -v c="$2" '$1 == n && $2 == c { print $4 }' "$RESULTS" | median; }
+med() { awk -v k="$1" -v n="$2" -v c="$3" '$1 == k && $2 == n && $3 == c { print $5 }' "$RESULTS" | median; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 model=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)
 echo "# hyfi over TCP and MPI, one host"
 echo
 echo "* $(nproc) CPUs, $model; $(mpirun --version | head -1); hyfi $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- || echo ' (uncommitted changes)')"
-echo "* Jacobi per row, $ITERS sweeps, 2 nodes × 1 processor; medians of $RUNS round-robin rounds (s); speed ratios are (other's time / hyfi over MPI's time)"
+echo "* $NODES nodes × 1 processor$OVER; Jacobi per row, $ITERS sweeps; medians of $RUNS round-robin rounds (s); speed ratios are (other's time / hyfi over MPI's time)"
 echo
-echo "| n | hyfi TCP 2×1 | hyfi MPI 2×1 | C MPI 2 shm | C MPI 2 tcp | MPI/TCP speed | MPI vs C MPI shm speed |"
+echo "| kernel | hyfi TCP ${NODES}×1 | hyfi MPI ${NODES}×1 | C MPI $NODES shm | C MPI $NODES tcp | MPI/TCP speed | MPI vs C MPI shm speed |"
 echo "|---|---|---|---|---|---|---|"
-for n in $SIZES; do
-    t=$(med "$n" tcp) m=$(med "$n" mpi) cs=$(med "$n" cmpi-shm) ct=$(med "$n" cmpi-tcp)
-    echo "| $n² | $t | $m | $cs | $ct | $(ratio "$t" "$m") | $(ratio "$cs" "$m") |"
+for kc in "${CASES[@]}"; do
+    read -r k n <<<"$kc"
+    t=$(med "$k" "$n" tcp) m=$(med "$k" "$n" mpi) cs=$(med "$k" "$n" cmpi-shm) ct=$(med "$k" "$n" cmpi-tcp)
+    label="Jacobi $n²"
+    [[ $k == lu ]] && label="LU $n"
+    echo "| $label | $t | $m | $cs | $ct | $(ratio "$t" "$m") | $(ratio "$cs" "$m") |"
 done
+if ((FETCH)); then
 echo
 echo "## Page fetch round trip (benches/dsm.rs dsm_fetch, mpirun -np 2)"
+MPIRUN=(mpirun -np 2)
+[[ $(id -u) == 0 ]] && MPIRUN+=(--allow-run-as-root)
 for tr in mpi tcp; do
     HYFI_TRANSPORT=$tr "${MPIRUN[@]}" -x HYFI_TRANSPORT "$BENCH" --bench dsm_fetch >"$OUT/fetch.$tr.log" 2>&1 ||
         { tail "$OUT/fetch.$tr.log" >&2; die "dsm_fetch over $tr failed"; }
@@ -106,5 +150,6 @@ for tr in mpi tcp; do
     grep -E 'all samples|RESULT' "$OUT/fetch.$tr.log"
     echo '```'
 done
+fi
 echo
 echo "raw outputs: $OUT"
