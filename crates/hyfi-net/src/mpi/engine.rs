@@ -139,7 +139,7 @@ fn idle_progress() -> bool {
 }
 
 /// When a pass by any thread last moved a message ([`since_start`] units):
-/// the communication thread polls without pause for [`HOT`] after it.
+/// the communication thread polls, yielding, for [`HOT`] after it.
 static MOVED: AtomicU64 = AtomicU64::new(0);
 
 /// Nanoseconds since the first call (a clock an atomic can hold).
