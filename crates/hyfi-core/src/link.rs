@@ -118,10 +118,15 @@ pub fn set_idle_progress(progress: fn() -> bool) -> bool {
 
 /// Polls the transport's progress function, if any: for a thread with
 /// nothing to do while it waits (an idle processor, a collective's wait).
+/// True if there is one.
 #[inline]
-pub(crate) fn idle_progress() {
-    if let Some(f) = IDLE_PROGRESS.get() {
-        f();
+pub(crate) fn idle_progress() -> bool {
+    match IDLE_PROGRESS.get() {
+        Some(f) => {
+            f();
+            true
+        }
+        None => false,
     }
 }
 

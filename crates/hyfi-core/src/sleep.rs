@@ -72,14 +72,24 @@ fn poll_yielding(mut ready: impl FnMut() -> bool, span: Duration) -> bool {
     loop {
         // A thread with nothing to do drives the transport's progress where
         // it has one (MPI: see `link::set_idle_progress`).
-        crate::link::idle_progress();
+        let polls = crate::link::idle_progress();
         if ready() {
             return true;
         }
         if Instant::now() >= until {
             return false;
         }
-        std::thread::yield_now();
+        if polls && own_cpu() {
+            // The transport progresses only while someone polls, and this
+            // thread is the one with nothing else to do: yielding would
+            // hand the CPU to the transport's own polling thread and back,
+            // a context switch per poll (a page fetch over MPI took 10.7 µs
+            // so, 6.3 µs spinning; BENCHMARKS.md). The node owns the CPU,
+            // and the wait is bounded by `span`.
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
     }
 }
 
