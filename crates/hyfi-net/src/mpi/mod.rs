@@ -27,10 +27,11 @@
 //! binds a rank to one core by default, so the server thread and the
 //! communication thread share it, and every message crossed from one to
 //! the other by a context switch: a page fetch took 11.8 µs with FUNNELED
-//! and takes 9.9 µs now, against a raw MPI 4 KiB ping-pong of 2.2 µs
-//! between the same processes (`benches/dsm.rs`, BENCHMARKS.md); most of
-//! what remains is the DSM's own fault, request and install path, which
-//! costs as much over TCP.
+//! and takes 6.2 µs now (idle processors polling, and spinning between
+//! polls on a CPU their node owns), against a raw MPI 4 KiB ping-pong of
+//! 2.2–3.1 µs between the same processes (`benches/dsm.rs`,
+//! BENCHMARKS.md); what remains is mostly the DSM's own fault, request,
+//! serve and install path.
 //!
 //! **Waiting without taking a CPU from the servers.** MPI's progress
 //! engine polls: there is no descriptor to sleep on. The communication
