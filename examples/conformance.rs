@@ -89,6 +89,11 @@ fn main() {
                 args.victim,
                 after.as_secs_f64()
             ));
+            // Under mpirun the first rank to exit ends the job: give the
+            // other survivors, which may detect the loss a heartbeat check
+            // later or through the first one's abort, the time to say it too
+            // (well inside the launchers' 2 s grace).
+            std::thread::sleep(std::time::Duration::from_millis(300));
             std::process::exit(1);
         }
         Ok(Ending::Victim) => {
