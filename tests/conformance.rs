@@ -24,7 +24,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus};
+use std::process::ExitStatus;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -321,42 +321,7 @@ fn mpirun() -> PathBuf {
 fn exe() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
-        let me = std::env::current_exe().expect("current_exe");
-        // target/<profile>/deps/conformance-<hash>
-        let profile_dir = me
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("the test binary lives in target/<profile>/deps")
-            .to_path_buf();
-        let profile = profile_dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .expect("profile");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_owned());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "--example", "conformance", "-p", "hyfi"])
-            .arg("--manifest-path")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
-        // With the transports this test was built with (as `common::bins`).
-        if cfg!(feature = "mpi") {
-            cmd.args(["--features", "mpi"]);
-        }
-        match profile {
-            "debug" => {}
-            "release" => {
-                cmd.arg("--release");
-            }
-            other => {
-                cmd.args(["--profile", other]);
-            }
-        }
-        let status = cmd
-            .status()
-            .expect("running cargo to build the conformance example");
-        assert!(
-            status.success(),
-            "cargo build --example conformance failed: {status}"
-        );
+        let profile_dir = common::cargo_build(&["--example", "conformance", "-p", "hyfi"]);
         let exe = profile_dir.join("examples").join("conformance");
         assert!(
             exe.exists(),

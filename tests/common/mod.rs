@@ -38,29 +38,54 @@ pub struct Bins {
     pub diffusion: PathBuf,
 }
 
+/// Runs `cargo build --quiet ARGS` for this workspace with this test's
+/// profile and features (the `mpi` transport when the test has it), and
+/// returns the profile's directory (`target/<profile>`): a test process
+/// builds what it runs, so that a leftover binary never tests old code.
+pub fn cargo_build(args: &[&str]) -> PathBuf {
+    let me = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test>-<hash>
+    let profile_dir = me
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test binary lives in target/<profile>/deps")
+        .to_path_buf();
+    let profile = profile_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("profile directory name")
+        .to_owned();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_owned());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet"])
+        .args(args)
+        .arg("--manifest-path")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
+    // The binaries with the transports this test was built with.
+    if cfg!(feature = "mpi") {
+        cmd.args(["--features", "mpi"]);
+    }
+    match profile.as_str() {
+        "debug" => {}
+        "release" => {
+            cmd.arg("--release");
+        }
+        other => {
+            cmd.args(["--profile", other]);
+        }
+    }
+    let status = cmd.status().expect("running cargo build");
+    assert!(status.success(), "cargo build {args:?} failed: {status}");
+    profile_dir
+}
+
 /// The examples and `hyfi-run`, built once per test process with this test's
 /// profile: `cargo test --test multinode` builds neither, and a leftover
 /// binary from an older build would test old code (a no-op when fresh).
 pub fn bins() -> &'static Bins {
     static BINS: OnceLock<Bins> = OnceLock::new();
     BINS.get_or_init(|| {
-        let me = std::env::current_exe().expect("current_exe");
-        // target/<profile>/deps/multinode-<hash>
-        let profile_dir = me
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("test binary lives in target/<profile>/deps")
-            .to_path_buf();
-        let profile = profile_dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .expect("profile directory name")
-            .to_owned();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_owned());
-        let mut cmd = Command::new(cargo);
-        cmd.args([
-            "build",
-            "--quiet",
+        let profile_dir = cargo_build(&[
             "--example",
             "montecarlo",
             "--example",
@@ -95,29 +120,7 @@ pub fn bins() -> &'static Bins {
             "hyfi",
             "-p",
             "hyfi-net",
-            "--manifest-path",
-        ])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
-        // The examples with the transports this test was built with.
-        if cfg!(feature = "mpi") {
-            cmd.args(["--features", "mpi"]);
-        }
-        match profile.as_str() {
-            "debug" => {}
-            "release" => {
-                cmd.arg("--release");
-            }
-            other => {
-                cmd.args(["--profile", other]);
-            }
-        }
-        let status = cmd
-            .status()
-            .expect("running cargo to build montecarlo and hyfi-run");
-        assert!(
-            status.success(),
-            "cargo build of the examples and hyfi-run failed: {status}"
-        );
+        ]);
         let ex = |name: &str| profile_dir.join("examples").join(name);
         let bins = Bins {
             montecarlo: ex("montecarlo"),

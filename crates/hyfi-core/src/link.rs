@@ -82,10 +82,12 @@
 //! ```
 
 pub mod collective;
+mod counters;
 mod in_process;
 mod services;
 pub mod spmd;
 
+pub use counters::TrafficCounters;
 pub use in_process::InProcess;
 pub(crate) use services::registered_name;
 pub use services::{ServiceError, ServiceTable};

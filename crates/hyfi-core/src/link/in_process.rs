@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use super::collective::{self, Channel, Dir};
 use super::services::{ServiceError, ServiceTable};
 use super::spmd::Steps;
-use super::{Class, ClassTraffic, Port, Report, Service, ServiceId, Traffic};
+use super::{Class, Port, Report, Service, ServiceId, Traffic, TrafficCounters};
 use crate::node::{LinkError, NodeLink, Step};
 
 /// How long a delivery thread may spend in one message before its peers
@@ -71,39 +71,11 @@ struct Queues {
     stop: bool,
 }
 
-/// Counters by class: index 0 control, 1 bulk.
-#[derive(Default)]
-struct Counters {
-    sent: [AtomicU64; 2],
-    bytes_sent: [AtomicU64; 2],
-    received: [AtomicU64; 2],
-    bytes_received: [AtomicU64; 2],
-}
-
-fn ix(c: Class) -> usize {
-    match c {
-        Class::Control => 0,
-        Class::Bulk => 1,
-    }
-}
-
-impl Counters {
-    fn class(&self, i: usize) -> ClassTraffic {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        ClassTraffic {
-            sent: g(&self.sent[i]),
-            bytes_sent: g(&self.bytes_sent[i]),
-            received: g(&self.received[i]),
-            bytes_received: g(&self.bytes_received[i]),
-        }
-    }
-}
-
 struct Mailbox {
     q: Mutex<Queues>,
     cv: Condvar,
     services: ServiceTable,
-    counters: Counters,
+    counters: TrafficCounters,
     /// This node's SPMD steps and its ring predecessor's.
     steps: Mutex<Steps>,
     /// What the delivery thread is handling, and since when (for the
@@ -117,7 +89,7 @@ impl Mailbox {
             q: Mutex::default(),
             cv: Condvar::new(),
             services: ServiceTable::new(),
-            counters: Counters::default(),
+            counters: TrafficCounters::default(),
             steps: Mutex::new(Steps::new(me)),
             busy: Mutex::new(None),
         }
@@ -218,9 +190,7 @@ fn deliver(hub: Arc<Hub>, me: usize) {
         match item {
             Item::Bye => mb.services.peer_left(from),
             Item::Msg { service, payload } => {
-                mb.counters.received[ix(class)].fetch_add(1, Ordering::Relaxed);
-                mb.counters.bytes_received[ix(class)]
-                    .fetch_add(payload.len() as u64, Ordering::Relaxed);
+                mb.counters.count_received(class, payload.len());
                 let r = handle(mb, service, from, || {
                     mb.services.deliver(from, service.number(), payload)
                 });
@@ -355,9 +325,7 @@ impl Port for InPort {
                 item: Item::Msg { service, payload },
             },
         )?;
-        let c = &self.hub.nodes[self.me].counters;
-        c.sent[ix(class)].fetch_add(1, Ordering::Relaxed);
-        c.bytes_sent[ix(class)].fetch_add(n as u64, Ordering::Relaxed);
+        self.hub.nodes[self.me].counters.count_sent(class, n);
         Ok(n)
     }
 }
@@ -517,12 +485,7 @@ impl NodeLink for InProcess {
         Ok(())
     }
     fn traffic(&self) -> Option<Traffic> {
-        let c = &self.hub.nodes[self.me].counters;
-        Some(Traffic {
-            control: c.class(0),
-            bulk: c.class(1),
-            refused: 0,
-        })
+        Some(self.hub.nodes[self.me].counters.traffic())
     }
     fn add_report(&self, section: Report) {
         lock(&self.reports).push(section);

@@ -16,7 +16,7 @@ use hyfi_core::link::spmd::Steps;
 use hyfi_core::link::{Class, ServiceTable};
 use hyfi_core::Step;
 
-use super::{decode_abort, ix, lock, tag, Counters, Out, Outbox, RawJob, Shared};
+use super::{decode_abort, lock, tag, Out, Outbox, RawJob, Shared};
 use super::{BULK_IN_FLIGHT, HOT, NAP_MAX, NAP_MIN};
 use crate::cause::{Cause, CauseKind};
 use crate::error::NetError;
@@ -88,7 +88,7 @@ fn run(heartbeat: Duration, tx: std::sync::mpsc::Sender<Result<Arc<Shared>, Stri
         services: ServiceTable::new(),
         failure: Mutex::new(None),
         steps: Mutex::new(Steps::new(rank)),
-        counters: Counters::default(),
+        counters: Default::default(),
         heartbeat,
     });
     let e = Engine {
@@ -405,9 +405,7 @@ impl Engine {
         self.heard[from] = Instant::now();
         match st.tag() {
             t @ 1..=127 => {
-                s.counters.received[ix(class)].fetch_add(1, Ordering::Relaxed);
-                s.counters.bytes_received[ix(class)]
-                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                s.counters.count_received(class, data.len());
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     s.services.deliver(from, t as u8, data)
                 }));

@@ -72,7 +72,7 @@
 
 mod engine;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -80,7 +80,7 @@ use std::time::Duration;
 use hyfi_core::link::collective::{self, Collectives};
 use hyfi_core::link::spmd::Steps;
 use hyfi_core::link::{
-    Class, ClassTraffic, Port, Report, Service, ServiceError, ServiceId, ServiceTable, Traffic,
+    Class, Port, Report, Service, ServiceError, ServiceId, ServiceTable, Traffic, TrafficCounters,
 };
 use hyfi_core::{LinkError, NodeLink, Step};
 
@@ -188,34 +188,6 @@ pub fn raw_round_trips(
     })
 }
 
-/// Counters by class: index 0 control, 1 bulk.
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub sent: [AtomicU64; 2],
-    pub bytes_sent: [AtomicU64; 2],
-    pub received: [AtomicU64; 2],
-    pub bytes_received: [AtomicU64; 2],
-}
-
-pub(crate) fn ix(c: Class) -> usize {
-    match c {
-        Class::Control => 0,
-        Class::Bulk => 1,
-    }
-}
-
-impl Counters {
-    fn class(&self, i: usize) -> ClassTraffic {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        ClassTraffic {
-            sent: g(&self.sent[i]),
-            bytes_sent: g(&self.bytes_sent[i]),
-            received: g(&self.received[i]),
-            bytes_received: g(&self.bytes_received[i]),
-        }
-    }
-}
-
 /// The node's state shared by its senders and its communication thread.
 pub(crate) struct Shared {
     pub rank: usize,
@@ -227,7 +199,7 @@ pub(crate) struct Shared {
     pub services: ServiceTable,
     pub failure: Mutex<Option<Cause>>,
     pub steps: Mutex<Steps>,
-    pub counters: Counters,
+    pub counters: TrafficCounters,
     /// Silence after which a peer counts as stopped.
     pub heartbeat: Duration,
 }
@@ -374,8 +346,7 @@ impl Port for MpiPort {
         let mut data = Vec::with_capacity(len_hint);
         fill(&mut data);
         let n = data.len();
-        s.counters.sent[ix(class)].fetch_add(1, Ordering::Relaxed);
-        s.counters.bytes_sent[ix(class)].fetch_add(n as u64, Ordering::Relaxed);
+        s.counters.count_sent(class, n);
         s.push(Out {
             to,
             tag: i32::from(service.number()),
@@ -552,12 +523,7 @@ impl NodeLink for MpiLink {
         self.coll.allreduce(value, combine)
     }
     fn traffic(&self) -> Option<Traffic> {
-        let c = &self.shared.counters;
-        Some(Traffic {
-            control: c.class(0),
-            bulk: c.class(1),
-            refused: 0,
-        })
+        Some(self.shared.counters.traffic())
     }
     fn port(&self) -> Option<Arc<dyn Port>> {
         Some(Arc::new(MpiPort(self.shared.clone())))
