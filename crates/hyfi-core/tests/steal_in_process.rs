@@ -112,31 +112,24 @@ fn check_spread(what: &str, stats: &[&Stats], runs: u64) {
 }
 
 #[test]
-fn fib_on_two_and_three_nodes_steals_across_nodes() {
-    // fib(30) without pruning runs for some 0.1 s: long enough for steals
-    // to be answered on a loaded machine. A node descheduled for the whole
-    // run can make one run steal nothing: look over a few.
+fn fib_on_two_and_three_nodes_and_two_by_two_matches_the_sequential_fib() {
+    // Whether a steal happens in a fib run is up to the machine's
+    // scheduling: on a CI runner all five 3 x 1 runs once ended with every
+    // request refused (each node asked at most twice, as its work ran out
+    // with the others'). So this test asserts what every run must leave,
+    // and `a_filament_left_on_a_busy_node_is_stolen_across_nodes` forces a
+    // steal on 2, 3 and 4 nodes.
     let n = 30;
     for (nodes, procs) in [(2, 1), (3, 1), (2, 2)] {
         let what = format!("fib({n}) on {nodes} x {procs}");
-        let mut seen = Vec::new();
-        let mut stole = false;
-        for _ in 0..5 {
-            let out = fib_on(nodes, procs, n, 1);
-            for (node, (results, _)) in out.iter().enumerate() {
-                assert_eq!(results, &vec![fib_seq(n)], "{what}: node {node}");
-            }
-            let stats: Vec<&Stats> = out.iter().map(|(_, s)| s).collect();
-            check_balance(&what, &stats);
-            check_spread(&what, &stats, 1);
-            let steals: u64 = stats.iter().map(|s| s.remote.steals).sum();
-            seen.push(stats.iter().map(|s| s.remote.clone()).collect::<Vec<_>>());
-            if steals > 0 {
-                stole = true;
-                break;
-            }
+        let runs = 2;
+        let out = fib_on(nodes, procs, n, runs);
+        for (node, (results, _)) in out.iter().enumerate() {
+            assert_eq!(results, &vec![fib_seq(n); runs], "{what}: node {node}");
         }
-        assert!(stole, "{what}: no steal across nodes in 5 runs: {seen:?}");
+        let stats: Vec<&Stats> = out.iter().map(|(_, s)| s).collect();
+        check_balance(&what, &stats);
+        check_spread(&what, &stats, runs as u64);
     }
 }
 
@@ -333,7 +326,7 @@ fn a_filament_left_on_a_busy_node_is_stolen_across_nodes() {
     // happen, and the wait is bounded in case it never does.
     MARK.register().expect("register mark");
     TINY.register().expect("register tiny");
-    for nodes in [2, 4] {
+    for nodes in [2, 3, 4] {
         let what = format!("{nodes} x 1");
         let token = NEXT_TOKEN.fetch_add(1, Ordering::SeqCst);
         let out = on_nodes(nodes, 1, move |rt| {
