@@ -332,6 +332,20 @@ pub trait Port: Send + Sync + 'static {
         fill: &mut dyn FnMut(&mut Vec<u8>),
     ) -> Result<usize, LinkError>;
 
+    /// Sends `payload`, built whole by the caller (see [`Port::send_with`]).
+    /// A transport that can send the vector itself takes it (no copy: the
+    /// page server builds a reply under its locks and hands it over);
+    /// the default copies it through [`Port::send_with`].
+    fn send_vec(
+        &self,
+        to: usize,
+        service: ServiceId,
+        class: Class,
+        payload: Vec<u8>,
+    ) -> Result<usize, LinkError> {
+        self.send_bytes(to, service, class, &payload)
+    }
+
     /// Sends `bytes` (see [`Port::send_with`]).
     fn send_bytes(
         &self,

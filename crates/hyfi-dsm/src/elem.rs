@@ -343,16 +343,35 @@ mod wide {
 /// A page's bytes as 64-bit words.
 pub(crate) type Words = [u64; PAGE / 8];
 
-/// Copies the page at `page` out, word by word.
+/// Copies the page at `page` out (appends its bytes to `out`), by aligned
+/// 16-byte loads on x86-64 and word by word elsewhere.
 ///
 /// # Safety
 /// `page` is a page-aligned page of the region.
 pub(crate) unsafe fn copy_out(page: *const u8, out: &mut Vec<u8>) {
-    let w = page as *const AtomicU64;
     out.reserve(PAGE);
-    for k in 0..PAGE / 8 {
-        out.extend_from_slice(&(*w.add(k)).load(Relaxed).to_ne_bytes());
+    // Word by word into the reserved room, then one length update: a push
+    // per word (a capacity test and a length store each) took the page
+    // server about as long as the rest of a reply.
+    let at = out.len();
+    let dst = out.as_mut_ptr().add(at) as *mut [u8; 8];
+    // `dst` has room for PAGE bytes past the length (reserved above).
+    #[cfg(target_arch = "x86_64")]
+    for k in (0..PAGE / 8).step_by(2) {
+        // Two words per aligned 16-byte load, as the run functions read
+        // (see `update`): a page's 512 words in 256 loads.
+        let [a, b] = wide::load16(page.add(8 * k));
+        dst.add(k).write_unaligned(a.to_ne_bytes());
+        dst.add(k + 1).write_unaligned(b.to_ne_bytes());
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    for k in 0..PAGE / 8 {
+        let w = page as *const AtomicU64;
+        dst.add(k)
+            .write_unaligned((*w.add(k)).load(Relaxed).to_ne_bytes());
+    }
+    // The PAGE bytes past `at` were all written just above.
+    out.set_len(at + PAGE);
 }
 
 /// Copies the page at `page` into a twin.

@@ -316,6 +316,16 @@ impl Port for InPort {
     ) -> Result<usize, LinkError> {
         let mut payload = Vec::with_capacity(len_hint);
         fill(&mut payload);
+        self.send_vec(to, service, class, payload)
+    }
+
+    fn send_vec(
+        &self,
+        to: usize,
+        service: ServiceId,
+        class: Class,
+        payload: Vec<u8>,
+    ) -> Result<usize, LinkError> {
         let n = payload.len();
         self.hub.push(
             to,

@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 
 use crossbeam_utils::CachePadded;
 use hyfi_core::filthread;
-use hyfi_core::link::{FrameError, Port, Service};
+use hyfi_core::link::{Class, FrameError, Port, Service};
 
 pub(crate) use page_table::{readable, settled_readable, writable, Segment, INVALID, READ, WRITE};
 
@@ -250,6 +250,17 @@ impl Core {
                 m.encode(b);
             }
         });
+        self.count_sent(slot, sent);
+    }
+
+    /// Sends a frame built whole (a reply, [`msg::PagesFrame`]) as it is.
+    fn send_frame(&self, to: usize, slot: usize, class: Class, frame: Vec<u8>) {
+        let Some(port) = &self.port else { return };
+        self.count_sent(slot, port.send_vec(to, crate::SERVICE, class, frame));
+    }
+
+    /// Counts a message sent, or fails the node if the link could not.
+    fn count_sent(&self, slot: usize, sent: Result<usize, hyfi_core::LinkError>) {
         match sent {
             Ok(bytes) => {
                 let c = self.ctr(slot);
@@ -310,7 +321,7 @@ impl Service for Core {
 
 #[cfg(test)]
 mod tests {
-    use super::msg::{PagesOut, Request};
+    use super::msg::{PagesFrame, Request};
     use super::*;
 
     /// Node 0 of 2, with one segment of two pages: page 0 homed here,
@@ -360,12 +371,9 @@ mod tests {
         assert!(frame(&c, &request(1))
             .ends_with("a request for page 1, whose home is node 1, not node 0"));
         // A reply for a page nobody requested.
-        let mut reply = Vec::new();
-        PagesOut {
-            pages: &[1],
-            copy: |_: u64, b: &mut Vec<u8>| b.extend_from_slice(&[0u8; PAGE]),
-        }
-        .encode(&mut reply);
+        let mut reply = PagesFrame::new(1);
+        reply.push(1, |b| b.extend_from_slice(&[0u8; PAGE]));
+        let reply = reply.finish();
         assert!(frame(&c, &reply).ends_with("page 1 arrived, but it was not requested"));
         // The node is still usable: nothing was applied.
         assert!(c.failure().is_none());

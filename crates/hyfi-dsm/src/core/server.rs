@@ -4,12 +4,13 @@
 
 use std::sync::atomic::Ordering;
 
-use super::msg::{Pages, PagesOut, Request, REPLY_BATCH};
+use hyfi_core::link::Class;
+
+use super::msg::{Pages, PagesFrame, Request, REPLY_BATCH};
 use super::page_table::{FRESH, PENDING, READ, WRITE};
 use super::Core;
 use crate::elem;
 use crate::error::ProtocolError;
-use crate::region::PAGE;
 
 impl Core {
     pub(super) fn on_request(&self, from: usize, frame: &[u8]) -> Result<(), ProtocolError> {
@@ -46,8 +47,8 @@ impl Core {
         // Views that ended since the last look no longer hold their pages.
         self.reap_plain();
         for chunk in pages.chunks(REPLY_BATCH) {
-            let mut sent: Vec<u64> = Vec::with_capacity(chunk.len());
-            let mut bytes: Vec<u8> = Vec::with_capacity(chunk.len() * PAGE);
+            // Each page is copied once, straight into the reply's frame.
+            let mut frame = PagesFrame::new(chunk.len());
             let mut plain = self.plain_views.lock();
             for &gp in chunk {
                 let (seg, p) = self.find(gp).expect("checked when the request came");
@@ -82,28 +83,18 @@ impl Core {
                 // SAFETY: a page of a live segment of our region; no plain
                 // store into it is in flight while the plain views' lock is
                 // held and no active view covers it (core/plain.rs).
-                unsafe { elem::copy_out(seg.page_ptr(p), &mut bytes) };
+                frame.push(gp, |b| unsafe { elem::copy_out(seg.page_ptr(p), b) });
                 drop(m);
-                sent.push(gp);
             }
             drop(plain);
-            if sent.is_empty() {
+            let sent = frame.pages();
+            if sent == 0 {
                 continue;
             }
-            let mut copied = bytes.chunks_exact(PAGE);
-            self.send(
-                to,
-                self.procs,
-                PagesOut {
-                    pages: &sent,
-                    copy: |_gp: u64, b: &mut Vec<u8>| {
-                        b.extend_from_slice(copied.next().expect("one copy per page"))
-                    },
-                },
-            );
+            self.send_frame(to, self.procs, Class::Bulk, frame.finish());
             self.ctr(self.procs)
                 .pages_served
-                .fetch_add(sent.len() as u64, Ordering::Relaxed);
+                .fetch_add(sent as u64, Ordering::Relaxed);
         }
     }
 

@@ -135,7 +135,10 @@ fn idle_progress() -> bool {
     let Ok(mut g) = ENGINE.try_lock() else {
         return false;
     };
-    g.as_mut().is_some_and(Engine::pass)
+    // One bulk message at most: a page the processor's filthread waits
+    // for is installed, and the processor goes back to it without
+    // another probe (the communication thread takes the rest).
+    g.as_mut().is_some_and(|e| e.pass(1))
 }
 
 /// When a pass by any thread last moved a message ([`since_start`] units):
@@ -181,7 +184,7 @@ fn comm_loop(s: &Arc<Shared>) {
         let moved = {
             let mut g = lock(&ENGINE);
             let e = g.as_mut().expect("the engine lives until this loop ends");
-            let moved = e.pass();
+            let moved = e.pass(4);
             if now >= next_beat {
                 e.beat();
                 e.judge(now);
@@ -262,11 +265,11 @@ unsafe impl Send for Engine {}
 
 impl Engine {
     /// One pass: post what is queued, free what completed, receive what
-    /// arrived. Whether anything moved.
-    fn pass(&mut self) -> bool {
+    /// arrived (at most `bulk` bulk messages). Whether anything moved.
+    fn pass(&mut self, bulk: usize) -> bool {
         let mut moved = self.post();
         moved |= self.complete();
-        moved |= self.receive();
+        moved |= self.receive(bulk);
         if moved {
             MOVED.store(since_start(), Ordering::Relaxed);
         }
@@ -371,32 +374,27 @@ impl Engine {
         moved
     }
 
-    /// Receives what has arrived: control first, then at most a few bulk
-    /// messages before looking at control again.
-    fn receive(&mut self) -> bool {
-        let mut moved = false;
-        loop {
-            let mut got = false;
-            while let Some(m) = self.control.any_process().immediate_matched_probe() {
-                let (data, st) = m.matched_receive_vec::<u8>();
-                self.dispatch(st, Class::Control, data);
-                got = true;
-            }
-            for _ in 0..4 {
-                match self.bulk.any_process().immediate_matched_probe() {
-                    Some(m) => {
-                        let (data, st) = m.matched_receive_vec::<u8>();
-                        self.dispatch(st, Class::Bulk, data);
-                        got = true;
-                    }
-                    None => break,
-                }
-            }
-            if !got {
-                return moved;
-            }
-            moved = true;
+    /// Receives what has arrived: every control message, then at most
+    /// `bulk` bulk ones. One round, not until nothing is left: an idle
+    /// processor that polls returns to the work a message woke (a page
+    /// its filthread waits for) without more probes, and the
+    /// communication thread, still hot, comes back at once.
+    fn receive(&mut self, bulk: usize) -> bool {
+        let mut got = false;
+        while let Some(m) = self.control.any_process().immediate_matched_probe() {
+            let (data, st) = m.matched_receive_vec::<u8>();
+            self.dispatch(st, Class::Control, data);
+            got = true;
         }
+        for _ in 0..bulk {
+            let Some(m) = self.bulk.any_process().immediate_matched_probe() else {
+                break;
+            };
+            let (data, st) = m.matched_receive_vec::<u8>();
+            self.dispatch(st, Class::Bulk, data);
+            got = true;
+        }
+        got
     }
 
     fn dispatch(&mut self, st: Status, class: Class, data: Vec<u8>) {
@@ -410,7 +408,13 @@ impl Engine {
                     s.services.deliver(from, t as u8, data)
                 }));
                 let why = match r {
-                    Ok(Ok(())) => return,
+                    Ok(Ok(())) => {
+                        // What the handler sent (a page server's reply, a
+                        // steal's answer) found the engine locked by this
+                        // pass: post it now, before the next probe.
+                        self.post();
+                        return;
+                    }
                     Ok(Err(e)) => e.to_string(),
                     Err(p) => format!(
                         "the handler of service {t} panicked on a message from node {from}: {}",

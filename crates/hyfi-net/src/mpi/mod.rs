@@ -336,6 +336,18 @@ impl Port for MpiPort {
         len_hint: usize,
         fill: &mut dyn FnMut(&mut Vec<u8>),
     ) -> Result<usize, LinkError> {
+        let mut data = Vec::with_capacity(len_hint);
+        fill(&mut data);
+        self.send_vec(to, service, class, data)
+    }
+
+    fn send_vec(
+        &self,
+        to: usize,
+        service: ServiceId,
+        class: Class,
+        data: Vec<u8>,
+    ) -> Result<usize, LinkError> {
         let s = &self.0;
         if to >= s.nodes || to == s.rank {
             return Err(format!("node {}: no link to node {to}", s.rank).into());
@@ -343,8 +355,6 @@ impl Port for MpiPort {
         if let Some(c) = s.failure() {
             return Err(c.line(s.rank).into());
         }
-        let mut data = Vec::with_capacity(len_hint);
-        fill(&mut data);
         let n = data.len();
         s.counters.count_sent(class, n);
         s.push(Out {

@@ -123,31 +123,69 @@ impl<'a> Request<PageList<'a>> {
 // ---------------------------------------------------------------------
 // PAGES
 
-/// `PAGES`, to send: the pages, and `copy`, which appends a page's
-/// `PAGE` bytes to the frame (called once per page, in order).
-pub(super) struct PagesOut<'a, F> {
-    pub(super) pages: &'a [u64],
-    pub(super) copy: F,
+/// `PAGES`, to send, built in place: the frame is allocated once, at its
+/// full length for up to `cap` pages, and each page's bytes are copied
+/// straight into it. The page server copies under its locks and hands the
+/// frame to the link as it is ([`Port::send_vec`]): one copy of a served
+/// page on the home, where there were two.
+///
+/// [`Port::send_vec`]: hyfi_core::link::Port::send_vec
+pub(super) struct PagesFrame {
+    buf: Vec<u8>,
+    cap: usize,
+    n: usize,
 }
 
-impl<F: FnMut(u64, &mut Vec<u8>)> Encode for PagesOut<'_, F> {
-    const CLASS: Class = Class::Bulk;
+/// The kind byte and the count.
+const PAGES_HEAD: usize = 1 + 4;
 
-    fn encoded_len(&self) -> usize {
-        1 + 4 + self.pages.len() * (8 + PAGE)
+impl PagesFrame {
+    /// An empty frame with room for `cap` pages (at most [`REPLY_BATCH`]
+    /// from the server).
+    pub(super) fn new(cap: usize) -> PagesFrame {
+        let mut buf = Vec::with_capacity(PAGES_HEAD + cap * (8 + PAGE));
+        buf.push(PAGES);
+        // The count and `cap` page numbers, written as pages are added.
+        buf.resize(PAGES_HEAD + 8 * cap, 0);
+        PagesFrame { buf, cap, n: 0 }
     }
 
-    fn encode(mut self, out: &mut Vec<u8>) {
-        out.push(PAGES);
-        put_u32(out, count(self.pages.len()));
-        for &gp in self.pages {
-            put_u64(out, gp);
+    /// Adds page `gp`, whose `PAGE` bytes `copy` appends to the frame.
+    pub(super) fn push(&mut self, gp: u64, copy: impl FnOnce(&mut Vec<u8>)) {
+        assert!(
+            self.n < self.cap,
+            "a reply holds at most {} pages",
+            self.cap
+        );
+        let at = PAGES_HEAD + 8 * self.n;
+        self.buf[at..at + 8].copy_from_slice(&gp.to_le_bytes());
+        let before = self.buf.len();
+        copy(&mut self.buf);
+        assert_eq!(
+            self.buf.len() - before,
+            PAGE,
+            "a reply's page {gp} is one page"
+        );
+        self.n += 1;
+    }
+
+    /// The pages added so far.
+    pub(super) fn pages(&self) -> usize {
+        self.n
+    }
+
+    /// The frame, its count written and, if fewer than `cap` pages were
+    /// added, the unused page numbers closed up (the server skips the
+    /// pages a plain-store view holds: rare).
+    pub(super) fn finish(mut self) -> Vec<u8> {
+        self.buf[1..PAGES_HEAD].copy_from_slice(&count(self.n).to_le_bytes());
+        if self.n < self.cap {
+            let gap = 8 * (self.cap - self.n);
+            let body = PAGES_HEAD + 8 * self.cap;
+            self.buf.copy_within(body.., body - gap);
+            self.buf.truncate(self.buf.len() - gap);
         }
-        for &gp in self.pages {
-            let at = out.len();
-            (self.copy)(gp, out);
-            assert_eq!(out.len() - at, PAGE, "a reply's page {gp} is one page");
-        }
+        self.buf
     }
 }
 

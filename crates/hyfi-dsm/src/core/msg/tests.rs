@@ -2,6 +2,15 @@
 use super::*;
 use crate::elem;
 
+/// A reply holding `gps`, each page's bytes appended by `copy`.
+fn pages_frame(gps: &[u64], mut copy: impl FnMut(u64, &mut Vec<u8>)) -> Vec<u8> {
+    let mut f = PagesFrame::new(gps.len());
+    for &gp in gps {
+        f.push(gp, |out| copy(gp, out));
+    }
+    f.finish()
+}
+
 fn encoded(m: impl Encode) -> Vec<u8> {
     // Encoding appends: what the buffer held stays.
     let mut out = vec![0xee; 3];
@@ -79,10 +88,7 @@ fn requests_cut_short_say_where() {
 #[test]
 fn replies_round_trip_without_copying_pages() {
     let gps = [9u64, 4];
-    let m = encoded(PagesOut {
-        pages: &gps,
-        copy: |gp: u64, out: &mut Vec<u8>| out.extend_from_slice(&page(gp as u8)),
-    });
+    let m = pages_frame(&gps, |gp, out| out.extend_from_slice(&page(gp as u8)));
     let p = Pages::decode(&m).unwrap();
     let got: Vec<(u64, &[u8])> = p.iter().collect();
     assert_eq!(got.len(), 2);
@@ -95,11 +101,37 @@ fn replies_round_trip_without_copying_pages() {
 }
 
 #[test]
+fn a_reply_with_fewer_pages_than_its_room_closes_up() {
+    // The server makes room for every page asked and skips the ones a
+    // plain-store view holds: the frame must read as if built for fewer.
+    for (room, gps) in [
+        (3usize, vec![7u64]),
+        (4, vec![5, 6]),
+        (2, vec![]),
+        (2, vec![8, 9]),
+    ] {
+        let mut f = PagesFrame::new(room);
+        for &gp in &gps {
+            f.push(gp, |out| out.extend_from_slice(&page(gp as u8)));
+        }
+        let m = f.finish();
+        assert_eq!(
+            m,
+            pages_frame(&gps, |gp, out| out.extend_from_slice(&page(gp as u8)))
+        );
+        assert_eq!(m.len(), 1 + 4 + gps.len() * (8 + PAGE));
+        let p = Pages::decode(&m).unwrap();
+        let got: Vec<(u64, &[u8])> = p.iter().collect();
+        assert_eq!(got.len(), gps.len());
+        for ((gp, bytes), &want) in got.into_iter().zip(&gps) {
+            assert_eq!((gp, bytes), (want, &page(want as u8)[..]));
+        }
+    }
+}
+
+#[test]
 fn replies_cut_short_say_where() {
-    let m = encoded(PagesOut {
-        pages: &[1, 2],
-        copy: |_: u64, out: &mut Vec<u8>| out.extend_from_slice(&page(0)),
-    });
+    let m = pages_frame(&[1, 2], |_, out| out.extend_from_slice(&page(0)));
     let cut = |n: usize| Pages::decode(&m[..n]).map(|_| ()).unwrap_err();
     assert_eq!(cut(1 + 2), truncated(0));
     assert_eq!(cut(1 + 4 + 12), truncated(12));
@@ -112,10 +144,7 @@ fn replies_cut_short_say_where() {
 #[test]
 #[should_panic(expected = "is one page")]
 fn a_reply_page_of_the_wrong_length_is_a_bug() {
-    encoded(PagesOut {
-        pages: &[1],
-        copy: |_: u64, out: &mut Vec<u8>| out.push(0),
-    });
+    pages_frame(&[1], |_, out| out.push(0));
 }
 
 /// A diff's page and runs (offset, bytes), copied out.
