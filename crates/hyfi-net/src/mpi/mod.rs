@@ -27,11 +27,17 @@
 //! binds a rank to one core by default, so the server thread and the
 //! communication thread share it, and every message crossed from one to
 //! the other by a context switch: a page fetch took 11.8 µs with FUNNELED
-//! and takes 6.2 µs now (idle processors polling, and spinning between
-//! polls on a CPU their node owns), against a raw MPI 4 KiB ping-pong of
-//! 2.2–3.1 µs between the same processes (`benches/dsm.rs`,
-//! BENCHMARKS.md); what remains is mostly the DSM's own fault, request,
-//! serve and install path.
+//! and takes 6.1 µs now (idle processors polling, and spinning between
+//! polls on a CPU their node owns), 1.9× a raw MPI 4 KiB ping-pong of
+//! 3.2 µs between the same processes (`benches/dsm.rs`, BENCHMARKS.md,
+//! which breaks a fetch down step by step); what remains is the DSM's
+//! own fault, request, serve and install path, spread thin.
+//!
+//! A handler's messages (a page server's reply) are posted as soon as
+//! the handler returns, by the thread that received the request, which
+//! holds the engine; a pass receives one round of messages, and an idle
+//! processor's at most one bulk message, so it goes back to the filthread
+//! a page woke at once.
 //!
 //! **Waiting without taking a CPU from the servers.** MPI's progress
 //! engine polls: there is no descriptor to sleep on. The communication
