@@ -17,7 +17,7 @@ use hyfi_core::link::{Class, ServiceTable};
 use hyfi_core::Step;
 
 use super::{decode_abort, lock, tag, Out, Outbox, RawJob, Shared};
-use super::{BULK_IN_FLIGHT, HOT, NAP_MAX, NAP_MIN};
+use super::{BULK_IN_FLIGHT, HOT, NAP_MAX, NAP_MIN, NAP_QUIET, QUIET};
 use crate::cause::{Cause, CauseKind};
 use crate::error::NetError;
 
@@ -216,7 +216,8 @@ fn comm_loop(s: &Arc<Shared>) {
             moved
         };
         let t = since_start();
-        let hot = t.saturating_sub(MOVED.load(Ordering::Relaxed)) < HOT.as_nanos() as u64;
+        let still = t.saturating_sub(MOVED.load(Ordering::Relaxed));
+        let hot = still < HOT.as_nanos() as u64;
         if hot {
             nap = NAP_MIN;
             std::thread::yield_now();
@@ -233,7 +234,12 @@ fn comm_loop(s: &Arc<Shared>) {
         }
         s.asleep.store(false, Ordering::Release);
         if !moved {
-            nap = (nap * 2).min(NAP_MAX);
+            let cap = if still < QUIET.as_nanos() as u64 {
+                NAP_MAX
+            } else {
+                NAP_QUIET
+            };
+            nap = (nap * 2).min(cap);
         }
     }
 }

@@ -44,10 +44,11 @@
 //! thread polls while messages flow, yielding the CPU between polls
 //! (`sched_yield`, so a server thread that wants the CPU gets it); once
 //! nothing has moved for [`HOT`] it sleeps between polls, for intervals
-//! growing from [`NAP_MIN`] to [`NAP_MAX`]; a sender wakes it at once. A
-//! node that computes without communicating so costs its servers a poll
-//! every [`NAP_MAX`]; a message that arrives while every thread sleeps
-//! waits at most that long.
+//! growing from [`NAP_MIN`] to [`NAP_MAX`], and after [`QUIET`] without a
+//! message on to [`NAP_QUIET`]; a sender wakes it at once. A node that
+//! computes without communicating so costs its servers a poll every
+//! [`NAP_QUIET`]; a message that arrives while every thread sleeps waits
+//! at most that long (a thread that waits for a message polls itself).
 //!
 //! # Classes on two communicators
 //!
@@ -102,8 +103,21 @@ use crate::signals::{self, SignalEvent, SignalThread};
 pub const HOT: Duration = Duration::from_micros(50);
 /// Its first sleep between polls once idle.
 pub const NAP_MIN: Duration = Duration::from_micros(20);
-/// Its longest sleep between polls.
+/// Its longest sleep between polls while messages moved in the last
+/// [`QUIET`].
 pub const NAP_MAX: Duration = Duration::from_micros(100);
+/// After this long without a message, naps grow on to [`NAP_QUIET`].
+pub const QUIET: Duration = Duration::from_millis(10);
+/// Its longest sleep between polls once nothing has moved for [`QUIET`]:
+/// the node computes alone, or the program runs code of its own between
+/// hyfi's. Each wake-up costs the core the rank is bound to (which it
+/// shares with a server thread or the program's main thread) a context
+/// switch and a poll: at 100 µs naps, a user's loop after `Runtime::start`
+/// ran 10–25 % slower beside an idle MPI node (2-vCPU VM, `mpirun -np 2`);
+/// at 1 ms, a tenth of that. The first message after a quiet spell waits
+/// up to this long for a thread to poll (one that waits for it polls
+/// itself).
+pub const NAP_QUIET: Duration = Duration::from_millis(1);
 /// Bulk bytes posted and not yet sent, per destination, beyond which more
 /// bulk messages wait in the outbox (at least one is always posted).
 pub const BULK_IN_FLIGHT: usize = 4 << 20;
