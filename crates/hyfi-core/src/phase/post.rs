@@ -130,6 +130,38 @@ impl<'s> PostPhase<'s> {
     }
 
     /// Sets every private copy of `r` (e.g. `maxdiff = 0` for the next iteration).
+    ///
+    /// It is also how post-phase code hands a value to the next execution's
+    /// filaments (a norm to divide by, a step size): the filament closure
+    /// runs on every processor, so it cannot read the post-phase code's
+    /// locals (a `Cell` is not `Sync`), but each processor reads its copy
+    /// of `r` with [`Reduction::get`]:
+    ///
+    /// ```
+    /// use hyfi::{Config, Control, Op, PoolArray, Program, Runtime};
+    ///
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+    /// let scale = rt.reduction(1.0f64); // set after each execution, read by the filaments
+    /// let sum = rt.reduction(0.0f64);
+    /// let mut sums = Vec::new();
+    /// let mut prog = Program::new();
+    /// prog.phase(
+    ///     PoolArray::block(&rt, 0..4, 1),
+    ///     |ctx, i| {
+    ///         let s = scale.get(ctx);
+    ///         sum.update(ctx, |acc| acc + s * i as f64)
+    ///     },
+    ///     |post| {
+    ///         sums.push(post.reduce(&sum, Op::Sum));
+    ///         post.set(&sum, 0.0);
+    ///         post.set(&scale, 10.0 * post.get(&scale));
+    ///         if sums.len() == 3 { Control::Done } else { Control::Continue }
+    ///     },
+    /// );
+    /// rt.start(&mut prog).unwrap();
+    /// drop(prog);
+    /// assert_eq!(sums, [6.0, 60.0, 600.0]);
+    /// ```
     pub fn set<T: bytemuck::Pod + Send + Sync>(&mut self, r: &Reduction<T>, v: T) {
         self.check(r);
         // SAFETY: as in reduce_with.
