@@ -24,7 +24,6 @@
 
 use std::ops::Range;
 
-use crate::link::BusyPoll;
 use crate::runtime::Runtime;
 
 // Segments and the block distribution are plain data (a leaf module), which
@@ -99,8 +98,10 @@ impl<I: Index> Pool<I> {
     /// Runs `f` on every filament, in order. The loop is monomorphised over
     /// `f`, so a small filament is inlined into it.
     #[inline]
-    pub(crate) fn for_each(&self, poll: &mut BusyPoll<'_>, mut f: impl FnMut(I)) {
-        self.for_each_segment(poll, |_| (), |i, _| f(i));
+    pub(crate) fn for_each(&self, mut f: impl FnMut(I)) {
+        for s in &self.segs {
+            s.each(&mut f);
+        }
     }
 
     /// Runs, for each segment: `bind(span)`, then `f(index, &mut bound)` on
@@ -114,42 +115,12 @@ impl<I: Index> Pool<I> {
     #[inline]
     pub(crate) fn for_each_segment<V>(
         &self,
-        poll: &mut BusyPoll<'_>,
         mut bind: impl FnMut(&Span) -> V,
         mut f: impl FnMut(I, &mut V),
     ) {
         for s in &self.segs {
-            // A computing processor polls the transport between runs of
-            // rows (`link::BusyPoll`): the segment runs in pieces, each
-            // bound and dropped as a segment, the poll between them. Not
-            // inside the loop over rows: an opaque call there (even on a
-            // cold branch), or one that the bound value lives across, kept
-            // the compiler from holding views and accumulators in
-            // registers (Jacobi 14 % slower per row, 33 % per point, 1×1).
-            // Without a busy progress function the countdown never runs
-            // out and the segment is one piece.
-            let rows = s.row_count();
-            let mut from = 0;
-            loop {
-                if poll.left == 0 {
-                    poll.left = poll.due();
-                }
-                let to = if poll.left >= (rows - from) as u64 {
-                    rows
-                } else {
-                    from + poll.left as usize
-                };
-                let piece = s.rows_between(from, to);
-                {
-                    let mut v = bind(&piece.span());
-                    piece.each(|i| f(i, &mut v));
-                }
-                poll.left -= (to - from) as u64;
-                if to == rows {
-                    break;
-                }
-                from = to;
-            }
+            let mut v = bind(&s.span());
+            s.each(|i| f(i, &mut v));
         }
     }
 }
@@ -385,8 +356,7 @@ mod tests {
 
     fn collect<I: Index>(p: &Pool<I>) -> Vec<I> {
         let mut v = Vec::new();
-        let state = crate::link::BusyState::new();
-        p.for_each(&mut BusyPoll::new(&state), |i| v.push(i));
+        p.for_each(|i| v.push(i));
         v
     }
 
@@ -478,9 +448,7 @@ mod tests {
         p.push_red_black(3..5, 0..10, 1);
         let mut spans = Vec::new();
         let mut seen = Vec::new();
-        let state = crate::link::BusyState::new();
         p.for_each_segment(
-            &mut BusyPoll::new(&state),
             |s| {
                 spans.push((s.rows(), s.cols(), s.col_step(), s.len()));
             },
@@ -508,9 +476,7 @@ mod tests {
         b.push_box(2..6, 1..4, 0..5);
         assert_eq!(collect(&b), want);
         let mut spans = Vec::new();
-        let state = crate::link::BusyState::new();
         b.for_each_segment(
-            &mut BusyPoll::new(&state),
             |s| spans.push((s.rows(), s.cols(), s.depth(), s.len())),
             |_, _| {},
         );

@@ -169,21 +169,6 @@ impl Seg {
         false
     }
 
-    /// How many rows (filaments of a 1-D segment) it has.
-    pub(super) fn row_count(&self) -> usize {
-        self.rows.clone().step_by(self.step).len()
-    }
-
-    /// Its rows `from..to` (positions among its rows), as a segment.
-    pub(super) fn rows_between(&self, from: usize, to: usize) -> Seg {
-        let start = self.rows.start + from * self.step;
-        let end = (self.rows.start + to * self.step).min(self.rows.end);
-        Seg {
-            rows: start..end.max(start),
-            ..self.clone()
-        }
-    }
-
     /// The segment as [`Span`]: rows tight, from the first to one past the
     /// last row a filament has (a strided range may end past it).
     pub(super) fn span(&self) -> Span {

@@ -44,7 +44,6 @@
 use std::sync::Mutex;
 
 use crate::error::Error;
-use crate::link::BusyPoll;
 use crate::pool::{Index, PoolArray, Span};
 use crate::sched::Ctx;
 
@@ -101,9 +100,7 @@ where
     fn run_pool(&self, ctx: &Ctx, k: usize) {
         let pool = self.pools.get(ctx.proc(), k);
         let f = &self.filament;
-        let mut poll = BusyPoll::new(&ctx.busy);
-        pool.for_each(&mut poll, |i| f(ctx, i));
-        poll.save();
+        pool.for_each(|i| f(ctx, i));
         ctx.count_filaments(pool.len() as u64);
     }
     fn post(&self, post: &mut PostPhase<'_>) -> Control {
@@ -135,9 +132,7 @@ where
     fn run_pool(&self, ctx: &Ctx, k: usize) {
         let pool = self.pools.get(ctx.proc(), k);
         let (bind, f) = (&self.bind, &self.filament);
-        let mut poll = BusyPoll::new(&ctx.busy);
-        pool.for_each_segment(&mut poll, |span| bind(ctx, span), |i, v| f(ctx, i, v));
-        poll.save();
+        pool.for_each_segment(|span| bind(ctx, span), |i, v| f(ctx, i, v));
         ctx.count_filaments(pool.len() as u64);
     }
     fn post(&self, post: &mut PostPhase<'_>) -> Control {

@@ -114,9 +114,6 @@ pub struct Ctx {
     pub(crate) stats: LocalStats,
     /// The start-up slot the running filament holds (see `startup`).
     pub(crate) startup: Cell<Option<crate::crossnode::Slot>>,
-    /// When this processor next polls the transport while it computes
-    /// (`link::BusyPoll`).
-    pub(crate) busy: crate::link::BusyState,
     next_id: Cell<u64>,
     rng: Cell<u64>,
 }
@@ -172,7 +169,6 @@ impl Ctx {
             stacks: RefCell::new(StackPool::new(shared.cfg.get_stack_size())),
             stats: LocalStats::default(),
             startup: Cell::new(None),
-            busy: crate::link::BusyState::new(),
             next_id: Cell::new(1),
             rng: Cell::new(0x9e37_79b9_7f4a_7c15 ^ ((proc as u64 + 1) << 17)),
             rt_id: shared.id,

@@ -107,7 +107,6 @@ fn run(heartbeat: Duration, tx: std::sync::mpsc::Sender<Result<Arc<Shared>, Stri
     if level >= Threading::Serialized {
         SERIALIZED.store(true, Ordering::Release);
         hyfi_core::link::set_idle_progress(idle_progress);
-        hyfi_core::link::set_busy_progress(busy_progress);
     }
     if tx.send(Ok(shared.clone())).is_err() {
         drop(lock(&ENGINE).take());
@@ -140,22 +139,6 @@ fn idle_progress() -> bool {
     // for is installed, and the processor goes back to it without
     // another probe (the communication thread takes the rest).
     g.as_mut().is_some_and(|e| e.pass(1))
-}
-
-/// A computing processor's poll (see `hyfi_core::link::set_busy_progress`):
-/// the control messages that have come, if no other thread is in MPI. A
-/// page request or a steal request is control, and another node waits for
-/// its answer; bulk (data for this node) waits for the communication
-/// thread or an idle processor.
-fn busy_progress() -> bool {
-    let Ok(mut g) = ENGINE.try_lock() else {
-        return false;
-    };
-    let got = g.as_mut().is_some_and(|e| e.receive(0));
-    if got {
-        MOVED.store(since_start(), Ordering::Relaxed);
-    }
-    got
 }
 
 /// When a pass by any thread last moved a message ([`since_start`] units):
