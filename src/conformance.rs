@@ -45,7 +45,8 @@
 //!    distribution must have moved filaments to every other node.
 //! 4. **Frames** from 0 bytes to 64 MiB (the largest a transport must
 //!    carry, hyfi-net's frame limit), both classes, from every node to
-//!    every other, through the suite's own services (service numbers
+//!    every other, sent by `Port::send_with` and `Port::send_vec` in
+//!    turn, through the suite's own services (service numbers
 //!    100 to 102): the receiving service checks each frame's length and
 //!    content against the seeded pattern, in the order sent per class, and
 //!    replies from its delivery thread with a digest that the sender
