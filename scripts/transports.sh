@@ -4,6 +4,7 @@
 #   scripts/transports.sh [--runs N] [--nodes K] [--kernels jacobi,lu]
 #                         [--sizes "1024 2048"] [--lu-n N] [--iters N]
 #                         [--no-fetch] [--out DIR] [--no-build] [--bin-dir DIR]
+#   scripts/transports.sh --make-kit DIR
 #
 # Round-robin (--runs rounds, default 5) on K nodes of 1 processor (--nodes,
 # default 2): Jacobi one filament per row, eps 0, at each --sizes, and
@@ -19,8 +20,14 @@
 # More ranks than CPUs are oversubscribed (--oversubscribe), and said so.
 # --bin-dir DIR runs prebuilt binaries (jacobi, lu, the dsm bench as
 # `dsm`, and jacobi_mpi, lu_mpi) on a machine without cargo; it implies
-# --no-build. The 16-CPU table of issue 24: `--nodes 16 --kernels
-# jacobi,lu --sizes 2048 --lu-n 2048 --no-fetch`.
+# --no-build. If DIR holds `ompi-root.tgz` (Open MPI relocated, as
+# ../shared/device/README.md shows), it is unpacked in /tmp and used, so
+# the machine needs no MPI of its own. --make-kit DIR builds such a DIR
+# here (the examples and bench with `--features mpi`, stripped; the C
+# baselines; Open MPI's Debian packages, downloaded and relocated): about
+# 20 MB. The 16-CPU table of issue 24, on the device machine:
+# `scripts/transports.sh --bin-dir DIR --nodes 16 --kernels jacobi,lu
+# --sizes 2048 --lu-n 2048 --no-fetch`.
 #
 # Then the page-fetch latency (benches/dsm.rs, dsm_fetch) under `mpirun -np
 # 2` over MPI (against a raw MPI 16 B -> 4 KiB ping-pong between the same
@@ -32,7 +39,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/measure.sh
 source "$ROOT/scripts/lib/measure.sh"
 
-RUNS=5 SIZES="1024 2048" ITERS=200 BUILD=1 OUT="" NODES=2 KERNELS=jacobi LU_N=1024 FETCH=1 BIN_DIR=""
+RUNS=5 SIZES="1024 2048" ITERS=200 BUILD=1 OUT="" NODES=2 KERNELS=jacobi LU_N=1024 FETCH=1 BIN_DIR="" KIT=""
 while (($#)); do
     case $1 in
     --runs) RUNS=$2; shift 2 ;;
@@ -45,15 +52,60 @@ while (($#)); do
     --out) OUT=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
     --bin-dir) BIN_DIR=$(cd "$2" && pwd); BUILD=0; shift 2 ;;
+    --make-kit) KIT=$2; shift 2 ;;
     *) echo "transports.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
 [[ $NODES =~ ^[1-9][0-9]*$ && $NODES -ge 2 ]] || { echo "transports.sh: --nodes needs 2 or more" >&2; exit 2; }
+die() { echo "transports.sh: $*" >&2; exit 1; }
+# The dsm bench built with the feature (cargo names the executable; the
+# newest deps/dsm-* may be another build's).
+dsm_bench() {
+    (cd "$ROOT" && cargo build --release --features mpi --bench dsm --message-format=json 2>/dev/null) |
+        grep '"executable":"[^"]*/dsm-[^"]*"' | grep '"kind":\["bench"\]' |
+        sed 's/.*"executable":"\([^"]*\)".*/\1/' | tail -1
+}
+
+if [[ -n $KIT ]]; then
+    command -v mpicc >/dev/null || die "--make-kit needs Open MPI's compiler (apt-get install libopenmpi-dev)"
+    mkdir -p "$KIT"
+    (cd "$ROOT" && cargo build --release --features mpi --example jacobi --example lu --bench dsm 2>&1 | tail -1) >&2
+    for k in jacobi lu; do strip -o "$KIT/$k" "$ROOT/target/release/examples/$k"; done
+    bench=$(dsm_bench)
+    [[ -x $bench ]] || die "could not find the dsm bench built with --features mpi"
+    strip -o "$KIT/dsm" "$bench"
+    for m in jacobi_mpi lu_mpi; do
+        mpicc -O2 -ffp-contract=off -o "$KIT/$m" "$ROOT/benches/baselines/$m.c"
+    done
+    # Open MPI as the Debian packages this machine builds against, relocated
+    # (../shared/device/README.md): the device machine has no MPI.
+    debs=$(mktemp -d /tmp/hyfi-ompi-debs.XXXXXX)
+    (cd "$debs" && apt-get download openmpi-bin openmpi-common libopenmpi3 libpmix2 libhwloc15 \
+        libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0 libibverbs1 \
+        librdmacm1 libnl-3-200 libnl-route-3-200 libpsm2-2 libpsm-infinipath1 \
+        libmunge2 libltdl7 libnuma1 libgfortran5 >/dev/null) ||
+        die "apt-get download of Open MPI's packages failed (apt-get update first?)"
+    mkdir -p "$debs/ompi-root"
+    for f in "$debs"/*.deb; do dpkg -x "$f" "$debs/ompi-root"; done
+    tar czf "$KIT/ompi-root.tgz" -C "$debs" ompi-root
+    rm -rf "$debs"
+    du -sh "$KIT" >&2
+    echo "kit in $KIT: run scripts/transports.sh --bin-dir $KIT ... there" >&2
+    exit 0
+fi
+
 OUT=${OUT:-$(mktemp -d /tmp/hyfi-transports.XXXXXX)}
 mkdir -p "$OUT"
-die() { echo "transports.sh: $*" >&2; exit 1; }
-command -v mpirun >/dev/null && command -v mpicc >/dev/null ||
-    die "needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+if [[ -n $BIN_DIR && -f $BIN_DIR/ompi-root.tgz ]]; then
+    # The kit's Open MPI, relocated (../shared/device/README.md).
+    tar xzf "$BIN_DIR/ompi-root.tgz" -C /tmp
+    O=/tmp/ompi-root/usr L=/tmp/ompi-root/usr/lib/x86_64-linux-gnu
+    export OPAL_PREFIX=$O PATH=$O/bin:$PATH \
+        LD_LIBRARY_PATH=$L:$L/openmpi/lib:/tmp/ompi-root/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+command -v mpirun >/dev/null || die "needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+[[ -n $BIN_DIR ]] || command -v mpicc >/dev/null ||
+    die "needs Open MPI's compiler (apt-get install libopenmpi-dev)"
 MPIRUN=(mpirun -np "$NODES")
 [[ $(id -u) == 0 ]] && MPIRUN+=(--allow-run-as-root)
 OVER=""
@@ -70,7 +122,8 @@ if [[ -n $BIN_DIR ]]; then
     EX=$BIN_DIR BENCH=$BIN_DIR/dsm CDIR=$BIN_DIR
 else
     EX=$ROOT/target/release/examples CDIR=$OUT
-    BENCH=$(ls -t "$ROOT"/target/release/deps/dsm-* | grep -v '\.d$' | head -1)
+    BENCH=$(dsm_bench)
+    [[ -x $BENCH ]] || die "could not find the dsm bench built with --features mpi"
     for m in jacobi_mpi lu_mpi; do
         mpicc -O2 -ffp-contract=off -o "$OUT/$m" "$ROOT/benches/baselines/$m.c"
     done
