@@ -28,7 +28,7 @@ use std::process::ExitStatus;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{by_node, command, Job};
+use common::{by_node, command, mpirun, Job};
 use hyfi::conformance::{self, Ending, Loss, Stop};
 use hyfi::layers::link::InProcess;
 use hyfi::layers::{steal, NodeLink, RuntimeExt};
@@ -304,16 +304,6 @@ fn by_rank(text: &[String], nodes: usize) -> BTreeMap<usize, Vec<String>> {
         out.entry(rank).or_default().push(line.to_owned());
     }
     out
-}
-
-/// Open MPI's launcher.
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-fn mpirun() -> PathBuf {
-    let path = std::env::var_os("PATH").expect("PATH");
-    std::env::split_paths(&path)
-        .map(|d| d.join("mpirun"))
-        .find(|p| p.is_file())
-        .expect("mpirun is not installed: the MPI transport's tests need Open MPI (see .ci/run)")
 }
 
 /// `examples/conformance`, built once per test process with this test's

@@ -18,22 +18,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{bins, command, Job};
+use common::{bins, command, mpirun, Job};
 
 /// The longest one job may take here (they take a second or two).
 const JOB_BOUND: Duration = Duration::from_secs(60);
-
-fn mpirun() -> PathBuf {
-    let path = std::env::var_os("PATH").expect("PATH");
-    std::env::split_paths(&path)
-        .map(|d| d.join("mpirun"))
-        .find(|p| p.is_file())
-        .expect("mpirun is not installed: the MPI transport's tests need Open MPI (see .ci/run)")
-}
 
 /// `mpirun -np nodes exe args`, over `transport`, with `env` set on every
 /// rank.

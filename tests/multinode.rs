@@ -334,13 +334,6 @@ fn open_mpi_variables_by_hand() {
 // ---------------------------------------------------------------------------
 // 4: mpirun
 
-fn on_path(exe: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(exe))
-        .find(|p| p.is_file())
-}
-
 /// The transports a job under `mpirun` can run on in this build.
 fn mpirun_transports() -> &'static [&'static str] {
     if cfg!(feature = "mpi") {

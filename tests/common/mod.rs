@@ -203,6 +203,20 @@ pub fn command(exe: &Path) -> Command {
     cmd
 }
 
+/// `exe` found on `PATH`, if it is there.
+pub fn on_path(exe: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(exe))
+        .find(|p| p.is_file())
+}
+
+/// Open MPI's launcher, which the MPI transport's tests need.
+pub fn mpirun() -> PathBuf {
+    on_path("mpirun")
+        .expect("mpirun is not installed: the MPI transport's tests need Open MPI (see .ci/run)")
+}
+
 /// A port nobody listens on (bound, read and released).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
