@@ -39,7 +39,9 @@
 //! Over MPI (`--features mpi`): `mpirun -np 2 target/release/deps/dsm-* --bench
 //! dsm_fetch` runs the fetch part alone over the site's MPI, against a raw
 //! MPI ping-pong of the same sizes between the same two processes
-//! (`hyfi_net::mpi::raw_round_trips`, on their communication threads).
+//! (`hyfi_net::mpi::raw_round_trips`, on their communication threads), and
+//! against the same ping-pong with the reply in the pieces hyfi sends a
+//! page in (`raw_round_trips_in_pieces`), which shows hyfi's own cost.
 //!
 //! Run with `cargo bench --bench dsm -- --noplot` (about 2 minutes). A
 //! criterion filter that does not match `dsm_fetch` skips the fetch part;
@@ -176,6 +178,10 @@ fn fetch_node(full: bool) {
     let mut dsm_med = Vec::new();
     let mut ratios = Vec::new();
     let (mut raw_all, mut dsm_all) = (Vec::new(), Vec::new());
+    // Over MPI, also the raw round trip with the reply in pieces, as hyfi
+    // sends a page (hyfi's own cost shows against it).
+    let (mut pieced_all, mut pieced_ratios) = (Vec::new(), Vec::new());
+    let mut pieced = Vec::new();
     let mut counter = 0u64;
     let mut fetched_before = dsm.stats().total.pages_fetched;
     for block in 0..blocks {
@@ -183,7 +189,8 @@ fn fetch_node(full: bool) {
         let mut raw = Vec::with_capacity(RAW_PER_BLOCK);
         let n_raw = if full { RAW_PER_BLOCK } else { 50 };
         if over_mpi {
-            raw = raw_mpi(me, n_raw);
+            raw = raw_mpi(me, n_raw, false);
+            pieced = raw_mpi(me, n_raw, true);
         } else if let Some(c) = client.as_mut() {
             let mut req = [0u8; REQ];
             let mut reply = vec![0u8; REPLY];
@@ -268,6 +275,10 @@ fn fetch_node(full: bool) {
             raw_all.extend_from_slice(&raw);
             dsm_all.extend_from_slice(&lat);
             let (r, d) = (median(&mut raw), median(&mut lat));
+            if over_mpi {
+                pieced_all.extend_from_slice(&pieced);
+                pieced_ratios.push(d / median(&mut pieced));
+            }
             raw_med.push(r);
             dsm_med.push(d);
             ratios.push(d / r);
@@ -315,20 +326,45 @@ fn fetch_node(full: bool) {
             median(&mut rs),
             dm / rm
         );
+        if over_mpi {
+            let pm = median(&mut pieced_all);
+            println!(
+                "dsm_fetch: raw_mpi with the reply in pieces of {} B (as hyfi sends a page) \
+                 median {:.2} µs; remote page fetch / it = {:.2} (median of per-block ratios)",
+                hyfi_piece(),
+                pm / 1e3,
+                median(&mut pieced_ratios)
+            );
+        }
         println!("dsm_fetch: {}", dsm.stats().total);
     }
 }
 
-/// Raw MPI round trips, 16 bytes out and 4 KiB back, node 0 asking node 1:
-/// their times in ns on node 0.
 #[cfg(feature = "mpi")]
-fn raw_mpi(me: usize, n: usize) -> Vec<f64> {
-    let t = hyfi_net::mpi::raw_round_trips(1 - me, me == 0, REQ, REPLY, n).expect("raw MPI");
+fn hyfi_piece() -> usize {
+    hyfi_net::mpi::PIECE
+}
+
+#[cfg(not(feature = "mpi"))]
+fn hyfi_piece() -> usize {
+    unreachable!("HYFI_TRANSPORT=mpi is refused without the feature")
+}
+
+/// Raw MPI round trips, 16 bytes out and 4 KiB back (whole, or in pieces
+/// as hyfi sends a page), node 0 asking node 1: their times in ns on node 0.
+#[cfg(feature = "mpi")]
+fn raw_mpi(me: usize, n: usize, pieces: bool) -> Vec<f64> {
+    let f = if pieces {
+        hyfi_net::mpi::raw_round_trips_in_pieces
+    } else {
+        hyfi_net::mpi::raw_round_trips
+    };
+    let t = f(1 - me, me == 0, REQ, REPLY, n).expect("raw MPI");
     t.iter().map(|d| d.as_nanos() as f64).collect()
 }
 
 #[cfg(not(feature = "mpi"))]
-fn raw_mpi(_: usize, _: usize) -> Vec<f64> {
+fn raw_mpi(_: usize, _: usize, _: bool) -> Vec<f64> {
     unreachable!("HYFI_TRANSPORT=mpi is refused without the feature")
 }
 

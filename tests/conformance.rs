@@ -47,9 +47,9 @@ const LOST_WITHIN: Duration = Duration::from_secs(10);
 const STOPPED_WITHIN: Duration = Duration::from_secs(15);
 const HEARTBEAT: &str = "2";
 
-/// Frames each node sends each other node in check 4 (9 control, 11
+/// Frames each node sends each other node in check 4 (11 control, 14
 /// bulk), and their bytes at least (the fixed sizes' 65 MiB and more).
-const FRAMES_PER_PEER: u64 = 20;
+const FRAMES_PER_PEER: u64 = 25;
 const FRAME_BYTES_PER_PEER: u64 = 65 << 20;
 
 /// One test at a time.

@@ -21,11 +21,25 @@ const CHECK: u64 = 4;
 const OVERTAKE: u64 = 5;
 
 /// Sizes of the bulk frames each node sends each other node: empty, one
-/// byte, around a page, a page and a bit, 1 MiB, and 64 MiB, the largest
-/// frame a transport must carry (hyfi-net's frame limit).
-const BULK_SIZES: [usize; 8] = [0, 1, 4095, 4096, 4097, 65536 + 3, 1 << 20, 64 << 20];
+/// byte, around a page, a page and a bit, around the MPI transport's piece
+/// boundaries (two pieces of 4 000 bytes, three, the longest frame sent in
+/// pieces), 1 MiB, and 64 MiB, the largest frame a transport must carry
+/// (hyfi-net's frame limit).
+const BULK_SIZES: [usize; 11] = [
+    0,
+    1,
+    4095,
+    4096,
+    4097,
+    8000,
+    8001,
+    65536,
+    65536 + 3,
+    1 << 20,
+    64 << 20,
+];
 /// Sizes of the control frames: control messages are small by contract.
-const CONTROL_SIZES: [usize; 6] = [0, 1, 4095, 4096, 4097, 65536 + 3];
+const CONTROL_SIZES: [usize; 8] = [0, 1, 4095, 4096, 4097, 8001, 65536, 65536 + 3];
 /// Frames of each class of a size from the seed (below 256 KiB), after
 /// the fixed ones.
 const EXTRA: u64 = 3;

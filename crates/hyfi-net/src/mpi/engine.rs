@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mpi::point_to_point::{Destination, MatchedReceiveVec, Source, Status};
+use mpi::datatype::Equivalence;
+use mpi::point_to_point::{Destination, MatchedReceiveVec, Message, Source, Status};
 use mpi::request::{Request, StaticScope};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::Threading;
@@ -17,15 +18,16 @@ use hyfi_core::link::{Class, ServiceTable};
 use hyfi_core::Step;
 
 use super::{decode_abort, lock, tag, Out, Outbox, RawJob, Shared};
-use super::{BULK_IN_FLIGHT, HOT, NAP_MAX, NAP_MIN, NAP_QUIET, QUIET};
+use super::{BULK_IN_FLIGHT, HOT, NAP_MAX, NAP_MIN, NAP_QUIET, PIECE, PIECED_MAX, QUIET};
 use crate::cause::{Cause, CauseKind};
 use crate::error::NetError;
 
-/// A posted send and the buffer it reads.
+/// A posted frame: its sends (one, or one per piece) and the buffer they
+/// read.
 struct Posted {
-    req: Request<'static, [u8], StaticScope>,
-    /// The buffer, leaked for the request's `'static` borrow; freed when
-    /// the request completes.
+    reqs: Vec<Request<'static, [u8], StaticScope>>,
+    /// The buffer, leaked for the requests' `'static` borrow; freed when
+    /// every request completed.
     buf: *mut [u8],
     to: usize,
     class: Class,
@@ -336,14 +338,30 @@ impl Engine {
         let buf: &'static mut [u8] = Box::leak(data.into_boxed_slice());
         let ptr: *mut [u8] = buf;
         // SAFETY: `ptr` was just leaked and is freed only in `complete`,
-        // after the request that reads it completed.
-        let req = comm.process_at_rank(to as i32).immediate_send_with_tag(
-            StaticScope,
-            unsafe { &*ptr },
-            tag,
-        );
+        // after every request that reads it completed.
+        let bytes: &'static [u8] = unsafe { &*ptr };
+        let peer = comm.process_at_rank(to as i32);
+        let reqs = match pieces(bytes.len(), tag) {
+            None => vec![peer.immediate_send_with_tag(StaticScope, bytes, tag)],
+            Some(n) => {
+                // In pieces under the eager limit, back to back under the
+                // engine's lock: the receiver takes the first piece's
+                // followers as the next `tag::PIECE` messages from this
+                // node on this communicator (MPI's non-overtaking rule).
+                let mut chunks = bytes.chunks(PIECE);
+                let first = chunks
+                    .next()
+                    .expect("a pieced frame is longer than a piece");
+                let mut reqs = Vec::with_capacity(n);
+                reqs.push(peer.immediate_send_with_tag(StaticScope, first, pieced_tag(tag, n)));
+                reqs.extend(
+                    chunks.map(|c| peer.immediate_send_with_tag(StaticScope, c, tag::PIECE)),
+                );
+                reqs
+            }
+        };
         self.posted.push(Posted {
-            req,
+            reqs,
             buf: ptr,
             to,
             class,
@@ -355,26 +373,24 @@ impl Engine {
         let mut moved = false;
         let mut i = 0;
         while i < self.posted.len() {
+            let p = &mut self.posted[i];
+            let reqs = std::mem::take(&mut p.reqs);
+            for req in reqs {
+                match req.test() {
+                    Ok(_) => moved = true,
+                    Err(req) => p.reqs.push(req),
+                }
+            }
+            if !p.reqs.is_empty() {
+                i += 1;
+                continue;
+            }
             let p = self.posted.swap_remove(i);
-            match p.req.test() {
-                Ok(_) => {
-                    moved = true;
-                    // SAFETY: the send that borrowed the buffer completed;
-                    // nothing else refers to it.
-                    let buf = unsafe { Box::from_raw(p.buf) };
-                    let len = buf.len();
-                    drop(buf);
-                    if p.class == Class::Bulk {
-                        self.in_flight[p.to] -= len;
-                    }
-                }
-                Err(req) => {
-                    let last = self.posted.len();
-                    self.posted.push(Posted { req, ..p });
-                    // Back where it was, so the loop looks at each once.
-                    self.posted.swap(i, last);
-                    i += 1;
-                }
+            // SAFETY: every send that borrowed the buffer completed;
+            // nothing else refers to it.
+            let buf = unsafe { Box::from_raw(p.buf) };
+            if p.class == Class::Bulk {
+                self.in_flight[p.to] -= buf.len();
             }
         }
         moved
@@ -388,26 +404,69 @@ impl Engine {
     fn receive(&mut self, bulk: usize) -> bool {
         let mut got = false;
         while let Some(m) = self.control.any_process().immediate_matched_probe() {
-            let (data, st) = m.matched_receive_vec::<u8>();
-            self.dispatch(st, Class::Control, data);
+            self.take(m, Class::Control);
             got = true;
         }
         for _ in 0..bulk {
             let Some(m) = self.bulk.any_process().immediate_matched_probe() else {
                 break;
             };
-            let (data, st) = m.matched_receive_vec::<u8>();
-            self.dispatch(st, Class::Bulk, data);
+            self.take(m, Class::Bulk);
             got = true;
         }
         got
     }
 
-    fn dispatch(&mut self, st: Status, class: Class, data: Vec<u8>) {
+    /// Receives a matched message, and its other pieces if it is the first
+    /// of a pieced frame, and dispatches the frame.
+    fn take(&mut self, (msg, st): (Message, Status), class: Class) {
         let from = st.source_rank() as usize;
+        let Some((tag, n)) = unpieced_tag(st.tag()) else {
+            let (data, _) = (msg, st).matched_receive_vec::<u8>();
+            self.dispatch(from, st.tag(), class, data);
+            return;
+        };
+        let mut data = Vec::with_capacity(n * PIECE);
+        receive_appending(&mut data, msg, &st);
+        let comm = match class {
+            Class::Control => &self.control,
+            Class::Bulk => &self.bulk,
+        };
+        let src = comm.process_at_rank(from as i32);
+        // The followers were posted with the first piece and travel eagerly:
+        // they are here or about to be. A sender that dies meanwhile is
+        // reported by the launcher; one that stops is bounded by the
+        // heartbeat.
+        let since = Instant::now();
+        for k in 1..n {
+            loop {
+                if let Some((m, s)) = src.immediate_matched_probe_with_tag(tag::PIECE) {
+                    receive_appending(&mut data, m, &s);
+                    break;
+                }
+                if since.elapsed() > self.s.heartbeat {
+                    self.s.fail(Cause::new(
+                        from,
+                        CauseKind::Hung,
+                        format!(
+                            "sent node {} a frame in {n} pieces and piece {k} did not \
+                             follow within {:.1} s (HYFI_HEARTBEAT)",
+                            self.s.rank,
+                            self.s.heartbeat.as_secs_f64()
+                        ),
+                    ));
+                    return;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        self.dispatch(from, tag, class, data);
+    }
+
+    fn dispatch(&mut self, from: usize, tag: i32, class: Class, data: Vec<u8>) {
         let s = self.s.clone();
         self.heard[from] = Instant::now();
-        match st.tag() {
+        match tag {
             t @ 1..=127 => {
                 s.counters.count_received(class, data.len());
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -486,11 +545,29 @@ impl Engine {
                     .copy_from_slice(&(i as u64).to_le_bytes()[..8.min(job.request)]);
                 let t = Instant::now();
                 peer.send_with_tag(&req[..], 0);
-                peer.receive_into_with_tag(&mut rep[..], 0);
+                if job.pieces && rep.len() > PIECE {
+                    for c in rep.chunks_mut(PIECE) {
+                        peer.receive_into_with_tag(c, 0);
+                    }
+                } else {
+                    peer.receive_into_with_tag(&mut rep[..], 0);
+                }
                 times.push(t.elapsed());
             } else {
                 peer.receive_into_with_tag(&mut req[..], 0);
-                peer.send_with_tag(&rep[..], 0);
+                if !(job.pieces && rep.len() > PIECE) {
+                    peer.send_with_tag(&rep[..], 0);
+                    continue;
+                }
+                mpi::request::scope(|sc| {
+                    let reqs: Vec<_> = rep
+                        .chunks(PIECE)
+                        .map(|c| peer.immediate_send_with_tag(sc, c, 0))
+                        .collect();
+                    reqs.into_iter().for_each(|r| {
+                        r.wait();
+                    });
+                });
             }
         }
         // Silence from the peer while it was busy here is no hang.
@@ -559,11 +636,44 @@ impl Drop for Engine {
         // Requests must complete before their buffers go (and rsmpi aborts
         // on a dropped request).
         for p in self.posted.drain(..) {
-            p.req.wait();
+            for req in p.reqs {
+                req.wait();
+            }
             // SAFETY: as in `complete`.
             drop(unsafe { Box::from_raw(p.buf) });
         }
     }
+}
+
+/// How many pieces a frame of `len` bytes with `tag` travels in, if more
+/// than one: a service's frame longer than a piece and no longer than
+/// [`PIECED_MAX`].
+fn pieces(len: usize, tag: i32) -> Option<usize> {
+    let service = (1..=127).contains(&tag);
+    (service && len > PIECE && len <= PIECED_MAX).then(|| len.div_ceil(PIECE))
+}
+
+/// The tag of a pieced frame's first piece: the service's tag and the
+/// number of pieces, above every plain tag.
+fn pieced_tag(tag: i32, n: usize) -> i32 {
+    tag::PIECED + ((n as i32) << 7 | tag)
+}
+
+/// The service tag and piece count a first piece's tag carries, if it is
+/// one.
+fn unpieced_tag(t: i32) -> Option<(i32, usize)> {
+    (t > tag::PIECED).then(|| {
+        let v = t - tag::PIECED;
+        (v & 127, (v >> 7) as usize)
+    })
+}
+
+/// Receives a matched piece onto the end of `data`.
+fn receive_appending(data: &mut Vec<u8>, msg: Message, st: &Status) {
+    let len = st.count(u8::equivalent_datatype()) as usize;
+    let at = data.len();
+    data.resize(at + len, 0);
+    msg.matched_receive_into(&mut data[at..]);
 }
 
 /// The little-endian words of a step or goodbye message (zero-padded).

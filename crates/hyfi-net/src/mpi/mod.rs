@@ -27,11 +27,26 @@
 //! binds a rank to one core by default, so the server thread and the
 //! communication thread share it, and every message crossed from one to
 //! the other by a context switch: a page fetch took 11.8 µs with FUNNELED
-//! and takes 6.1 µs now (idle processors polling, and spinning between
-//! polls on a CPU their node owns), 1.9× a raw MPI 4 KiB ping-pong of
-//! 3.2 µs between the same processes (`benches/dsm.rs`, BENCHMARKS.md,
-//! which breaks a fetch down step by step); what remains is the DSM's
-//! own fault, request, serve and install path, spread thin.
+//! and 6.1 µs with idle processors polling (and spinning between polls on
+//! a CPU their node owns); with frames sent in eager pieces (below) it
+//! takes 2.5 µs, 1.1× a raw MPI 4 KiB ping-pong of 2.3 µs between the same
+//! processes (`benches/dsm.rs`, BENCHMARKS.md, which breaks a fetch down
+//! step by step).
+//!
+//! **Frames in pieces.** Open MPI's shared-memory transport sends a
+//! message of more than about 4 040 bytes by rendezvous: a request, a
+//! single copy by the receiver, an acknowledgement, at 2 µs for a 4 KiB
+//! reply against 0.5 µs for a message just under the limit. A page and its
+//! header is just over it. So a service's frame of more than [`PIECE`]
+//! bytes, up to [`PIECED_MAX`], travels in pieces of at most [`PIECE`]
+//! bytes, posted back to back: the first with a tag that names the service
+//! and the piece count, the rest with a tag of their own, all on the
+//! frame's communicator. MPI keeps one sender's messages on one
+//! communicator in order, and one thread posts a frame's pieces under the
+//! engine's lock, so the pieces that follow a first piece are the next
+//! ones from its sender; the receiver takes them at once (they travel
+//! eagerly, so they are there or about to be) and hands the frame on
+//! whole. Longer frames go whole, by the MPI's own single-copy protocol.
 //!
 //! A handler's messages (a page server's reply) are posted as soon as
 //! the handler returns, by the thread that received the request, which
@@ -122,6 +137,20 @@ pub const NAP_QUIET: Duration = Duration::from_millis(1);
 /// bulk messages wait in the outbox (at least one is always posted).
 pub const BULK_IN_FLIGHT: usize = 4 << 20;
 
+/// The most bytes of a frame in one MPI message when the frame travels in
+/// pieces: below Open MPI's shared-memory eager limit (4 KiB, less its
+/// match header: a 4 040-byte message goes eagerly, a 4 050-byte one by
+/// rendezvous). Measured on one host (2-vCPU VM, Open MPI 4.1.4, C
+/// ping-pongs of a 16-byte request and a reply sent whole or in pieces):
+/// a 4 096-byte reply whole 2.05 µs, in two pieces 0.46 µs; 16 KiB 2.83
+/// against 1.12 µs; 64 KiB 5.29 against 3.40 µs. A page (4 KiB and the
+/// reply's header) so travels in two eager pieces instead of one
+/// rendezvous (BENCHMARKS.md, the transports section).
+pub const PIECE: usize = 4000;
+/// Frames longer than this travel whole, by the MPI's own large-message
+/// protocol (single copy where it has one).
+pub const PIECED_MAX: usize = 64 << 10;
+
 /// Tags of the transport's own messages (services use 1 to 127).
 pub(crate) mod tag {
     /// An SPMD step, to the ring successor.
@@ -132,6 +161,12 @@ pub(crate) mod tag {
     pub const ABORT: i32 = 1002;
     /// Nothing: the sender is alive.
     pub const HEARTBEAT: i32 = 1003;
+    /// A piece of a frame after its first (see [`super::PIECE`]).
+    pub const PIECE: i32 = 1004;
+    /// Above this: the first piece of a frame in pieces, `PIECED + (n << 7
+    /// | service)` for `n` pieces (at most 17, so at most 10 495: within
+    /// the 32 767 every MPI allows).
+    pub const PIECED: i32 = 8192;
 }
 
 /// A message waiting to be posted.
@@ -162,6 +197,9 @@ pub(crate) struct RawJob {
     pub request: usize,
     pub reply: usize,
     pub n: usize,
+    /// The reply in pieces of [`PIECE`] bytes, sent back to back, as
+    /// hyfi's own frames of that size travel.
+    pub pieces: bool,
     pub done: std::sync::mpsc::Sender<Vec<Duration>>,
 }
 
@@ -179,6 +217,32 @@ pub fn raw_round_trips(
     request: usize,
     reply: usize,
     n: usize,
+) -> Result<Vec<Duration>, NetError> {
+    raw_job(peer, first, request, reply, n, false)
+}
+
+/// As [`raw_round_trips`], with the reply sent as hyfi sends a frame of
+/// its size: in pieces of at most [`PIECE`] bytes, back to back
+/// (`MPI_Isend` each, then `MPI_Waitall`), received one by one. The
+/// baseline that shows hyfi's own cost on a page fetch, where the plain
+/// ping-pong shows what a user's straightforward code gets.
+pub fn raw_round_trips_in_pieces(
+    peer: usize,
+    first: bool,
+    request: usize,
+    reply: usize,
+    n: usize,
+) -> Result<Vec<Duration>, NetError> {
+    raw_job(peer, first, request, reply, n, true)
+}
+
+fn raw_job(
+    peer: usize,
+    first: bool,
+    request: usize,
+    reply: usize,
+    n: usize,
+    pieces: bool,
 ) -> Result<Vec<Duration>, NetError> {
     let shared = SHARED.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let Some(s) = shared.and_then(|w| w.upgrade()) else {
@@ -200,6 +264,7 @@ pub fn raw_round_trips(
         request,
         reply,
         n,
+        pieces,
         done: tx,
     });
     s.wake();
