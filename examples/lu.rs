@@ -271,6 +271,9 @@ pub fn factor_dsm(
             step_of[p].store(done, Relaxed);
             piv.store(p, Relaxed);
             perm.push(p);
+            // Every node reads the pivot row first thing in the next step:
+            // its home sends it now, before anyone computes.
+            a.broadcast_rows(post, p..p + 1);
             Control::Continue
         },
     );

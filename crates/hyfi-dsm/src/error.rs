@@ -206,6 +206,16 @@ pub(crate) enum ProtocolError {
     /// A page reply nobody asked for.
     #[error("page {page} arrived, but it was not requested")]
     NotRequested { page: u64 },
+    /// A broadcast whose root or span does not fit the job.
+    #[error(
+        "a broadcast from root node {root} covering {span} nodes, which does not fit a job \
+         of {nodes} nodes with this node in it"
+    )]
+    BadBroadcast {
+        root: usize,
+        span: usize,
+        nodes: usize,
+    },
     /// A release of an epoch this node has already completed.
     #[error("a release of epoch {epoch} came after this node completed {completed}")]
     LateRelease { epoch: u64, completed: u64 },

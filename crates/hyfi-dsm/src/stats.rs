@@ -75,6 +75,12 @@ counters! {
     atomic_views,
     /// Page requests that waited for plain-store views of the page to end.
     requests_waited_plain,
+    /// Pages this node sent in broadcasts (`broadcast_rows`), as their home or passing them on along the tree, counted once per receiver.
+    pages_broadcast,
+    /// Broadcast pages installed here (they were not valid here when they came).
+    broadcasts_installed,
+    /// Broadcasts that came too late to install (this node was in or past the release after them): dropped.
+    broadcasts_dropped,
 }
 
 impl DsmCounters {
@@ -102,7 +108,8 @@ impl fmt::Display for DsmCounters {
              diffs sent {} ({} B) applied {}, notices {}, invalidations {}, \
              pushed {} installed {} declined {}, \
              waiting {:.3} ms, releases {:.3} ms, {} messages ({} B), \
-             write views plain {} atomic {} (requests waited for plain stores {})",
+             write views plain {} atomic {} (requests waited for plain stores {}), \
+             broadcast {} installed {} dropped {}",
             self.read_faults,
             self.write_faults,
             self.pages_fetched,
@@ -122,7 +129,10 @@ impl fmt::Display for DsmCounters {
             self.bytes_sent,
             self.plain_views,
             self.atomic_views,
-            self.requests_waited_plain
+            self.requests_waited_plain,
+            self.pages_broadcast,
+            self.broadcasts_installed,
+            self.broadcasts_dropped
         )
     }
 }

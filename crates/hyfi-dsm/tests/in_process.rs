@@ -407,3 +407,86 @@ fn a_page_served_while_its_home_writes_it_reaches_the_reader() {
         st[1].total
     );
 }
+
+/// LU's pattern: each round every filament reads a key row chosen in the
+/// post-phase code before, and writes its own row; the key row's home
+/// broadcasts it (`broadcast_rows`). Every read is checked against a model
+/// every node keeps, and the matrix against it at the end.
+fn broadcast_node(link: Arc<InProcess>, procs: usize, rounds: u64) -> Result<DsmStats, String> {
+    let (rt, dsm) = start(&link, procs)?;
+    let n = 40;
+    let a = dsm
+        .matrix::<f64>(n, n)
+        .pad_rows()
+        .placement(Placement::CyclicRows(0..n))
+        .from_fn(|i, j| (i * 1000 + j) as f64)
+        .map_err(|e| e.to_string())?;
+    let mut model: Vec<f64> = (0..n * n).map(|e| ((e / n) * 1000 + e % n) as f64).collect();
+    let key = std::sync::atomic::AtomicUsize::new(0);
+    let shared_model = RwLock::new(model.clone());
+    let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut prog = Program::new();
+    prog.phase(
+        PoolArray::cyclic(&rt, 0..n),
+        |ctx, i| {
+            let k = key.load(std::sync::atomic::Ordering::Relaxed);
+            if i == k {
+                return;
+            }
+            let got = a.row(ctx, k).get(i % n);
+            let want = shared_model.read().unwrap()[k * n + i % n];
+            if got != want {
+                bad.lock()
+                    .unwrap()
+                    .push(format!("round {}: row {k} col {i}: {got} not {want}", ctx.iteration()));
+            }
+            a.row_mut(ctx, i).set(0, got + 1.0);
+        },
+        |post| {
+            let k = key.load(std::sync::atomic::Ordering::Relaxed);
+            for i in (0..n).filter(|&i| i != k) {
+                model[i * n] = model[k * n + i % n] + 1.0;
+            }
+            *shared_model.write().unwrap() = model.clone();
+            if post.iteration() + 1 >= rounds {
+                return Control::Done;
+            }
+            let next = (post.iteration() as usize + 1) * 7 % n;
+            key.store(next, std::sync::atomic::Ordering::Relaxed);
+            a.broadcast_rows(post, next..next + 1);
+            Control::Continue
+        },
+    );
+    let stats = run_checked(&rt, prog, &bad, &dsm)?;
+    let got = a.to_vec();
+    let want = shared_model.into_inner().unwrap();
+    if got != want {
+        return Err(format!("node {}: the matrix differs from the model", rt.node()));
+    }
+    Ok(stats)
+}
+
+#[test]
+fn broadcast_rows_reach_every_node_along_the_tree() {
+    let rounds = 12;
+    for (nodes, procs) in [(2, 1), (2, 2), (3, 1), (5, 1), (8, 1)] {
+        let st = on_nodes_ok(nodes, move |l| broadcast_node(l, procs, rounds));
+        // Each round after the first, the key row's one page reaches the
+        // N − 1 other nodes, one message each along the tree.
+        let sent: u64 = st.iter().map(|s| s.total.pages_broadcast).sum();
+        assert_eq!(sent, (rounds - 1) * (nodes as u64 - 1), "{nodes}x{procs}");
+        // Each round's key row is a row no node read before (7 and 40 are
+        // coprime), so every node that is not its home gets it once: from
+        // the broadcast, or by a fetch that came first (round 0's always).
+        let keys: Vec<usize> = (0..rounds as usize).map(|k| k * 7 % 40).collect();
+        for (q, s) in st.iter().enumerate() {
+            let needed = keys.iter().filter(|&&r| r % nodes != q).count() as u64;
+            assert_eq!(
+                s.total.pages_fetched + s.total.broadcasts_installed,
+                needed,
+                "{nodes}x{procs}, node {q}: {:?}",
+                s.total
+            );
+        }
+    }
+}

@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use hyfi_core::Ctx;
+use hyfi_core::{Ctx, PostPhase};
 
 use super::*;
 use crate::footprint::{ReadRows, WriteRows};
@@ -192,6 +192,74 @@ impl<T: Pod> DsmMatrix<T> {
                 format!("{} rows", self.rows),
             );
         }
+    }
+
+    /// Sends rows `r` to every node now, from their homes, because every
+    /// node will read them in the next phase: LU's pivot row, a
+    /// coefficient row a solver's filaments all use. Call it in post-phase
+    /// code, on every node alike (SPMD); a node sends the pages it is home
+    /// to and does nothing for the others.
+    ///
+    /// Without it each node requests the rows when a filament first reads
+    /// them, from a home that is computing its own rows by then: the
+    /// request waits until the home's communication thread gets a CPU (on
+    /// `mpirun`'s one core per rank, tens of µs). A broadcast leaves
+    /// before the phase starts and travels along a binomial tree rooted at
+    /// the home (about ⌈log₂ N⌉ forwarding steps, one page message per
+    /// edge), so readers usually find the rows here. A filament that reads
+    /// a row before it comes waits for it (or for the request it made);
+    /// the bytes are the same either way, so results do not depend on it.
+    /// The receivers join the rows' copy sets: if the home writes the rows
+    /// later, its release pushes them, and nodes that no longer read them
+    /// decline. Counted in [`DsmCounters`](crate::DsmCounters)'
+    /// `pages_broadcast` and `broadcasts_installed`.
+    ///
+    /// ```
+    /// use hyfi::{Config, Control, PoolArray, Program, Runtime};
+    /// use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+    /// let dsm = hyfi::Dsm::new(&rt)?;
+    /// let n = 64;
+    /// // Each step scales every row by its entry in the step's key row.
+    /// let a = dsm.matrix::<f64>(n, n).pad_rows().from_fn(|i, j| 1.0 + (i + j) as f64)?;
+    /// let key = AtomicUsize::new(0);
+    /// let mut prog = Program::new();
+    /// prog.phase_with(
+    ///     PoolArray::cyclic(&rt, 0..n),
+    ///     |ctx, _span| {
+    ///         let mut k = vec![0.0; n];
+    ///         a.row(ctx, key.load(Relaxed)).copy_range_to(0, &mut k);
+    ///         k
+    ///     },
+    ///     |ctx, i, k| {
+    ///         if i != key.load(Relaxed) {
+    ///             a.row_mut(ctx, i).set(0, k[i % n] * 0.5);
+    ///         }
+    ///     },
+    ///     |post| {
+    ///         if post.iteration() == 3 {
+    ///             return Control::Done;
+    ///         }
+    ///         let next = (post.iteration() as usize + 1) * 7 % n;
+    ///         key.store(next, Relaxed);
+    ///         // Every node reads row `next` in the next phase.
+    ///         a.broadcast_rows(post, next..next + 1);
+    ///         Control::Continue
+    ///     },
+    /// );
+    /// rt.start(&mut prog)?;
+    /// drop(prog);
+    /// // The last step's key row was 21: row 1 took half its entry 1.
+    /// assert_eq!(a.get(1, 0), 0.5 * (1.0 + 21.0 + 1.0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn broadcast_rows(&self, _post: &PostPhase<'_>, r: Range<usize>) {
+        self.check_rows(&r);
+        if r.is_empty() || self.cols == 0 {
+            return;
+        }
+        self.sh
+            .broadcast(r.start * self.stride, (r.len() - 1) * self.stride + self.cols);
     }
 
     /// Copies row `i` into `out` (`cols` long).

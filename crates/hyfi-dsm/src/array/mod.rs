@@ -155,6 +155,13 @@ impl<T: Pod> Shared<T> {
         }
     }
 
+    /// Broadcasts the pages of elements `e..e+n` (n ≥ 1) that are homed
+    /// here (see [`DsmMatrix::broadcast_rows`]).
+    pub(crate) fn broadcast(&self, e: usize, n: usize) {
+        let (lo, hi) = Self::pages_of(e, n);
+        self.core.broadcast(&self.seg, lo, hi);
+    }
+
     /// The runtime's access epoch now.
     #[inline(always)]
     pub(crate) fn epoch(&self) -> u64 {

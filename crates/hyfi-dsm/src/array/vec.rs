@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use hyfi_core::Ctx;
+use hyfi_core::{Ctx, PostPhase};
 
 use super::*;
 use crate::footprint::{ReadRange, WriteRange};
@@ -119,6 +119,17 @@ impl<T: Pod> DsmVec<T> {
         self.check_range(&r);
         self.sh
             .frame(ctx, r, 1, 1, NONE, write, std::panic::Location::caller())
+    }
+
+    /// Sends elements `r` to every node now, from their homes, because
+    /// every node will read them in the next phase: see
+    /// [`DsmMatrix::broadcast_rows`]. Call it in post-phase code, on every
+    /// node alike.
+    pub fn broadcast(&self, _post: &PostPhase<'_>, r: Range<usize>) {
+        self.check_range(&r);
+        if !r.is_empty() {
+            self.sh.broadcast(r.start, r.len());
+        }
     }
 
     /// Copies elements `start..start+out.len()` into `out`.

@@ -1,6 +1,7 @@
 #![doc = include_str!("README.md")]
 
 mod access;
+mod broadcast;
 mod diff;
 mod msg;
 mod page_table;
@@ -97,6 +98,7 @@ impl Core {
                 releasing: false,
                 deferred: Vec::new(),
                 pushes: Vec::new(),
+                early_broadcasts: Vec::new(),
             }),
             proto_cv: Condvar::new(),
             failed: OnceLock::new(),
@@ -310,6 +312,7 @@ impl Service for Core {
             Ok(Kind::Request) => self.on_request(from, &payload),
             Ok(Kind::Pages) => self.on_pages(from, &payload),
             Ok(Kind::Release) => self.on_release(from, payload),
+            Ok(Kind::Broadcast) => self.on_broadcast(payload),
             Err(e) => Err(e),
         }
         .map_err(|error| Violation { from, error }.into())
@@ -378,5 +381,90 @@ mod tests {
         // The node is still usable: nothing was applied.
         assert!(c.failure().is_none());
         assert_eq!(c.totals().pages_fetched, 0);
+    }
+
+    /// A broadcast of page 1 (homed at node 1) from root 1 in epoch
+    /// `epoch`, its bytes all `fill`, for a receiver covering `span`.
+    fn bcast(epoch: u64, root: u32, span: u32, page: u64, fill: u8) -> Vec<u8> {
+        let mut f = PagesFrame::broadcast(epoch, root, span, 1);
+        f.push(page, |b| b.extend_from_slice(&[fill; PAGE]));
+        f.finish()
+    }
+
+    fn page1(c: &Core) -> (Arc<Segment>, usize) {
+        c.find(1).expect("page 1")
+    }
+
+    fn reply(fill: u8) -> Vec<u8> {
+        let mut r = PagesFrame::new(1);
+        r.push(1, |b| b.extend_from_slice(&[fill; PAGE]));
+        r.finish()
+    }
+
+    #[test]
+    fn a_broadcast_installs_a_missing_page_and_bad_ones_are_refused() {
+        let c = core();
+        assert!(frame(&c, &bcast(0, 0, 1, 1, 7)).ends_with(
+            "a broadcast from root node 0 covering 1 nodes, which does not fit a job of 2 \
+             nodes with this node in it"
+        ));
+        assert!(frame(&c, &bcast(0, 1, 0, 1, 7)).contains("covering 0 nodes"));
+        assert!(frame(&c, &bcast(0, 1, 2, 1, 7)).contains("covering 2 nodes"));
+        assert!(frame(&c, &bcast(0, 1, 1, 0, 7))
+            .ends_with("a broadcast of page 0, whose home is node 0, not node 1"));
+        assert!(frame(&c, &bcast(0, 1, 1, 0, 7)[..20]).contains("cut short"));
+        let (seg, p) = page1(&c);
+        assert_eq!(seg.state[p].load(Ordering::Acquire), INVALID);
+        c.frame(1, bcast(0, 1, 1, 1, 7)).expect("a broadcast");
+        assert_eq!(seg.state[p].load(Ordering::Acquire), READ | page_table::FRESH);
+        // SAFETY: the page is valid here and nothing writes it.
+        assert_eq!(unsafe { *seg.page_ptr(p).add(PAGE - 1) }, 7);
+        // A second one finds the page valid and leaves it.
+        c.frame(1, bcast(0, 1, 1, 1, 9)).expect("a broadcast");
+        assert_eq!(unsafe { *seg.page_ptr(p) }, 7);
+        let t = c.totals();
+        assert_eq!((t.broadcasts_installed, t.broadcasts_dropped), (1, 0));
+    }
+
+    #[test]
+    fn a_broadcast_overtaking_a_reply_wakes_the_page_and_the_reply_ends_the_request() {
+        let c = core();
+        let (seg, p) = page1(&c);
+        // A processor requested page 1 (as `ensure` does).
+        seg.state[p].store(page_table::PENDING, Ordering::Release);
+        seg.lock(p).pending.insert(0);
+        c.outstanding[0].store(1, Ordering::Release);
+        c.frame(1, bcast(0, 1, 1, 1, 5)).expect("a broadcast");
+        assert_eq!(seg.state[p].load(Ordering::Acquire), READ | page_table::FRESH);
+        assert!(seg.lock(p).reply_due);
+        // The request is still in flight: the release waits for its reply.
+        assert_eq!(c.outstanding[0].load(Ordering::Acquire), 1);
+        c.frame(1, reply(5)).expect("the reply still due");
+        assert_eq!(c.outstanding[0].load(Ordering::Acquire), 0);
+        assert!(!seg.lock(p).reply_due);
+        assert_eq!(c.totals().pages_fetched, 0);
+        // Another reply is one nobody asked for.
+        assert!(frame(&c, &reply(5)).ends_with("page 1 arrived, but it was not requested"));
+    }
+
+    #[test]
+    fn broadcasts_wait_for_their_epoch_and_late_ones_are_dropped() {
+        let c = core();
+        let (seg, p) = page1(&c);
+        // From a root a release ahead: held until this node's epoch is 1.
+        c.frame(1, bcast(1, 1, 1, 1, 3)).expect("an early broadcast");
+        assert_eq!(seg.state[p].load(Ordering::Acquire), INVALID);
+        c.next_epoch(0);
+        assert_eq!(seg.state[p].load(Ordering::Acquire), READ | page_table::FRESH);
+        // One of epoch 1 while this node releases, and one of epoch 0 now
+        // that it is at 1: both older than what the release brings.
+        seg.state[p].store(INVALID, Ordering::Release);
+        c.proto.lock().unwrap().releasing = true;
+        c.frame(1, bcast(1, 1, 1, 1, 4)).expect("a broadcast");
+        c.proto.lock().unwrap().releasing = false;
+        c.frame(1, bcast(0, 1, 1, 1, 4)).expect("a late broadcast");
+        assert_eq!(seg.state[p].load(Ordering::Acquire), INVALID);
+        let t = c.totals();
+        assert_eq!((t.broadcasts_installed, t.broadcasts_dropped), (1, 2));
     }
 }

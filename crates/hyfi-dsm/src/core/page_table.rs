@@ -116,6 +116,9 @@ pub(crate) struct Meta {
     /// At the home: it wrote the page this phase through a write fault
     /// (the page had copies elsewhere). Cleared at the release.
     pub(super) faulted: bool,
+    /// A broadcast installed the page while this node's request for it was
+    /// in flight: the reply is dropped when it comes (core/broadcast.rs).
+    pub(super) reply_due: bool,
 }
 
 /// One shared array's pages.

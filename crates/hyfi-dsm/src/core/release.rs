@@ -47,6 +47,10 @@ pub(super) struct Proto {
     /// Pages pushed to this node in the current release: (global page,
     /// bytes), installed once every `REL` is in.
     pub(super) pushes: Vec<(u64, Vec<u8>)>,
+    /// Broadcasts of a later epoch than this node's (their root finished a
+    /// release this node is still in): (epoch, frame), installed when this
+    /// node's epoch reaches theirs (core/broadcast.rs).
+    pub(super) early_broadcasts: Vec<(u64, Vec<u8>)>,
 }
 
 impl Core {
@@ -528,7 +532,7 @@ impl Core {
 
     /// The next epoch: serve what waited for it; the next epoch's early
     /// releases wait for its release.
-    fn next_epoch(&self, epoch: u64) {
+    pub(super) fn next_epoch(&self, epoch: u64) {
         let ready = {
             let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
             let next = epoch + 1;
@@ -541,6 +545,14 @@ impl Core {
             let deferred = std::mem::take(&mut pr.deferred);
             let (ready, later): (Vec<_>, Vec<_>) = deferred.into_iter().partition(|d| d.1 <= next);
             pr.deferred = later;
+            let early = std::mem::take(&mut pr.early_broadcasts);
+            for (e, frame) in early {
+                if e > next {
+                    pr.early_broadcasts.push((e, frame));
+                } else {
+                    self.install_broadcast(&frame, e, &mut pr);
+                }
+            }
             ready
         };
         for (from, _, pages) in ready {

@@ -119,7 +119,16 @@ impl Core {
             let waiters = {
                 let mut m = seg.lock(p);
                 if seg.state[p].load(Ordering::Acquire) != PENDING {
-                    return Err(ProtocolError::NotRequested { page: gp });
+                    if !std::mem::take(&mut m.reply_due) {
+                        return Err(ProtocolError::NotRequested { page: gp });
+                    }
+                    // A broadcast brought the page first (core/broadcast.rs)
+                    // and woke its waiters: the reply only ends the request.
+                    let outstanding = &self.outstanding;
+                    m.pending.drain(|s| {
+                        outstanding[s].fetch_sub(1, Ordering::Relaxed);
+                    });
+                    continue;
                 }
                 // SAFETY: a page of a live segment; PENDING, so nobody here
                 // reads or writes it until the state below says READ.

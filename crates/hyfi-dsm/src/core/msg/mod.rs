@@ -10,10 +10,14 @@
 //! | `REQ` = 1, a page request | control | epoch u64 · count u32 · page u64 × count |
 //! | `PAGES` = 2, a reply | bulk | count u32 (at most [`REPLY_BATCH`]) · page u64 × count · then each page's `PAGE` bytes, in the same order |
 //! | `REL` = 3, a release | bulk | epoch u64 · notices: count u32, (first page u64 · pages u32) × count · diffs: count u32, (page u64 · runs u32 · runs) × count · pushes: count u32, (page u64 · `PAGE` bytes) × count · declines: count u32, page u64 × count |
+//! | `BCAST` = 4, pages a home broadcasts | bulk | epoch u64 · root u32 · span u32 · then as `PAGES`: count u32 · page u64 × count · the pages' bytes |
 //!
 //! A diff's runs are `(offset u16 · length u16 · bytes)`, each inside the
 //! page (`diff.rs` owns that format). A request's epoch is the requester's
-//! completed releases; a release's is the sender's (see the README).
+//! completed releases; a release's is the sender's (see the README); a
+//! broadcast's is its root's (the pages' home), and its span is how many
+//! nodes, counted on from the receiver in the root's relative order, the
+//! receiver passes it on to (itself included: a binomial tree).
 //!
 //! **Classes.** A request goes as control, so it overtakes pages and
 //! releases queued to the same home (a filthread waits for its reply);
@@ -43,6 +47,7 @@ use crate::region::PAGE;
 const REQ: u8 = 1;
 const PAGES: u8 = 2;
 const REL: u8 = 3;
+const BCAST: u8 = 4;
 /// Pages per reply frame.
 pub(super) const REPLY_BATCH: usize = 64;
 
@@ -57,6 +62,7 @@ pub(super) enum Kind {
     Request,
     Pages,
     Release,
+    Broadcast,
 }
 
 impl Kind {
@@ -65,6 +71,7 @@ impl Kind {
             Some(REQ) => Ok(Kind::Request),
             Some(PAGES) => Ok(Kind::Pages),
             Some(REL) => Ok(Kind::Release),
+            Some(BCAST) => Ok(Kind::Broadcast),
             Some(kind) => Err(ProtocolError::UnknownKind { kind }),
             None => Err(ProtocolError::Empty),
         }
@@ -130,24 +137,49 @@ impl<'a> Request<PageList<'a>> {
 /// page on the home, where there were two.
 ///
 /// [`Port::send_vec`]: hyfi_core::link::Port::send_vec
+///
+/// A `BCAST` frame is the same after its own head ([`PagesFrame::broadcast`]).
 pub(super) struct PagesFrame {
     buf: Vec<u8>,
+    /// Where the count is (after the kind byte and the kind's fields).
+    head: usize,
     cap: usize,
     n: usize,
 }
 
-/// The kind byte and the count.
-const PAGES_HEAD: usize = 1 + 4;
+/// A `BCAST` frame's fields before the count: kind, epoch, root, span.
+const BCAST_HEAD: usize = 1 + 8 + 4 + 4;
+/// Where a `BCAST` frame's span is.
+const BCAST_SPAN: usize = 1 + 8 + 4;
 
 impl PagesFrame {
     /// An empty frame with room for `cap` pages (at most [`REPLY_BATCH`]
     /// from the server).
     pub(super) fn new(cap: usize) -> PagesFrame {
-        let mut buf = Vec::with_capacity(PAGES_HEAD + cap * (8 + PAGE));
-        buf.push(PAGES);
+        PagesFrame::with_head(&[PAGES], cap)
+    }
+
+    /// An empty `BCAST` frame from `root` (the pages' home) in its epoch
+    /// `epoch`, for a receiver that passes it on to `span` nodes.
+    pub(super) fn broadcast(epoch: u64, root: u32, span: u32, cap: usize) -> PagesFrame {
+        let mut head = vec![BCAST];
+        put_u64(&mut head, epoch);
+        put_u32(&mut head, root);
+        put_u32(&mut head, span);
+        PagesFrame::with_head(&head, cap)
+    }
+
+    fn with_head(head: &[u8], cap: usize) -> PagesFrame {
+        let mut buf = Vec::with_capacity(head.len() + 4 + cap * (8 + PAGE));
+        buf.extend_from_slice(head);
         // The count and `cap` page numbers, written as pages are added.
-        buf.resize(PAGES_HEAD + 8 * cap, 0);
-        PagesFrame { buf, cap, n: 0 }
+        buf.resize(head.len() + 4 + 8 * cap, 0);
+        PagesFrame {
+            buf,
+            head: head.len(),
+            cap,
+            n: 0,
+        }
     }
 
     /// Adds page `gp`, whose `PAGE` bytes `copy` appends to the frame.
@@ -157,7 +189,7 @@ impl PagesFrame {
             "a reply holds at most {} pages",
             self.cap
         );
-        let at = PAGES_HEAD + 8 * self.n;
+        let at = self.head + 4 + 8 * self.n;
         self.buf[at..at + 8].copy_from_slice(&gp.to_le_bytes());
         let before = self.buf.len();
         copy(&mut self.buf);
@@ -178,10 +210,11 @@ impl PagesFrame {
     /// added, the unused page numbers closed up (the server skips the
     /// pages a plain-store view holds: rare).
     pub(super) fn finish(mut self) -> Vec<u8> {
-        self.buf[1..PAGES_HEAD].copy_from_slice(&count(self.n).to_le_bytes());
+        let h = self.head;
+        self.buf[h..h + 4].copy_from_slice(&count(self.n).to_le_bytes());
         if self.n < self.cap {
             let gap = 8 * (self.cap - self.n);
-            let body = PAGES_HEAD + 8 * self.cap;
+            let body = h + 4 + 8 * self.cap;
             self.buf.copy_within(body.., body - gap);
             self.buf.truncate(self.buf.len() - gap);
         }
@@ -210,6 +243,45 @@ impl<'a> Pages<'a> {
         self.pages.clone().zip(self.bytes.chunks_exact(PAGE))
     }
 }
+
+// ---------------------------------------------------------------------
+// BCAST
+
+/// `BCAST`, received: the root's epoch, the root, the receiver's span, and
+/// the pages with their bytes, in place.
+#[derive(Clone, Debug)]
+pub(super) struct Broadcast<'a> {
+    pub(super) epoch: u64,
+    pub(super) root: u32,
+    pub(super) span: u32,
+    pub(super) pages: Pages<'a>,
+}
+
+impl<'a> Broadcast<'a> {
+    pub(super) fn decode(frame: &'a [u8]) -> Result<Self, ProtocolError> {
+        let mut r = Rd::fields(frame, BCAST)?;
+        let epoch = r.u64()?;
+        let root = r.u32()?;
+        let span = r.u32()?;
+        let n = r.u32()? as usize;
+        let pages = r.pages(n)?;
+        let bytes = r.items(n, PAGE)?;
+        Ok(Broadcast {
+            epoch,
+            root,
+            span,
+            pages: Pages { pages, bytes },
+        })
+    }
+
+    /// Sets the span of a `BCAST` frame (checked by a decode before), to
+    /// pass it on.
+    pub(super) fn set_span(frame: &mut [u8], span: u32) {
+        frame[BCAST_SPAN..BCAST_SPAN + 4].copy_from_slice(&span.to_le_bytes());
+    }
+}
+
+const _: () = assert!(BCAST_SPAN + 4 == BCAST_HEAD);
 
 // ---------------------------------------------------------------------
 // REL

@@ -1,0 +1,212 @@
+//! Broadcasts: between phases, a home sends pages that every node will
+//! read in the next phase to all of them at once, along a binomial tree,
+//! so that no node requests them from a home that computes (LU's pivot
+//! row; see the README).
+
+use std::sync::atomic::Ordering;
+
+use hyfi_core::link::Class;
+
+use super::msg::{Broadcast, PagesFrame, REPLY_BATCH};
+use super::page_table::{Segment, FRESH, INVALID, PENDING, READ, WRITE};
+use super::release::Proto;
+use super::Core;
+use crate::elem;
+use crate::error::ProtocolError;
+
+impl Core {
+    /// Broadcasts the pages `lo..=hi` of `seg` that are homed here to every
+    /// other node. Called between phases (the caller holds the post-phase
+    /// context), on every node; a node sends only its own pages.
+    pub(crate) fn broadcast(&self, seg: &Segment, lo: usize, hi: usize) {
+        if self.nodes < 2 || lo > hi {
+            return;
+        }
+        let mine: Vec<usize> = (lo..=hi)
+            .filter(|&p| seg.homes[p] as usize == self.me)
+            .collect();
+        let epoch = self.completed.load(Ordering::Acquire);
+        let slot = self.slot();
+        for chunk in mine.chunks(REPLY_BATCH) {
+            let mut frame =
+                PagesFrame::broadcast(epoch, self.me as u32, self.nodes as u32, chunk.len());
+            for &p in chunk {
+                let mut m = seg.lock(p);
+                // Every node holds it from now on: the home's next write
+                // faults and goes to them at the release, as for pages it
+                // served.
+                for q in (0..self.nodes).filter(|&q| q != self.me) {
+                    m.copies.insert(q);
+                }
+                if seg.state[p].load(Ordering::Acquire) == WRITE {
+                    seg.state[p].store(READ, Ordering::Release);
+                }
+                // SAFETY: a page of a live segment homed here, copied
+                // between phases: no filament runs, so nothing stores into
+                // it (and no view of it is alive: views end with their
+                // phase).
+                frame.push(seg.first + p as u64, |b| unsafe {
+                    elem::copy_out(seg.page_ptr(p), b)
+                });
+            }
+            let n = frame.pages() as u64;
+            self.pass_on(self.me, self.nodes, frame.finish(), n, slot);
+        }
+    }
+
+    /// Sends a broadcast frame on to this node's children in the binomial
+    /// tree rooted at `root`, where this node covers `span` nodes
+    /// ([`children`]). `n`: the frame's pages, counted per child.
+    fn pass_on(&self, root: usize, span: usize, frame: Vec<u8>, n: u64, slot: usize) {
+        let rel = (self.me + self.nodes - root) % self.nodes;
+        for (child, child_span) in children(rel, span) {
+            let mut f = frame.clone();
+            Broadcast::set_span(&mut f, child_span as u32);
+            self.send_frame((root + child) % self.nodes, slot, Class::Bulk, f);
+            self.ctr(slot)
+                .pages_broadcast
+                .fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn on_broadcast(&self, frame: Vec<u8>) -> Result<(), ProtocolError> {
+        let b = Broadcast::decode(&frame)?;
+        let (root, span) = (b.root as usize, b.span as usize);
+        if root >= self.nodes
+            || root == self.me
+            || span == 0
+            || (self.me + self.nodes - root) % self.nodes + span > self.nodes
+        {
+            return Err(ProtocolError::BadBroadcast {
+                root,
+                span,
+                nodes: self.nodes,
+            });
+        }
+        for (gp, _) in b.pages.iter() {
+            self.page_homed_at(gp, root, "a broadcast of")?;
+        }
+        let epoch = b.epoch;
+        let n = b.pages.iter().len() as u64;
+        drop(b);
+        if span > 1 {
+            self.pass_on(root, span, frame.clone(), n, self.procs);
+        }
+        let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+        let now = self.completed.load(Ordering::Acquire);
+        if epoch > now {
+            // The root is a release ahead (this node is still in it):
+            // installed when this node's release is done.
+            pr.early_broadcasts.push((epoch, frame));
+            return Ok(());
+        }
+        self.install_broadcast(&frame, epoch, &mut pr);
+        Ok(())
+    }
+
+    /// Installs a broadcast's pages if it is of this node's epoch and the
+    /// node is not in a release: a page not valid here is installed, and a
+    /// page requested here meanwhile (a filament faulted on it before the
+    /// broadcast came) is installed and its waiters woken, the reply still
+    /// due dropped when it comes. Called under the protocol lock, which
+    /// orders it with the epoch's change.
+    pub(super) fn install_broadcast(&self, frame: &[u8], epoch: u64, pr: &mut Proto) {
+        let now = self.completed.load(Ordering::Acquire);
+        if epoch != now || pr.releasing {
+            // Older than what this node's release brings or brought (the
+            // page's copy may be invalidated or replaced by it): dropped;
+            // the page is fetched if it is read.
+            self.ctr(self.procs)
+                .broadcasts_dropped
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let b = Broadcast::decode(frame).expect("checked when it came");
+        let mut installed = 0u64;
+        for (gp, bytes) in b.pages.iter() {
+            let (seg, p) = self.find(gp).expect("checked when it came");
+            let waiters = {
+                let mut m = seg.lock(p);
+                let st = seg.state[p].load(Ordering::Acquire);
+                if st != INVALID && st != PENDING {
+                    // Valid here already (pushed at the release, or
+                    // broadcast before): the same bytes.
+                    continue;
+                }
+                // SAFETY: a page of a live segment homed elsewhere, not
+                // valid here: nobody reads or writes it until the state
+                // below says READ.
+                unsafe { elem::copy_in(seg.page_ptr(p), bytes) };
+                seg.state[p].store(READ | FRESH, Ordering::Release);
+                self.fresh
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((seg.seq, p));
+                if st == PENDING {
+                    // The request's reply is still due; its waiters keep
+                    // their outstanding counts until it comes.
+                    m.reply_due = true;
+                }
+                std::mem::take(&mut m.waiters)
+            };
+            installed += 1;
+            for w in waiters {
+                w.wake();
+            }
+        }
+        self.ctr(self.procs)
+            .broadcasts_installed
+            .fetch_add(installed, Ordering::Relaxed);
+    }
+}
+
+/// A binomial tree's edges from the node at relative place `rel` (the
+/// root's is 0), which covers the `span` places `rel..rel + span`: for each
+/// power of two `m` below the span, largest first, the child at `rel + m`
+/// covers the rest of the span from there, and the node keeps the first
+/// `m`. Each place below `rel + span` is reached once, in at most
+/// ⌈log₂ span⌉ steps from the root.
+pub(super) fn children(rel: usize, span: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut s = span;
+    std::iter::from_fn(move || {
+        (s > 1).then(|| {
+            let m = s.next_power_of_two() / 2;
+            let edge = (rel + m, s - m);
+            s = m;
+            edge
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::children;
+
+    /// Every node of a job of 1 to 300 nodes is reached once, within
+    /// ⌈log₂ N⌉ hops of the root, and each node sends at most that many
+    /// messages.
+    #[test]
+    fn the_tree_reaches_every_node_once_in_log_depth() {
+        for nodes in 1..=300usize {
+            let mut depth = vec![usize::MAX; nodes];
+            depth[0] = 0;
+            let mut todo = vec![(0usize, nodes)];
+            while let Some((rel, span)) = todo.pop() {
+                let kids: Vec<_> = children(rel, span).collect();
+                assert!(kids.len() <= nodes.next_power_of_two().ilog2() as usize);
+                for (c, s) in kids {
+                    assert!(c < nodes && c + s <= rel + span, "{nodes}: {rel}+{span} -> {c}+{s}");
+                    assert_eq!(depth[c], usize::MAX, "{nodes}: node {c} reached twice");
+                    depth[c] = depth[rel] + 1;
+                    todo.push((c, s));
+                }
+            }
+            let max = *depth.iter().max().unwrap();
+            assert!(max != usize::MAX, "{nodes}: a node not reached");
+            assert!(
+                max <= nodes.next_power_of_two().ilog2() as usize,
+                "{nodes} nodes: depth {max}"
+            );
+        }
+    }
+}
