@@ -264,4 +264,12 @@ pub(crate) enum ReleaseError {
     /// failed: the link's error (a lost node, SPMD divergence).
     #[error("{0}")]
     Link(hyfi_core::LinkError),
+    /// Broadcasts this node expected (it called `broadcast_rows`) did not
+    /// come: their homes did not make the same call.
+    #[error(
+        "node {me} waited {secs} s for {missing} broadcast message(s) of rows it named in \
+         `broadcast_rows` (or `DsmVec::broadcast`), which their home nodes never sent: call it \
+         on every node alike, with the same rows, in the same post-phase code"
+    )]
+    BroadcastMissing { me: usize, missing: u64, secs: u64 },
 }

@@ -77,6 +77,8 @@ counters! {
     requests_waited_plain,
     /// Pages this node sent in broadcasts (`broadcast_rows`), as their home or passing them on along the tree, counted once per receiver.
     pages_broadcast,
+    /// Broadcast messages received (each is installed, or finds its pages valid here already).
+    broadcasts_received,
     /// Broadcast pages installed here (they were not valid here when they came).
     broadcasts_installed,
     /// Broadcasts that came too late to install (this node was in or past the release after them): dropped.
@@ -109,7 +111,7 @@ impl fmt::Display for DsmCounters {
              pushed {} installed {} declined {}, \
              waiting {:.3} ms, releases {:.3} ms, {} messages ({} B), \
              write views plain {} atomic {} (requests waited for plain stores {}), \
-             broadcast {} installed {} dropped {}",
+             broadcast sent {} received {} installed {} dropped {}",
             self.read_faults,
             self.write_faults,
             self.pages_fetched,
@@ -131,6 +133,7 @@ impl fmt::Display for DsmCounters {
             self.atomic_views,
             self.requests_waited_plain,
             self.pages_broadcast,
+            self.broadcasts_received,
             self.broadcasts_installed,
             self.broadcasts_dropped
         )

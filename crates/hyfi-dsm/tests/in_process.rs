@@ -421,7 +421,9 @@ fn broadcast_node(link: Arc<InProcess>, procs: usize, rounds: u64) -> Result<Dsm
         .placement(Placement::CyclicRows(0..n))
         .from_fn(|i, j| (i * 1000 + j) as f64)
         .map_err(|e| e.to_string())?;
-    let mut model: Vec<f64> = (0..n * n).map(|e| ((e / n) * 1000 + e % n) as f64).collect();
+    let mut model: Vec<f64> = (0..n * n)
+        .map(|e| ((e / n) * 1000 + e % n) as f64)
+        .collect();
     let key = std::sync::atomic::AtomicUsize::new(0);
     let shared_model = RwLock::new(model.clone());
     let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -436,9 +438,10 @@ fn broadcast_node(link: Arc<InProcess>, procs: usize, rounds: u64) -> Result<Dsm
             let got = a.row(ctx, k).get(i % n);
             let want = shared_model.read().unwrap()[k * n + i % n];
             if got != want {
-                bad.lock()
-                    .unwrap()
-                    .push(format!("round {}: row {k} col {i}: {got} not {want}", ctx.iteration()));
+                bad.lock().unwrap().push(format!(
+                    "round {}: row {k} col {i}: {got} not {want}",
+                    ctx.iteration()
+                ));
             }
             a.row_mut(ctx, i).set(0, got + 1.0);
         },
@@ -461,7 +464,10 @@ fn broadcast_node(link: Arc<InProcess>, procs: usize, rounds: u64) -> Result<Dsm
     let got = a.to_vec();
     let want = shared_model.into_inner().unwrap();
     if got != want {
-        return Err(format!("node {}: the matrix differs from the model", rt.node()));
+        return Err(format!(
+            "node {}: the matrix differs from the model",
+            rt.node()
+        ));
     }
     Ok(stats)
 }
@@ -489,4 +495,52 @@ fn broadcast_rows_reach_every_node_along_the_tree() {
             );
         }
     }
+}
+
+/// A program that is not SPMD: node 1 names a row in `broadcast_rows` and
+/// node 0, its home, does not. Node 1's release waits for the broadcast,
+/// then fails with what to do; the job ends on both nodes.
+fn one_sided_broadcast(link: Arc<InProcess>) -> Result<(), String> {
+    let (rt, dsm) = start(&link, 1)?;
+    let a = dsm
+        .matrix::<f64>(4, 8)
+        .pad_rows()
+        .placement(Placement::CyclicRows(0..4))
+        .zeroed()
+        .map_err(|e| e.to_string())?;
+    let me = rt.node();
+    let mut prog = Program::new();
+    prog.phase(
+        PoolArray::cyclic(&rt, 0..4),
+        |ctx, i| a.row_mut(ctx, i).set(0, 1.0),
+        |post| {
+            if post.iteration() == 1 {
+                return Control::Done;
+            }
+            if me == 1 {
+                a.broadcast_rows(post, 0..1);
+            }
+            Control::Continue
+        },
+    );
+    rt.start(&mut prog).map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_broadcast_only_one_node_asks_for_fails_the_job_with_the_cause() {
+    let t = std::time::Instant::now();
+    let r = common::on_nodes(2, one_sided_broadcast);
+    let e1 = r[1]
+        .as_ref()
+        .expect_err("node 1 expected a broadcast that never came");
+    assert!(
+        e1.contains("never sent") && e1.contains("on every node alike"),
+        "{e1}"
+    );
+    assert!(
+        r[0].is_err(),
+        "node 0 ends with node 1's failure: {:?}",
+        r[0]
+    );
+    assert!(t.elapsed() < std::time::Duration::from_secs(120));
 }

@@ -158,3 +158,106 @@ fn a_block_row_sweep_sends_two_rels_per_node_on_64_nodes() {
 fn a_block_row_sweep_sends_two_rels_per_node_on_256_nodes() {
     counts(256);
 }
+
+/// One node of LU's pattern on `2 × nodes` one-page rows homed cyclically:
+/// each step every row but the step's pivot row reads it and updates
+/// itself; the post-phase code picks the next pivot row and broadcasts it
+/// (`broadcast_rows`). Returns the node's counters and its rows' sum
+/// (checked against the sequential one).
+fn lu_node(link: Arc<InProcess>, steps: u64) -> Result<(DsmCounters, f64), String> {
+    let (rt, dsm) = start(&link, 1)?;
+    let n = 2 * rt.num_nodes();
+    let a = dsm
+        .matrix::<f64>(n, 8)
+        .pad_rows()
+        .placement(Placement::CyclicRows(0..n))
+        .from_fn(|i, j| (i + j) as f64)
+        .map_err(|e| e.to_string())?;
+    let piv = std::sync::atomic::AtomicUsize::new(0);
+    let mut prog = Program::new();
+    prog.phase(
+        PoolArray::cyclic(&rt, 0..n),
+        |ctx, i| {
+            let p = piv.load(std::sync::atomic::Ordering::Relaxed);
+            if i != p {
+                let l = a.row(ctx, p).get(i % 8) * 0.5;
+                let row = a.row_mut(ctx, i);
+                row.set(0, row.get(0) - l);
+            }
+        },
+        |post| {
+            if post.iteration() == steps {
+                return Control::Done;
+            }
+            let p = (post.iteration() as usize + 1) * 5 % n;
+            piv.store(p, std::sync::atomic::Ordering::Relaxed);
+            a.broadcast_rows(post, p..p + 1);
+            Control::Continue
+        },
+    );
+    rt.start(&mut prog).map_err(|e| e.to_string())?;
+    drop(prog);
+    // Every broadcast came before the last release (a release waits for
+    // those its node expects), so every one passed on is counted.
+    let d = dsm.stats().total;
+    let mine = (0..n)
+        .filter(|&i| a.home_of_row(i) == rt.node())
+        .map(|i| a.get(i, 0))
+        .sum();
+    Ok((d, mine))
+}
+
+/// LU's pattern sequentially: the rows' first column after `steps + 1`
+/// steps.
+fn lu_sequential(n: usize, steps: u64) -> Vec<f64> {
+    let mut a: Vec<f64> = (0..n * 8).map(|e| (e / 8 + e % 8) as f64).collect();
+    for k in 0..=steps as usize {
+        let p = k * 5 % n;
+        for i in (0..n).filter(|&i| i != p) {
+            a[i * 8] -= a[p * 8 + i % 8] * 0.5;
+        }
+    }
+    (0..n).map(|i| a[i * 8]).collect()
+}
+
+fn lu_counts(nodes: usize) {
+    let steps = 6;
+    let out = on_nodes_ok(nodes, move |l| lu_node(l, steps));
+    let col = lu_sequential(2 * nodes, steps);
+    let depth = nodes.next_power_of_two().ilog2() as u64;
+    let mut sent = 0;
+    for (me, (d, sum)) in out.iter().enumerate() {
+        let want: f64 = (0..2 * nodes)
+            .filter(|i| i % nodes == me)
+            .map(|i| col[i])
+            .sum();
+        assert_eq!(sum.to_bits(), want.to_bits(), "node {me} of {nodes}");
+        // Per step a node passes the pivot row on to at most ⌈log₂ N⌉
+        // nodes (the root to that many, a leaf to none).
+        assert!(
+            d.pages_broadcast <= depth * steps,
+            "node {me} of {nodes}: {d}"
+        );
+        sent += d.pages_broadcast;
+        // A node is the root of the steps whose pivot row it is home to,
+        // and receives each other step's row once; none comes too late.
+        let rooted = (1..=steps as usize)
+            .filter(|k| k * 5 % (2 * nodes) % nodes == me)
+            .count();
+        assert_eq!(
+            d.broadcasts_received,
+            steps - rooted as u64,
+            "node {me} of {nodes}: {d}"
+        );
+        assert_eq!(d.broadcasts_dropped, 0, "node {me} of {nodes}: {d}");
+    }
+    // Each step's row reaches every other node once.
+    assert_eq!(sent, steps * (nodes as u64 - 1), "{nodes} nodes");
+}
+
+#[test]
+fn lu_steps_broadcast_the_pivot_row_in_log_depth_on_64_and_256_nodes() {
+    lu_counts(8);
+    lu_counts(64);
+    lu_counts(256);
+}

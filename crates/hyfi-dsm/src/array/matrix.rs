@@ -258,8 +258,10 @@ impl<T: Pod> DsmMatrix<T> {
         if r.is_empty() || self.cols == 0 {
             return;
         }
-        self.sh
-            .broadcast(r.start * self.stride, (r.len() - 1) * self.stride + self.cols);
+        self.sh.broadcast(
+            r.start * self.stride,
+            (r.len() - 1) * self.stride + self.cols,
+        );
     }
 
     /// Copies row `i` into `out` (`cols` long).

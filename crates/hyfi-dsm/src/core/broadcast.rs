@@ -4,6 +4,7 @@
 //! row; see the README).
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use hyfi_core::link::Class;
 
@@ -14,14 +15,34 @@ use super::Core;
 use crate::elem;
 use crate::error::ProtocolError;
 
+/// How long a release waits for broadcasts it expects before it fails
+/// the node: their homes did not call `broadcast_rows` (a program that is
+/// not SPMD). A lost home fails the node at once, through the link.
+pub(super) const MISSING_AFTER: Duration = Duration::from_secs(30);
+
 impl Core {
     /// Broadcasts the pages `lo..=hi` of `seg` that are homed here to every
-    /// other node. Called between phases (the caller holds the post-phase
-    /// context), on every node; a node sends only its own pages.
+    /// other node, and expects those homed elsewhere. Called between
+    /// phases (the caller holds the post-phase context), on every node
+    /// alike; a node sends only its own pages.
     pub(crate) fn broadcast(&self, seg: &Segment, lo: usize, hi: usize) {
         if self.nodes < 2 || lo > hi {
             return;
         }
+        // The messages the other homes send this node: one per home and
+        // batch of its pages, as they chunk them below.
+        let mut per_home = vec![0usize; self.nodes];
+        for p in lo..=hi {
+            per_home[seg.homes[p] as usize] += 1;
+        }
+        let expected: u64 = (0..self.nodes)
+            .filter(|&h| h != self.me)
+            .map(|h| per_home[h].div_ceil(REPLY_BATCH) as u64)
+            .sum();
+        self.proto
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .bcast_expected += expected;
         let mine: Vec<usize> = (lo..=hi)
             .filter(|&p| seg.homes[p] as usize == self.me)
             .collect();
@@ -96,11 +117,19 @@ impl Core {
         let now = self.completed.load(Ordering::Acquire);
         if epoch > now {
             // The root is a release ahead (this node is still in it):
-            // installed when this node's release is done.
+            // installed, and counted, when this node's release is done.
+            self.ctr(self.procs)
+                .broadcasts_received
+                .fetch_add(1, Ordering::Relaxed);
             pr.early_broadcasts.push((epoch, frame));
             return Ok(());
         }
+        pr.bcast_received += u64::from(epoch == now);
+        self.ctr(self.procs)
+            .broadcasts_received
+            .fetch_add(1, Ordering::Relaxed);
         self.install_broadcast(&frame, epoch, &mut pr);
+        self.proto_cv.notify_all();
         Ok(())
     }
 
@@ -195,7 +224,10 @@ mod tests {
                 let kids: Vec<_> = children(rel, span).collect();
                 assert!(kids.len() <= nodes.next_power_of_two().ilog2() as usize);
                 for (c, s) in kids {
-                    assert!(c < nodes && c + s <= rel + span, "{nodes}: {rel}+{span} -> {c}+{s}");
+                    assert!(
+                        c < nodes && c + s <= rel + span,
+                        "{nodes}: {rel}+{span} -> {c}+{s}"
+                    );
                     assert_eq!(depth[c], usize::MAX, "{nodes}: node {c} reached twice");
                     depth[c] = depth[rel] + 1;
                     todo.push((c, s));

@@ -99,6 +99,8 @@ impl Core {
                 deferred: Vec::new(),
                 pushes: Vec::new(),
                 early_broadcasts: Vec::new(),
+                bcast_expected: 0,
+                bcast_received: 0,
             }),
             proto_cv: Condvar::new(),
             failed: OnceLock::new(),
@@ -416,7 +418,10 @@ mod tests {
         let (seg, p) = page1(&c);
         assert_eq!(seg.state[p].load(Ordering::Acquire), INVALID);
         c.frame(1, bcast(0, 1, 1, 1, 7)).expect("a broadcast");
-        assert_eq!(seg.state[p].load(Ordering::Acquire), READ | page_table::FRESH);
+        assert_eq!(
+            seg.state[p].load(Ordering::Acquire),
+            READ | page_table::FRESH
+        );
         // SAFETY: the page is valid here and nothing writes it.
         assert_eq!(unsafe { *seg.page_ptr(p).add(PAGE - 1) }, 7);
         // A second one finds the page valid and leaves it.
@@ -435,7 +440,10 @@ mod tests {
         seg.lock(p).pending.insert(0);
         c.outstanding[0].store(1, Ordering::Release);
         c.frame(1, bcast(0, 1, 1, 1, 5)).expect("a broadcast");
-        assert_eq!(seg.state[p].load(Ordering::Acquire), READ | page_table::FRESH);
+        assert_eq!(
+            seg.state[p].load(Ordering::Acquire),
+            READ | page_table::FRESH
+        );
         assert!(seg.lock(p).reply_due);
         // The request is still in flight: the release waits for its reply.
         assert_eq!(c.outstanding[0].load(Ordering::Acquire), 1);
@@ -452,10 +460,14 @@ mod tests {
         let c = core();
         let (seg, p) = page1(&c);
         // From a root a release ahead: held until this node's epoch is 1.
-        c.frame(1, bcast(1, 1, 1, 1, 3)).expect("an early broadcast");
+        c.frame(1, bcast(1, 1, 1, 1, 3))
+            .expect("an early broadcast");
         assert_eq!(seg.state[p].load(Ordering::Acquire), INVALID);
         c.next_epoch(0);
-        assert_eq!(seg.state[p].load(Ordering::Acquire), READ | page_table::FRESH);
+        assert_eq!(
+            seg.state[p].load(Ordering::Acquire),
+            READ | page_table::FRESH
+        );
         // One of epoch 1 while this node releases, and one of epoch 0 now
         // that it is at 1: both older than what the release brings.
         seg.state[p].store(INVALID, Ordering::Release);

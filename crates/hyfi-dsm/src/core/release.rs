@@ -51,6 +51,12 @@ pub(super) struct Proto {
     /// release this node is still in): (epoch, frame), installed when this
     /// node's epoch reaches theirs (core/broadcast.rs).
     pub(super) early_broadcasts: Vec<(u64, Vec<u8>)>,
+    /// Broadcast messages of the current epoch this node expects (it named
+    /// their pages in `broadcast_rows`), and those it received: the release
+    /// waits until every one came, so that none is still on its way (or
+    /// passed on) after it.
+    pub(super) bcast_expected: u64,
+    pub(super) bcast_received: u64,
 }
 
 impl Core {
@@ -161,6 +167,14 @@ impl Core {
             }
             std::thread::yield_now();
         }
+        if let Err(e) = self.await_broadcasts() {
+            // This node's own error, not the link's: every node must end
+            // (its peers wait for this node's release).
+            if matches!(e, ReleaseError::BroadcastMissing { .. }) {
+                link.abort(&e.to_string());
+            }
+            return Err(e);
+        }
         let epoch = self.completed.load(Ordering::Acquire);
         {
             // From now on this epoch's releases are applied as they come;
@@ -197,6 +211,44 @@ impl Core {
         self.install_pushes(notices, pushes, invalidated, &mut r);
         self.settle_fresh();
         self.next_epoch(epoch);
+        Ok(())
+    }
+
+    /// Waits until every broadcast this node expects in this epoch came
+    /// (core/broadcast.rs): its pages are installed (or were fetched)
+    /// before the release, and none is passed on after it.
+    fn await_broadcasts(&self) -> Result<(), ReleaseError> {
+        let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+        if pr.bcast_received >= pr.bcast_expected {
+            return Ok(());
+        }
+        let _w = hyfi_core::waits::waiting(
+            |a| {
+                format!(
+                    "broadcast rows from their homes ({} of {} came)",
+                    a[0], a[1]
+                )
+            },
+            [pr.bcast_received, pr.bcast_expected, 0],
+        );
+        let t = Instant::now();
+        while pr.bcast_received < pr.bcast_expected {
+            if let Some(f) = self.failure() {
+                return Err(ReleaseError::Failed(f.clone()));
+            }
+            if t.elapsed() > super::broadcast::MISSING_AFTER {
+                return Err(ReleaseError::BroadcastMissing {
+                    me: self.me,
+                    missing: pr.bcast_expected - pr.bcast_received,
+                    secs: super::broadcast::MISSING_AFTER.as_secs(),
+                });
+            }
+            pr = self
+                .proto_cv
+                .wait_timeout(pr, std::time::Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
         Ok(())
     }
 
@@ -539,6 +591,8 @@ impl Core {
             self.completed.store(next, Ordering::Release);
             pr.got = 0;
             self.got.store(0, Ordering::Release);
+            pr.bcast_expected = 0;
+            pr.bcast_received = 0;
             // The next phase's filaments may run now: releases of the next
             // epoch that came early stay in `early` until its release.
             pr.releasing = false;
@@ -550,6 +604,7 @@ impl Core {
                 if e > next {
                     pr.early_broadcasts.push((e, frame));
                 } else {
+                    pr.bcast_received += u64::from(e == next);
                     self.install_broadcast(&frame, e, &mut pr);
                 }
             }
