@@ -109,8 +109,9 @@ impl Core {
         }
         let epoch = b.epoch;
         let n = b.pages.iter().len() as u64;
-        drop(b);
         if span > 1 {
+            // Passed on before it is installed here: the subtree waits for
+            // nothing this node does.
             self.pass_on(root, span, frame.clone(), n, self.procs);
         }
         let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
