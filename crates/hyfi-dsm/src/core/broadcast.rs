@@ -9,7 +9,7 @@ use std::time::Duration;
 use hyfi_core::link::Class;
 
 use super::msg::{Broadcast, PagesFrame, REPLY_BATCH};
-use super::page_table::{Segment, FRESH, INVALID, PENDING, READ, WRITE};
+use super::page_table::{Segment, INVALID, PENDING, READ, WRITE};
 use super::release::Proto;
 use super::Core;
 use crate::elem;
@@ -163,15 +163,9 @@ impl Core {
                     // broadcast before): the same bytes.
                     continue;
                 }
-                // SAFETY: a page of a live segment homed elsewhere, not
-                // valid here: nobody reads or writes it until the state
-                // below says READ.
-                unsafe { elem::copy_in(seg.page_ptr(p), bytes) };
-                seg.state[p].store(READ | FRESH, Ordering::Release);
-                self.fresh
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((seg.seq, p));
+                // SAFETY: not valid here (INVALID or PENDING), and its lock
+                // is held.
+                unsafe { self.install_fresh(&seg, p, bytes) };
                 if st == PENDING {
                     // The request's reply is still due; its waiters keep
                     // their outstanding counts until it comes.

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use hyfi_core::link::Class;
 
 use super::msg::{Pages, PagesFrame, Request, REPLY_BATCH};
-use super::page_table::{FRESH, PENDING, READ, WRITE};
+use super::page_table::{Segment, FRESH, PENDING, READ, WRITE};
 use super::Core;
 use crate::elem;
 use crate::error::ProtocolError;
@@ -98,6 +98,25 @@ impl Core {
         }
     }
 
+    /// Installs page `p` of `seg` with `bytes` from its home: `READ`, and
+    /// `FRESH` until the release (a reply, a broadcast).
+    ///
+    /// # Safety
+    ///
+    /// The page is not valid here (`INVALID` or `PENDING`: nobody here
+    /// reads or writes it until its state says `READ`), and the caller
+    /// holds its lock.
+    pub(super) unsafe fn install_fresh(&self, seg: &Segment, p: usize, bytes: &[u8]) {
+        // SAFETY: a page of a live segment that nobody here accesses (the
+        // caller's contract).
+        unsafe { elem::copy_in(seg.page_ptr(p), bytes) };
+        seg.state[p].store(READ | FRESH, Ordering::Release);
+        self.fresh
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((seg.seq, p));
+    }
+
     pub(super) fn on_pages(&self, from: usize, frame: &[u8]) -> Result<(), ProtocolError> {
         let mut installed = 0u64;
         let r = self.install_pages(from, frame, &mut installed);
@@ -130,14 +149,8 @@ impl Core {
                     });
                     continue;
                 }
-                // SAFETY: a page of a live segment; PENDING, so nobody here
-                // reads or writes it until the state below says READ.
-                unsafe { elem::copy_in(seg.page_ptr(p), bytes) };
-                seg.state[p].store(READ | FRESH, Ordering::Release);
-                self.fresh
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((seg.seq, p));
+                // SAFETY: PENDING, and its lock is held.
+                unsafe { self.install_fresh(&seg, p, bytes) };
                 self.ctr(m.requester)
                     .pages_fetched
                     .fetch_add(1, Ordering::Relaxed);
