@@ -80,8 +80,15 @@ impl Core {
     /// ([`children`]). `n`: the frame's pages, counted per child.
     fn pass_on(&self, root: usize, span: usize, frame: Vec<u8>, n: u64, slot: usize) {
         let rel = (self.me + self.nodes - root) % self.nodes;
-        for (child, child_span) in children(rel, span) {
-            let mut f = frame.clone();
+        let edges: Vec<_> = children(rel, span).collect();
+        let mut frame = Some(frame);
+        for (k, &(child, child_span)) in edges.iter().enumerate() {
+            // The last child gets the frame itself.
+            let mut f = if k + 1 == edges.len() {
+                frame.take().expect("the frame is there until the last child")
+            } else {
+                frame.clone().expect("the frame is there until the last child")
+            };
             Broadcast::set_span(&mut f, child_span as u32);
             self.send_frame((root + child) % self.nodes, slot, Class::Bulk, f);
             self.ctr(slot)
@@ -111,7 +118,7 @@ impl Core {
         let n = b.pages.iter().len() as u64;
         if span > 1 {
             // Passed on before it is installed here: the subtree waits for
-            // nothing this node does.
+            // nothing this node does (the frame is kept for the install).
             self.pass_on(root, span, frame.clone(), n, self.procs);
         }
         let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
