@@ -26,7 +26,10 @@
 //! Either way, a miss asks the home for every missing page of the range at
 //! once and suspends the filthread, and its processor runs the filthreads
 //! of its other pools meanwhile — several pools per processor overlap
-//! communication with computation.
+//! communication with computation. Rows that every node reads in the next
+//! phase (LU's pivot row) can be sent ahead instead, from post-phase code:
+//! [`DsmMatrix::broadcast_rows`] / [`DsmVec::broadcast`] send them from
+//! their home along a binomial tree before anyone computes.
 //!
 //! **Consistency** is release consistency at phase boundaries: whatever
 //! any node wrote during a phase is visible on every node after the phase's

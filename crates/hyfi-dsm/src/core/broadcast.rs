@@ -81,14 +81,16 @@ impl Core {
     fn pass_on(&self, root: usize, span: usize, frame: Vec<u8>, n: u64, slot: usize) {
         let rel = (self.me + self.nodes - root) % self.nodes;
         let edges: Vec<_> = children(rel, span).collect();
+        let last = edges.len().saturating_sub(1);
         let mut frame = Some(frame);
         for (k, &(child, child_span)) in edges.iter().enumerate() {
             // The last child gets the frame itself.
-            let mut f = if k + 1 == edges.len() {
-                frame.take().expect("the frame is there until the last child")
+            let f = if k == last {
+                frame.take()
             } else {
-                frame.clone().expect("the frame is there until the last child")
+                frame.clone()
             };
+            let mut f = f.expect("the frame is there until the last child");
             Broadcast::set_span(&mut f, child_span as u32);
             self.send_frame((root + child) % self.nodes, slot, Class::Bulk, f);
             self.ctr(slot)
