@@ -125,6 +125,37 @@ impl<T: Pod> DsmVec<T> {
     /// every node will read them in the next phase: see
     /// [`DsmMatrix::broadcast_rows`]. Call it in post-phase code, on every
     /// node alike.
+    ///
+    /// ```
+    /// use hyfi::{Config, Control, PoolArray, Program, Runtime};
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+    /// let dsm = hyfi::Dsm::new(&rt)?;
+    /// // A coefficient table every filament reads, and one result each.
+    /// let coef = dsm.vec::<f64>(512).from_fn(|i| i as f64)?;
+    /// let out = dsm.vec::<f64>(64).zeroed()?;
+    /// let mut prog = Program::new();
+    /// prog.phase(
+    ///     PoolArray::block(&rt, 0..64, 1),
+    ///     |ctx, i| {
+    ///         let k = ctx.iteration() as usize;
+    ///         out.set(i, out.get(i) + coef.get(k * 64 + i));
+    ///     },
+    ///     |post| {
+    ///         let next = post.iteration() as usize + 1;
+    ///         if next == 8 {
+    ///             return Control::Done;
+    ///         }
+    ///         // Every node reads the next 64 coefficients next phase.
+    ///         coef.broadcast(post, next * 64..(next + 1) * 64);
+    ///         Control::Continue
+    ///     },
+    /// );
+    /// rt.start(&mut prog)?;
+    /// drop(prog);
+    /// // out[i] = Σ_k (64k + i) = 64·28 + 8i.
+    /// assert_eq!(out.get(3), (64 * 28 + 8 * 3) as f64);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn broadcast(&self, _post: &PostPhase<'_>, r: Range<usize>) {
         self.check_range(&r);
         if !r.is_empty() {
