@@ -48,12 +48,17 @@ fn run_ok(what: &str, cmd: Command, nodes: usize) -> BTreeMap<usize, Vec<String>
     per_node
 }
 
-/// The value of `key=` in the first line starting with `prefix`.
-fn stat(lines: &[String], prefix: &str, key: &str) -> u64 {
-    let line = lines
+/// The first line starting with `prefix`.
+fn line_of<'a>(lines: &'a [String], prefix: &str) -> &'a str {
+    lines
         .iter()
         .find(|l| l.starts_with(prefix))
-        .unwrap_or_else(|| panic!("no {prefix:?} line in {lines:#?}"));
+        .unwrap_or_else(|| panic!("no {prefix:?} line in {lines:#?}"))
+}
+
+/// The value of `key=` in the first line starting with `prefix`.
+fn stat(lines: &[String], prefix: &str, key: &str) -> u64 {
+    let line = line_of(lines, prefix);
     line.split_whitespace()
         .find_map(|w| w.strip_prefix(key).and_then(|w| w.strip_prefix('=')))
         .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
@@ -563,10 +568,7 @@ fn fork_join_writes_are_visible_on_every_node_after_the_run() {
 fn phase0_messages(out: &BTreeMap<usize, Vec<String>>) -> BTreeMap<usize, u64> {
     out.iter()
         .map(|(&n, lines)| {
-            let line = lines
-                .iter()
-                .find(|l| l.starts_with(&format!("dsm node {n} phase 0:")))
-                .unwrap_or_else(|| panic!("node {n}: no phase-0 DSM line in {lines:#?}"));
+            let line = line_of(lines, &format!("dsm node {n} phase 0:"));
             let m = line
                 .split(", ")
                 .find_map(|w| w.strip_suffix(')').unwrap_or(w).split_once(" messages"))
@@ -614,13 +616,10 @@ fn a_block_row_jacobi_sends_rels_only_to_its_neighbours_on_8_and_16_processes() 
     }
 }
 
-/// The numbers after `word` in node `n`'s total DSM line (`dsm node N:
-/// ...`): e.g. `broadcast sent S received R installed I dropped D`.
+/// The broadcast counts in node `n`'s total DSM line (`dsm node N: ...
+/// broadcast sent S received R installed I dropped D`).
 fn broadcast_counts(lines: &[String], n: usize) -> [u64; 4] {
-    let line = lines
-        .iter()
-        .find(|l| l.starts_with(&format!("dsm node {n}:")))
-        .unwrap_or_else(|| panic!("node {n}: no DSM line in {lines:#?}"));
+    let line = line_of(lines, &format!("dsm node {n}:"));
     let tail = line
         .split_once("broadcast sent ")
         .unwrap_or_else(|| panic!("no broadcast counts in {line:?}"))

@@ -255,13 +255,7 @@ impl<T: Pod> DsmMatrix<T> {
     /// ```
     pub fn broadcast_rows(&self, _post: &PostPhase<'_>, r: Range<usize>) {
         self.check_rows(&r);
-        if r.is_empty() || self.cols == 0 {
-            return;
-        }
-        self.sh.broadcast(
-            r.start * self.stride,
-            (r.len() - 1) * self.stride + self.cols,
-        );
+        self.sh.broadcast_rows(&r, self.cols, self.stride);
     }
 
     /// Copies row `i` into `out` (`cols` long).

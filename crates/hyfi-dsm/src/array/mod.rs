@@ -42,6 +42,13 @@ use crate::region::PAGE;
 
 const SHIFT: u32 = PAGE.trailing_zeros();
 
+/// The elements rows `r` span (`cols` elements each, `stride` apart): the
+/// first and how many, from the first row's start to the last row's end;
+/// `None` if there are none.
+fn rows_extent(r: &Range<usize>, cols: usize, stride: usize) -> Option<(usize, usize)> {
+    (!r.is_empty() && cols > 0).then(|| (r.start * stride, (r.len() - 1) * stride + cols))
+}
+
 /// What an array shares: its segment and the DSM.
 pub(crate) struct Shared<T> {
     pub(crate) core: Arc<Core>,
@@ -92,10 +99,9 @@ impl<T: Pod> Shared<T> {
     /// Makes rows `r` readable here (a checked read): `cols` elements
     /// each, `stride` apart (a vector is rows of one element).
     pub(crate) fn validate_rows(&self, r: &Range<usize>, cols: usize, stride: usize) {
-        if r.is_empty() || cols == 0 {
-            return;
+        if let Some((e, n)) = rows_extent(r, cols, stride) {
+            self.check_read(e, n);
         }
-        self.check_read(r.start * stride, (r.len() - 1) * stride + cols);
     }
 
     /// The footprint of a view of rows `r` (`cols` elements each, `stride`
@@ -155,11 +161,14 @@ impl<T: Pod> Shared<T> {
         }
     }
 
-    /// Broadcasts the pages of elements `e..e+n` (n ≥ 1) that are homed
-    /// here (see [`DsmMatrix::broadcast_rows`]).
-    pub(crate) fn broadcast(&self, e: usize, n: usize) {
-        let (lo, hi) = Self::pages_of(e, n);
-        self.core.broadcast(&self.seg, lo, hi);
+    /// Broadcasts the pages of rows `r` (`cols` elements each, `stride`
+    /// apart; a vector is rows of one element) that are homed here, and
+    /// expects the others (see [`DsmMatrix::broadcast_rows`]).
+    pub(crate) fn broadcast_rows(&self, r: &Range<usize>, cols: usize, stride: usize) {
+        if let Some((e, n)) = rows_extent(r, cols, stride) {
+            let (lo, hi) = Self::pages_of(e, n);
+            self.core.broadcast(&self.seg, lo, hi);
+        }
     }
 
     /// The runtime's access epoch now.

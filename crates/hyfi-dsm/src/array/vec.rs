@@ -158,9 +158,7 @@ impl<T: Pod> DsmVec<T> {
     /// ```
     pub fn broadcast(&self, _post: &PostPhase<'_>, r: Range<usize>) {
         self.check_range(&r);
-        if !r.is_empty() {
-            self.sh.broadcast(r.start, r.len());
-        }
+        self.sh.broadcast_rows(&r, 1, 1);
     }
 
     /// Copies elements `start..start+out.len()` into `out`.

@@ -123,34 +123,32 @@ impl Core {
             // nothing this node does (the frame is kept for the install).
             self.pass_on(root, span, frame.clone(), n, self.procs);
         }
-        let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
-        let now = self.completed.load(Ordering::Acquire);
-        if epoch > now {
-            // The root is a release ahead (this node is still in it):
-            // installed, and counted, when this node's release is done.
-            self.ctr(self.procs)
-                .broadcasts_received
-                .fetch_add(1, Ordering::Relaxed);
-            pr.early_broadcasts.push((epoch, frame));
-            return Ok(());
-        }
-        pr.bcast_received += u64::from(epoch == now);
         self.ctr(self.procs)
             .broadcasts_received
             .fetch_add(1, Ordering::Relaxed);
+        let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+        if epoch > self.completed.load(Ordering::Acquire) {
+            // The root is a release ahead (this node is still in it):
+            // installed, and counted as expected, when this node's release
+            // is done.
+            pr.early_broadcasts.push((epoch, frame));
+            return Ok(());
+        }
         self.install_broadcast(&frame, epoch, &mut pr);
         self.proto_cv.notify_all();
         Ok(())
     }
 
-    /// Installs a broadcast's pages if it is of this node's epoch and the
-    /// node is not in a release: a page not valid here is installed, and a
+    /// Counts a broadcast of this node's epoch as received, and installs its
+    /// pages if the node is not in a release: a page not valid here is installed, and a
     /// page requested here meanwhile (a filament faulted on it before the
     /// broadcast came) is installed and its waiters woken, the reply still
     /// due dropped when it comes. Called under the protocol lock, which
     /// orders it with the epoch's change.
     pub(super) fn install_broadcast(&self, frame: &[u8], epoch: u64, pr: &mut Proto) {
         let now = self.completed.load(Ordering::Acquire);
+        // One of the broadcasts this node's next release waits for.
+        pr.bcast_received += u64::from(epoch == now);
         if epoch != now || pr.releasing {
             // Older than what this node's release brings or brought (the
             // page's copy may be invalidated or replaced by it): dropped;

@@ -604,7 +604,6 @@ impl Core {
                 if e > next {
                     pr.early_broadcasts.push((e, frame));
                 } else {
-                    pr.bcast_received += u64::from(e == next);
                     self.install_broadcast(&frame, e, &mut pr);
                 }
             }

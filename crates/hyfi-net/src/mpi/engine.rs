@@ -272,6 +272,14 @@ struct Engine {
 unsafe impl Send for Engine {}
 
 impl Engine {
+    /// The communicator a class travels on.
+    fn comm(&self, class: Class) -> &SimpleCommunicator {
+        match class {
+            Class::Control => &self.control,
+            Class::Bulk => &self.bulk,
+        }
+    }
+
     /// One pass: post what is queued, free what completed, receive what
     /// arrived (at most `bulk` bulk messages). Whether anything moved.
     fn pass(&mut self, bulk: usize) -> bool {
@@ -328,13 +336,10 @@ impl Engine {
             class,
             data,
         } = m;
-        let comm = match class {
-            Class::Control => &self.control,
-            Class::Bulk => &self.bulk,
-        };
         if class == Class::Bulk {
             self.in_flight[to] += data.len();
         }
+        let comm = self.comm(class);
         let buf: &'static mut [u8] = Box::leak(data.into_boxed_slice());
         let ptr: *mut [u8] = buf;
         // SAFETY: `ptr` was just leaked and is freed only in `complete`,
@@ -428,11 +433,7 @@ impl Engine {
         };
         let mut data = Vec::with_capacity(n * PIECE);
         receive_appending(&mut data, msg, &st);
-        let comm = match class {
-            Class::Control => &self.control,
-            Class::Bulk => &self.bulk,
-        };
-        let src = comm.process_at_rank(from as i32);
+        let src = self.comm(class).process_at_rank(from as i32);
         // The followers were posted with the first piece and travel eagerly:
         // they are here or about to be. A sender that dies meanwhile is
         // reported by the launcher; one that stops is bounded by the
@@ -539,13 +540,15 @@ impl Engine {
         let mut req = vec![0u8; job.request];
         let mut rep = vec![0u8; job.reply];
         let mut times = Vec::with_capacity(if job.first { job.n } else { 0 });
+        // The reply in pieces, as hyfi sends a frame of its size.
+        let pieced = job.pieces && job.reply > PIECE;
         for i in 0..job.n {
             if job.first {
                 req[..8.min(job.request)]
                     .copy_from_slice(&(i as u64).to_le_bytes()[..8.min(job.request)]);
                 let t = Instant::now();
                 peer.send_with_tag(&req[..], 0);
-                if job.pieces && rep.len() > PIECE {
+                if pieced {
                     for c in rep.chunks_mut(PIECE) {
                         peer.receive_into_with_tag(c, 0);
                     }
@@ -555,7 +558,7 @@ impl Engine {
                 times.push(t.elapsed());
             } else {
                 peer.receive_into_with_tag(&mut req[..], 0);
-                if !(job.pieces && rep.len() > PIECE) {
+                if !pieced {
                     peer.send_with_tag(&rep[..], 0);
                     continue;
                 }

@@ -25,7 +25,8 @@
 //!
 //! **Encoding** appends to the caller's buffer (the link's frame), so a
 //! page's bytes are copied once, from the region into the frame: a reply
-//! is filled page by page through a closure ([`PagesOut`]). A release's
+//! or a broadcast is built in place page by page ([`PagesFrame`]) and
+//! handed to the link whole. A release's
 //! diffs and pushes are gathered per node during the release, each encoded
 //! as it is added ([`ReleaseBody`]), and framed at the end ([`ReleaseOut`]).
 //!
@@ -147,9 +148,7 @@ pub(super) struct PagesFrame {
     n: usize,
 }
 
-/// A `BCAST` frame's fields before the count: kind, epoch, root, span.
-const BCAST_HEAD: usize = 1 + 8 + 4 + 4;
-/// Where a `BCAST` frame's span is.
+/// Where a `BCAST` frame's span is: after the kind, the epoch and the root.
 const BCAST_SPAN: usize = 1 + 8 + 4;
 
 impl PagesFrame {
@@ -166,6 +165,7 @@ impl PagesFrame {
         put_u64(&mut head, epoch);
         put_u32(&mut head, root);
         put_u32(&mut head, span);
+        debug_assert_eq!(head.len(), BCAST_SPAN + 4, "the span ends the head");
         PagesFrame::with_head(&head, cap)
     }
 
@@ -186,7 +186,7 @@ impl PagesFrame {
     pub(super) fn push(&mut self, gp: u64, copy: impl FnOnce(&mut Vec<u8>)) {
         assert!(
             self.n < self.cap,
-            "a reply holds at most {} pages",
+            "a frame holds at most {} pages",
             self.cap
         );
         let at = self.head + 4 + 8 * self.n;
@@ -196,7 +196,7 @@ impl PagesFrame {
         assert_eq!(
             self.buf.len() - before,
             PAGE,
-            "a reply's page {gp} is one page"
+            "a frame's page {gp} is one page"
         );
         self.n += 1;
     }
@@ -231,7 +231,12 @@ pub(super) struct Pages<'a> {
 
 impl<'a> Pages<'a> {
     pub(super) fn decode(frame: &'a [u8]) -> Result<Self, ProtocolError> {
-        let mut r = Rd::fields(frame, PAGES)?;
+        Pages::read(&mut Rd::fields(frame, PAGES)?)
+    }
+
+    /// The count, the page numbers and the pages' bytes, from `r` on (a
+    /// `PAGES` frame's fields, and a `BCAST` frame's after its head).
+    fn read(r: &mut Rd<'a>) -> Result<Self, ProtocolError> {
         let n = r.u32()? as usize;
         let pages = r.pages(n)?;
         let bytes = r.items(n, PAGE)?;
@@ -263,14 +268,11 @@ impl<'a> Broadcast<'a> {
         let epoch = r.u64()?;
         let root = r.u32()?;
         let span = r.u32()?;
-        let n = r.u32()? as usize;
-        let pages = r.pages(n)?;
-        let bytes = r.items(n, PAGE)?;
         Ok(Broadcast {
             epoch,
             root,
             span,
-            pages: Pages { pages, bytes },
+            pages: Pages::read(&mut r)?,
         })
     }
 
@@ -280,8 +282,6 @@ impl<'a> Broadcast<'a> {
         frame[BCAST_SPAN..BCAST_SPAN + 4].copy_from_slice(&span.to_le_bytes());
     }
 }
-
-const _: () = assert!(BCAST_SPAN + 4 == BCAST_HEAD);
 
 // ---------------------------------------------------------------------
 // REL
