@@ -261,7 +261,8 @@ pub fn factor_dsm(
             if done >= n {
                 return Control::Done;
             }
-            let p = post.reduce_with(&pivot, better);
+            // Reduced by the phase's end (`reduce_at_end_with` below).
+            let p = post.get(&pivot);
             post.set(&pivot, NO_PIVOT);
             if p.mag == 0.0 {
                 singular_at = Some(done);
@@ -276,7 +277,10 @@ pub fn factor_dsm(
             a.broadcast_rows(post, p..p + 1);
             Control::Continue
         },
-    );
+    )
+    // The pivot search rides in the release that ends the step: no
+    // all-reduce of its own.
+    .reduce_at_end_with(&pivot, better);
 
     let t = Instant::now();
     if factor {

@@ -181,6 +181,23 @@ pub trait PhaseEnd: Send + Sync + 'static {
     /// Ends phase `phase` (its index in the program) on this node; must not
     /// return before every node has ended it too.
     fn end_phase(&self, phase: usize, link: &dyn NodeLink) -> Result<(), LinkError>;
+    /// Ends phase `phase` as [`PhaseEnd::end_phase`] does and, on the way,
+    /// all-reduces `value` with `combine` exactly as
+    /// [`NodeLink::allreduce`] would: the same bits on every node, combined
+    /// in the link's order. It carries the reductions a phase reduces at
+    /// its end ([`Program::reduce_at_end`](crate::Program::reduce_at_end)).
+    /// The default runs the two one after the other; a hook whose end is
+    /// itself a collective carries the value in it and saves a round.
+    fn end_phase_reducing(
+        &self,
+        phase: usize,
+        link: &dyn NodeLink,
+        value: &mut [u8],
+        combine: &mut dyn FnMut(&mut [u8], &[u8]),
+    ) -> Result<(), LinkError> {
+        self.end_phase(phase, link)?;
+        link.allreduce(value, combine)
+    }
     /// Called when an access epoch ends (see `CtxExt::access_epoch`): after a
     /// phase's filaments, after its post-phase code, and before a new
     /// command (program or fork-join run) begins. No filament runs then.

@@ -80,6 +80,11 @@ pub struct Reduction<T> {
     /// The value a pool's copy starts from when that pool first touches
     /// the variable: `init`, or what was last written to every copy.
     base: UnsafeCell<T>,
+    /// Reduced by its phase's end ([`crate::Program::reduce_at_end`]):
+    /// set before the post-phase code runs, cleared after it, so that
+    /// `PostPhase::reduce_with` returns the result instead of reducing
+    /// it again. Written only by the master at the phase barrier.
+    pub(crate) reduced_at_end: std::sync::atomic::AtomicBool,
 }
 
 /// One processor's private copies: pool 0's (also fork-join's) inline,
@@ -113,7 +118,32 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
                 })
                 .collect(),
             base: UnsafeCell::new(init),
+            reduced_at_end: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Combines every copy of the node's `procs` processors with
+    /// `combine`: processor by processor, each in pool order (a fixed
+    /// order, so the result does not depend on how the pools
+    /// interleaved).
+    ///
+    /// # Safety
+    /// No server thread may be accessing the copies.
+    pub(crate) unsafe fn combine_node(&self, procs: usize, combine: impl Fn(T, T) -> T) -> T {
+        let mut acc: Option<T> = None;
+        for p in 0..procs {
+            // SAFETY: the caller's.
+            unsafe {
+                self.for_each_copy(p, |v| {
+                    acc = Some(match acc {
+                        None => v,
+                        Some(a) => combine(a, v),
+                    })
+                })
+            };
+        }
+        // A runtime has at least one processor, whose pool-0 copy always exists.
+        acc.unwrap_or_else(|| unsafe { self.read(0) })
     }
 
     pub(crate) fn check(&self, rt: u64) -> Result<(), Error> {

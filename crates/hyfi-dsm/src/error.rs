@@ -272,4 +272,18 @@ pub(crate) enum ReleaseError {
          on every node alike, with the same rows, in the same post-phase code"
     )]
     BroadcastMissing { me: usize, missing: u64, secs: u64 },
+    /// The two nodes' releases carried phase-end reductions of different
+    /// sizes: they did not name the same reductions.
+    #[error(
+        "node {me} ended phase {phase} with {expected} bytes of reductions \
+         (`Program::reduce_at_end`) and node {from} with {got}: every node must run the same \
+         program, naming the same reductions after the same phases"
+    )]
+    Carried {
+        me: usize,
+        from: usize,
+        phase: usize,
+        got: usize,
+        expected: usize,
+    },
 }

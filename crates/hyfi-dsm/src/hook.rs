@@ -16,7 +16,19 @@ impl hyfi_core::PhaseEnd for Hook {
         phase: usize,
         link: &dyn hyfi_core::NodeLink,
     ) -> Result<(), hyfi_core::LinkError> {
-        self.0.release(phase, link).map_err(|e| e.into())
+        self.0.release(phase, link, None).map_err(|e| e.into())
+    }
+    fn end_phase_reducing(
+        &self,
+        phase: usize,
+        link: &dyn hyfi_core::NodeLink,
+        value: &mut [u8],
+        combine: &mut dyn FnMut(&mut [u8], &[u8]),
+    ) -> Result<(), hyfi_core::LinkError> {
+        let carried = crate::core::Carried { value, combine };
+        self.0
+            .release(phase, link, Some(carried))
+            .map_err(|e| e.into())
     }
     fn access_epoch_ended(&self) {
         // Reaped first: a registered view counts as live until then.

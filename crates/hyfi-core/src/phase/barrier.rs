@@ -8,6 +8,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 
+use super::state::RunPhase;
 use super::{Control, PhaseBody, PostPhase, ProgramRun, DONE};
 use crate::sched::{Ctx, Sched};
 use crate::trace::{self, Kind};
@@ -28,7 +29,7 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
     let mut cur = 0usize;
     let mut gen = 0u64;
     loop {
-        let body: &'static dyn PhaseBody = phases[cur];
+        let body: &'static dyn PhaseBody = phases[cur].body;
         ctx.iteration
             .set(run.iterations[cur].load(Ordering::SeqCst));
         ctx.phase.set(run.program << 32 | cur as u64);
@@ -65,7 +66,7 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
                 trace::span(Kind::Barrier, t, [cur as u64, 0, 0, 0]);
             }
             run.arrived.store(0, Ordering::SeqCst);
-            let next = post_phase(ctx, run, cur, body, phases.len());
+            let next = post_phase(ctx, run, cur, phases[cur], phases.len());
             // The next phase is a new access epoch (no filament runs now;
             // the SeqCst `gen` store below publishes it to the others).
             ctx.shared.next_access_epoch();
@@ -112,17 +113,14 @@ fn post_phase(
     ctx: &Ctx,
     run: &'static ProgramRun,
     cur: usize,
-    body: &dyn PhaseBody,
+    phase: RunPhase,
     nphases: usize,
 ) -> usize {
     if run.aborted() {
         return DONE;
     }
     let t = trace::on().then(trace::now);
-    let ended = match ctx.shared.phase_end.get() {
-        Some(h) => h.end_phase(cur, &*ctx.shared.link),
-        None => ctx.shared.link.barrier(),
-    };
+    let ended = node_step(ctx, cur, phase);
     if let Some(t) = t {
         trace::span(Kind::Release, t, [cur as u64, 0, 0, 0]);
     }
@@ -136,7 +134,8 @@ fn post_phase(
     ctx.shared.next_access_epoch();
     let mut post = PostPhase::new(&ctx.shared, cur, iteration);
     let t = trace::on().then(trace::now);
-    let decided = catch_unwind(AssertUnwindSafe(|| body.post(&mut post)));
+    let decided = catch_unwind(AssertUnwindSafe(|| phase.body.post(&mut post)));
+    phase.at_end.done();
     if let Some(t) = t {
         trace::span(Kind::PostPhase, t, [cur as u64, 0, 0, 0]);
     }
@@ -148,6 +147,31 @@ fn post_phase(
             DONE
         }
     }
+}
+
+/// The node-level step that ends phase `cur`: the phase-end hook (the
+/// DSM's release) or the link's barrier, carrying the reductions the
+/// phase reduces at its end (see `at_end.rs`).
+fn node_step(ctx: &Ctx, cur: usize, phase: RunPhase) -> Result<(), crate::LinkError> {
+    let (hook, link) = (ctx.shared.phase_end.get(), &*ctx.shared.link);
+    if phase.at_end.is_empty() {
+        return match hook {
+            Some(h) => h.end_phase(cur, link),
+            None => link.barrier(),
+        };
+    }
+    // SAFETY: the master runs this while every other server thread of the
+    // node waits at the phase barrier (see the README's invariants).
+    let mut v = unsafe { phase.at_end.local(ctx.shared.procs) };
+    let mut combine = |a: &mut [u8], b: &[u8]| phase.at_end.combine(a, b);
+    match hook {
+        Some(h) => h.end_phase_reducing(cur, link, &mut v, &mut combine)?,
+        // An all-reduce waits for every node: the barrier it replaces.
+        None => link.allreduce(&mut v, &mut combine)?,
+    }
+    // SAFETY: as above.
+    unsafe { phase.at_end.store(&v) };
+    Ok(())
 }
 
 /// Iterative mode: runs every pool of this processor for one phase.

@@ -45,8 +45,11 @@ use std::sync::Mutex;
 
 use crate::error::Error;
 use crate::pool::{Index, PoolArray, Span};
+use crate::reduce::{Arith, Op, Reduction};
 use crate::sched::Ctx;
+use at_end::AtEndList;
 
+mod at_end;
 mod barrier;
 mod post;
 mod state;
@@ -192,7 +195,22 @@ where
 /// ```
 #[derive(Default)]
 pub struct Program<'a> {
-    phases: Vec<Box<dyn PhaseBody + 'a>>,
+    phases: Vec<Phase<'a>>,
+}
+
+/// One phase of a program: its body and the reductions its end reduces.
+struct Phase<'a> {
+    body: Box<dyn PhaseBody + 'a>,
+    at_end: AtEndList<'a>,
+}
+
+impl<'a> Phase<'a> {
+    fn new(body: Box<dyn PhaseBody + 'a>) -> Self {
+        Phase {
+            body,
+            at_end: AtEndList::default(),
+        }
+    }
 }
 
 impl<'a> Program<'a> {
@@ -209,11 +227,11 @@ impl<'a> Program<'a> {
         F: Fn(&Ctx, I) + Sync + 'a,
         G: FnMut(&mut PostPhase<'_>) -> Control + Send + 'a,
     {
-        self.phases.push(Box::new(PhaseImpl {
+        self.phases.push(Phase::new(Box::new(PhaseImpl {
             pools,
             filament,
             post: Box::new(Mutex::new(post)),
-        }));
+        })));
         self
     }
 
@@ -265,12 +283,71 @@ impl<'a> Program<'a> {
         G: FnMut(&mut PostPhase<'_>) -> Control + Send + 'a,
         V: 'a,
     {
-        self.phases.push(Box::new(BoundPhaseImpl {
+        self.phases.push(Phase::new(Box::new(BoundPhaseImpl {
             pools,
             bind,
             filament,
             post: Box::new(Mutex::new(post)),
-        }));
+        })));
+        self
+    }
+
+    /// The phase appended last reduces `r` with `op` at its end, carried
+    /// by the collective that ends the phase anyway: on several nodes the
+    /// DSM's release or the barrier, so the reduction costs no round of
+    /// its own. Post-phase code reads the result with
+    /// [`PostPhase::get`] (or [`PostPhase::reduce`], which then returns
+    /// it without communicating). The result is the bits
+    /// [`PostPhase::reduce`] gives: the same local order, the link's order
+    /// across nodes. Name several reductions with several calls; they
+    /// travel together.
+    ///
+    /// # Panics
+    /// If the program has no phase yet.
+    ///
+    /// ```
+    /// use hyfi::{Config, Control, Op, PoolArray, Program, Runtime};
+    ///
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+    /// let top = rt.reduction(f64::MIN);
+    /// let mut tops = Vec::new();
+    /// let mut prog = Program::new();
+    /// prog.phase(
+    ///     PoolArray::block(&rt, 0..100, 1),
+    ///     |ctx, i| top.fold(ctx, Op::Max, ((i * 37) % 100) as f64),
+    ///     |post| {
+    ///         tops.push(post.get(&top)); // reduced by the phase's end
+    ///         post.set(&top, f64::MIN);
+    ///         if tops.len() == 2 { Control::Done } else { Control::Continue }
+    ///     },
+    /// )
+    /// .reduce_at_end(&top, Op::Max);
+    /// rt.start(&mut prog).unwrap();
+    /// drop(prog);
+    /// assert_eq!(tops, [99.0, 99.0]);
+    /// ```
+    pub fn reduce_at_end<T: Arith>(&mut self, r: &'a Reduction<T>, op: Op) -> &mut Self {
+        self.reduce_at_end_with(r, move |a, b| op.apply(a, b))
+    }
+
+    /// Like [`Program::reduce_at_end`] with a user-supplied associative
+    /// `combine`, as [`PostPhase::reduce_with`] takes (LU's pivot: the
+    /// larger magnitude, the lower row on a tie).
+    ///
+    /// # Panics
+    /// If the program has no phase yet.
+    pub fn reduce_at_end_with<T, C>(&mut self, r: &'a Reduction<T>, combine: C) -> &mut Self
+    where
+        T: bytemuck::Pod + Send + Sync,
+        C: Fn(T, T) -> T + Send + Sync + 'a,
+    {
+        self.phases
+            .last_mut()
+            .expect(
+                "reduce_at_end names a reduction of the phase before it: append the phase first",
+            )
+            .at_end
+            .push(r, combine);
         self
     }
 
@@ -283,19 +360,27 @@ impl<'a> Program<'a> {
         self.phases.is_empty()
     }
 
-    pub(crate) fn bodies(&self, procs: usize) -> Result<Vec<&(dyn PhaseBody + 'a)>, Error> {
+    /// The phases, checked against the runtime (`procs` processors,
+    /// identity `rt`): each phase's body and the reductions its end
+    /// reduces.
+    pub(crate) fn bodies(
+        &self,
+        procs: usize,
+        rt: u64,
+    ) -> Result<Vec<(&(dyn PhaseBody + 'a), &AtEndList<'a>)>, Error> {
         if self.phases.is_empty() {
             return Err(Error::EmptyProgram);
         }
         for (i, p) in self.phases.iter().enumerate() {
-            if p.procs() != procs {
+            if p.body.procs() != procs {
                 return Err(Error::PoolShape {
                     phase: i,
-                    pool_procs: p.procs(),
+                    pool_procs: p.body.procs(),
                     procs,
                 });
             }
+            p.at_end.check(rt)?;
         }
-        Ok(self.phases.iter().map(|b| &**b).collect())
+        Ok(self.phases.iter().map(|p| (&*p.body, &p.at_end)).collect())
     }
 }

@@ -63,30 +63,27 @@ impl<'s> PostPhase<'s> {
     }
 
     /// Like [`PostPhase::reduce`] with a user-supplied associative `combine`.
+    ///
+    /// If the phase reduced `r` at its end
+    /// ([`Program::reduce_at_end`](crate::Program::reduce_at_end)), this
+    /// returns that result, without communicating and without calling
+    /// `combine` (the program's function was used).
     pub fn reduce_with<T, C>(&mut self, r: &Reduction<T>, combine: C) -> T
     where
         T: bytemuck::Pod + Send + Sync,
         C: Fn(T, T) -> T,
     {
         self.check(r);
+        if r.reduced_at_end.load(std::sync::atomic::Ordering::Relaxed) {
+            // The phase's end reduced it with the combine its program
+            // named (`Program::reduce_at_end`): every copy holds the result.
+            // SAFETY: as below.
+            return unsafe { r.read(0) };
+        }
         // SAFETY (reads/writes below): post-phase code runs while every other
         // server thread of the node waits at the barrier, whose SeqCst
         // counter orders their last writes before these accesses.
-        // Processor by processor, each in pool order: a fixed order, so the
-        // result does not depend on how the pools interleaved.
-        let mut acc: Option<T> = None;
-        for p in 0..self.shared.procs {
-            unsafe {
-                r.for_each_copy(p, |v| {
-                    acc = Some(match acc {
-                        None => v,
-                        Some(a) => combine(a, v),
-                    })
-                })
-            };
-        }
-        // A runtime has at least one processor, whose pool-0 copy always exists.
-        let mut acc = acc.unwrap_or_else(|| unsafe { r.read(0) });
+        let mut acc = unsafe { r.combine_node(self.shared.procs, &combine) };
         let res = self.shared.link.allreduce(
             bytemuck::bytes_of_mut(&mut acc),
             &mut |a: &mut [u8], b: &[u8]| {

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 
 use crossbeam_utils::CachePadded;
 
+use super::at_end::AtEndList;
 use super::{barrier, PhaseBody, Program};
 use crate::error::{panic_message, Error, LinkAbort};
 use crate::registry::{Command, ProgramPtr};
@@ -17,9 +18,17 @@ use crate::runtime::Runtime;
 /// `next` value meaning "the program is finished".
 pub(crate) const DONE: usize = usize::MAX;
 
+/// A phase as its run sees it: the body, and the reductions its end
+/// reduces.
+#[derive(Clone, Copy)]
+pub(crate) struct RunPhase {
+    pub(crate) body: &'static dyn PhaseBody,
+    pub(crate) at_end: &'static AtEndList<'static>,
+}
+
 /// One execution of a [`Program`]: its phases and the barrier state.
 pub(crate) struct ProgramRun {
-    phases: Vec<&'static dyn PhaseBody>,
+    phases: Vec<RunPhase>,
     pub(crate) iterations: Vec<AtomicU64>,
     pub(crate) arrived: CachePadded<AtomicUsize>,
     pub(crate) gen: CachePadded<AtomicU64>,
@@ -33,7 +42,7 @@ pub(crate) struct ProgramRun {
 }
 
 impl ProgramRun {
-    pub(crate) fn phases(&self) -> &[&'static dyn PhaseBody] {
+    pub(crate) fn phases(&self) -> &[RunPhase] {
         &self.phases
     }
     pub(crate) fn aborted(&self) -> bool {
@@ -71,7 +80,7 @@ impl Runtime {
     pub fn start(&self, program: &mut Program<'_>) -> Result<(), Error> {
         self.check_not_nested()?;
         let _g = self.start_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let phases = program.bodies(self.shared.procs)?;
+        let phases = program.bodies(self.shared.procs, self.shared.id)?;
         let program_no = self.programs.fetch_add(1, Ordering::Relaxed) + 1;
         if self.num_nodes() > 1 {
             // Every node must start it (entered before the release below,
@@ -93,8 +102,13 @@ impl Runtime {
             // every server thread has finished with them.
             phases: phases
                 .into_iter()
-                .map(|p| unsafe {
-                    std::mem::transmute::<&dyn PhaseBody, &'static dyn PhaseBody>(p)
+                .map(|(body, at_end)| unsafe {
+                    RunPhase {
+                        body: std::mem::transmute::<&dyn PhaseBody, &'static dyn PhaseBody>(body),
+                        at_end: std::mem::transmute::<&AtEndList<'_>, &'static AtEndList<'static>>(
+                            at_end,
+                        ),
+                    }
                 })
                 .collect(),
             iterations: (0..n).map(|_| AtomicU64::new(0)).collect(),

@@ -17,6 +17,7 @@ use hyfi_core::filthread;
 use hyfi_core::link::{Class, FrameError, Port, Service};
 
 pub(crate) use page_table::{readable, settled_readable, writable, Segment, INVALID, READ, WRITE};
+pub(crate) use release::Carried;
 
 use msg::{Encode, Kind};
 use page_table::Meta;
@@ -101,6 +102,7 @@ impl Core {
                 early_broadcasts: Vec::new(),
                 bcast_expected: 0,
                 bcast_received: 0,
+                carried: Vec::new(),
             }),
             proto_cv: Condvar::new(),
             failed: OnceLock::new(),

@@ -57,6 +57,21 @@ pub(super) struct Proto {
     /// passed on) after it.
     pub(super) bcast_expected: u64,
     pub(super) bcast_received: u64,
+    /// The reductions carried by the `REL`s of the current epoch: (from,
+    /// bytes); on two nodes the other node's (see [`Carried`]).
+    pub(super) carried: Vec<(usize, Vec<u8>)>,
+}
+
+/// A value the release all-reduces on its way: the reductions its phase
+/// reduces at its end ([`hyfi_core::PhaseEnd::end_phase_reducing`]). On
+/// two nodes each `REL` carries the sender's value (the exchange is the
+/// phase's barrier, and so its all-reduce); on more, the value rides in
+/// the all-reduce of the counts. Either way the result is the bits
+/// [`hyfi_core::NodeLink::allreduce`] gives: on two nodes it combines
+/// node 0's value with node 1's, as the link's recursive doubling does.
+pub(crate) struct Carried<'v> {
+    pub(crate) value: &'v mut [u8],
+    pub(crate) combine: &'v mut dyn FnMut(&mut [u8], &[u8]),
 }
 
 impl Core {
@@ -108,6 +123,7 @@ impl Core {
             self.page_homed_at(gp, from, "a push of")?;
             pr.pushes.push((gp, bytes.to_vec()));
         }
+        pr.carried.push((from, rel.carried.to_vec()));
         for gp in rel.declines() {
             let (seg, p) = self.page_homed_at(gp, self.me, "a decline of")?;
             let mut m = seg.lock(p);
@@ -122,15 +138,19 @@ impl Core {
         Ok(())
     }
 
+    /// Ends phase `phase` (a fork-join run's release if
+    /// `FORK_JOIN_PHASE`), all-reducing `carried` on the way. On one node
+    /// there is nothing to exchange, and `carried` is already the result.
     pub(crate) fn release(
         &self,
         phase: usize,
         link: &dyn hyfi_core::NodeLink,
+        carried: Option<Carried<'_>>,
     ) -> Result<(), ReleaseError> {
         let t0 = Instant::now();
         let slot = self.slot();
         if self.nodes > 1 {
-            self.release_multi(slot, link)?;
+            self.release_multi(phase, slot, link, carried)?;
         }
         self.ctr(slot)
             .release_ns
@@ -153,8 +173,10 @@ impl Core {
 
     fn release_multi(
         &self,
+        phase: usize,
         slot: usize,
         link: &dyn hyfi_core::NodeLink,
+        mut carried: Option<Carried<'_>>,
     ) -> Result<(), ReleaseError> {
         // The node's phase work is done: no request of it is in flight.
         while self
@@ -204,9 +226,13 @@ impl Core {
         };
         self.decline_unused(&mut r);
         let noticed_home = self.diffs_and_pushes(&mut r);
-        let sent = self.send_releases(&mut r, &noticed_home);
-        let expected = self.count_releases(link, &sent)?;
-        let (notices, pushes) = self.await_releases(epoch, expected)?;
+        let sent = self.send_releases(&mut r, &noticed_home, carried.as_ref());
+        let expected = self.count_releases(link, &sent, carried.as_mut())?;
+        let (notices, pushes, others) = self.await_releases(epoch, expected)?;
+        if self.dense_release() {
+            self.combine_carried(phase, carried, others)
+                .inspect_err(|e| link.abort(&e.to_string()))?;
+        }
         let invalidated = self.invalidate_noticed(&notices, &mut r)?;
         self.install_pushes(notices, pushes, invalidated, &mut r);
         self.settle_fresh();
@@ -347,7 +373,12 @@ impl Core {
     ///    for: notices (which go to every node: only a page's home knows
     ///    who holds a copy), or diffs, pushes or declines of its own.
     ///    Returns the `REL`s sent, one count per node.
-    fn send_releases(&self, r: &mut Round, noticed_home: &[u64]) -> Vec<u32> {
+    fn send_releases(
+        &self,
+        r: &mut Round,
+        noticed_home: &[u64],
+        carried: Option<&Carried<'_>>,
+    ) -> Vec<u32> {
         let Round {
             bodies,
             cache,
@@ -377,6 +408,11 @@ impl Core {
             let pushed: u64 = bodies.iter().map(|b| u64::from(b.pushes())).sum();
             c.pages_pushed.fetch_add(pushed, Ordering::Relaxed);
         }
+        // On two nodes the `REL` carries the reductions (see `Carried`).
+        let carried = match carried {
+            Some(c) if self.dense_release() => &*c.value,
+            _ => &[],
+        };
         let mut sent = vec![0u32; self.nodes];
         for (q, body) in bodies.iter().enumerate() {
             if q == self.me || (!self.dense_release() && ranges.is_empty() && body.is_empty()) {
@@ -390,6 +426,7 @@ impl Core {
                     epoch,
                     notices,
                     body,
+                    carried,
                 },
             );
             sent[q] = 1;
@@ -400,11 +437,13 @@ impl Core {
     /// 3a. How many `REL`s of this epoch come to this node: the sum over
     ///     the nodes of what each sent it, by one all-reduce of a count per
     ///     node (log-depth over the link, and the phase's barrier: every
-    ///     node has sent its `REL`s when it enters it).
+    ///     node has sent its `REL`s when it enters it). The phase's
+    ///     reductions, if it carries some, ride in it after the counts.
     fn count_releases(
         &self,
         link: &dyn hyfi_core::NodeLink,
         sent: &[u32],
+        carried: Option<&mut Carried<'_>>,
     ) -> Result<usize, ReleaseError> {
         if self.dense_release() {
             // Two nodes: each always sends the other its `REL`, and waiting
@@ -413,11 +452,20 @@ impl Core {
             return Ok(self.nodes - 1);
         }
         let mut v: Vec<u8> = sent.iter().flat_map(|c| c.to_le_bytes()).collect();
+        let counts = v.len();
+        let mut carried = carried;
+        if let Some(c) = &carried {
+            v.extend_from_slice(c.value);
+        }
         let mut add = |acc: &mut [u8], other: &[u8]| {
+            let (acc, more) = acc.split_at_mut(counts);
             for (a, b) in acc.chunks_exact_mut(4).zip(other.chunks_exact(4)) {
                 let s = u32::from_le_bytes(a.try_into().expect("4 bytes"))
                     + u32::from_le_bytes(b.try_into().expect("4 bytes"));
                 a.copy_from_slice(&s.to_le_bytes());
+            }
+            if let Some(c) = carried.as_mut() {
+                (c.combine)(more, &other[counts..]);
             }
         };
         let _w = hyfi_core::waits::waiting(
@@ -432,6 +480,9 @@ impl Core {
         );
         link.allreduce(&mut v, &mut add)
             .map_err(ReleaseError::Link)?;
+        if let Some(c) = carried {
+            c.value.copy_from_slice(&v[counts..]);
+        }
         let k = 4 * self.me;
         Ok(u32::from_le_bytes(v[k..k + 4].try_into().expect("4 bytes")) as usize)
     }
@@ -451,7 +502,7 @@ impl Core {
         &self,
         epoch: u64,
         expected: usize,
-    ) -> Result<(Vec<(u64, u32)>, Vec<(u64, Vec<u8>)>), ReleaseError> {
+    ) -> Result<(Vec<(u64, u32)>, Vec<(u64, Vec<u8>)>, Vec<(usize, Vec<u8>)>), ReleaseError> {
         let got = {
             let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
             let _w = hyfi_core::waits::waiting(
@@ -484,9 +535,41 @@ impl Core {
             (
                 std::mem::take(&mut pr.notices),
                 std::mem::take(&mut pr.pushes),
+                std::mem::take(&mut pr.carried),
             )
         };
         Ok(got)
+    }
+
+    /// 3c. On two nodes: combines this node's reductions with those the
+    ///     other node's `REL` carried, node 0's first (see [`Carried`]).
+    ///     Both must carry as many bytes (none when neither reduces).
+    fn combine_carried(
+        &self,
+        phase: usize,
+        carried: Option<Carried<'_>>,
+        others: Vec<(usize, Vec<u8>)>,
+    ) -> Result<(), ReleaseError> {
+        let [(from, mut theirs)]: [(usize, Vec<u8>); 1] =
+            others.try_into().expect("two nodes: one REL an epoch");
+        let mine = carried.as_ref().map_or(0, |c| c.value.len());
+        if theirs.len() != mine {
+            return Err(ReleaseError::Carried {
+                me: self.me,
+                from,
+                phase,
+                got: theirs.len(),
+                expected: mine,
+            });
+        }
+        let Some(c) = carried else { return Ok(()) };
+        if self.me < from {
+            (c.combine)(c.value, &theirs);
+        } else {
+            (c.combine)(&mut theirs, c.value);
+            c.value.copy_from_slice(&theirs);
+        }
+        Ok(())
     }
 
     /// 4. Invalidates the copies others wrote; returns how many.

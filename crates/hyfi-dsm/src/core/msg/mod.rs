@@ -9,12 +9,15 @@
 //! |---|---|---|
 //! | `REQ` = 1, a page request | control | epoch u64 · count u32 · page u64 × count |
 //! | `PAGES` = 2, a reply | bulk | count u32 (at most [`REPLY_BATCH`]) · page u64 × count · then each page's `PAGE` bytes, in the same order |
-//! | `REL` = 3, a release | bulk | epoch u64 · notices: count u32, (first page u64 · pages u32) × count · diffs: count u32, (page u64 · runs u32 · runs) × count · pushes: count u32, (page u64 · `PAGE` bytes) × count · declines: count u32, page u64 × count |
+//! | `REL` = 3, a release | bulk | epoch u64 · notices: count u32, (first page u64 · pages u32) × count · diffs: count u32, (page u64 · runs u32 · runs) × count · pushes: count u32, (page u64 · `PAGE` bytes) × count · declines: count u32, page u64 × count · carried: length u32, bytes |
 //! | `BCAST` = 4, pages a home broadcasts | bulk | epoch u64 · root u32 · span u32 · then as `PAGES`: count u32 · page u64 × count · the pages' bytes |
 //!
 //! A diff's runs are `(offset u16 · length u16 · bytes)`, each inside the
 //! page (`diff.rs` owns that format). A request's epoch is the requester's
 //! completed releases; a release's is the sender's (see the README); a
+//! release's carried bytes are the phase's reductions on two nodes, where
+//! the `REL` exchange is the phase's only collective (`release.rs`), and
+//! empty otherwise. A
 //! broadcast's is its root's (the pages' home), and its span is how many
 //! nodes, counted on from the receiver in the root's relative order, the
 //! receiver passes it on to (itself included: a binomial tree).
@@ -354,11 +357,12 @@ impl ReleaseBody {
 }
 
 /// `REL`, to send: the sender's epoch, its write notices (first page,
-/// pages) and what it has for the receiver.
+/// pages), what it has for the receiver, and the reductions it carries.
 pub(super) struct ReleaseOut<'a> {
     pub(super) epoch: u64,
     pub(super) notices: &'a [(u64, u32)],
     pub(super) body: &'a ReleaseBody,
+    pub(super) carried: &'a [u8],
 }
 
 impl Encode for ReleaseOut<'_> {
@@ -375,6 +379,8 @@ impl Encode for ReleaseOut<'_> {
             + b.pushes.len()
             + 4
             + 8 * b.declines.len()
+            + 4
+            + self.carried.len()
     }
 
     fn encode(self, out: &mut Vec<u8>) {
@@ -394,6 +400,8 @@ impl Encode for ReleaseOut<'_> {
         for &gp in &b.declines {
             put_u64(out, gp);
         }
+        put_u32(out, count(self.carried.len()));
+        out.extend_from_slice(self.carried);
     }
 }
 
@@ -406,6 +414,8 @@ pub(super) struct Release<'a> {
     diffs: &'a [u8],
     pushes: &'a [u8],
     declines: PageList<'a>,
+    /// The sender's phase-end reductions (empty if none).
+    pub(super) carried: &'a [u8],
 }
 
 impl<'a> Release<'a> {
@@ -443,6 +453,8 @@ impl<'a> Release<'a> {
         let pushes = r.since(from);
         let n = r.u32()? as usize;
         let declines = r.pages(n)?;
+        let n = r.u32()? as usize;
+        let carried = r.bytes(n)?;
         if !r.rest().is_empty() {
             return Err(ProtocolError::StrayBytes {
                 len: r.rest().len(),
@@ -455,6 +467,7 @@ impl<'a> Release<'a> {
             diffs,
             pushes,
             declines,
+            carried,
         })
     }
 

@@ -183,6 +183,7 @@ fn release() -> (Vec<u8>, Vec<OwnedDiff>) {
         epoch: 17,
         notices: &notices,
         body: &b,
+        carried: &[1, 2, 3, 4, 5],
     });
     (m, want)
 }
@@ -209,23 +210,26 @@ fn releases_round_trip() {
     assert_eq!((pushes[1].0, pushes[1].1), (6, &page(6)[..]));
     assert!(m.as_ptr_range().contains(&pushes[1].1.as_ptr()));
     assert_eq!(r.declines().collect::<Vec<_>>(), [8]);
+    assert_eq!(r.carried, [1, 2, 3, 4, 5]);
 
-    // An empty release: the epoch and four zero counts.
+    // An empty release: the epoch and five zero counts.
     let e = encoded(ReleaseOut {
         epoch: 0,
         notices: &[],
         body: &ReleaseBody::default(),
+        carried: &[],
     });
-    assert_eq!(e.len(), 1 + 8 + 16);
+    assert_eq!(e.len(), 1 + 8 + 20);
     let r = Release::decode(&e).unwrap();
     assert_eq!(
         (
             r.notices().len(),
             r.diffs().len(),
             r.pushes().len(),
-            r.declines().len()
+            r.declines().len(),
+            r.carried.len()
         ),
-        (0, 0, 0, 0)
+        (0, 0, 0, 0, 0)
     );
 }
 
@@ -261,6 +265,9 @@ fn releases_cut_short_say_where() {
     // In a push's bytes: at the bytes, after its page.
     let pushes = diffs + (12 + 10) + (12 + 6) + 4;
     assert_eq!(cut(1 + pushes + 8 + 10), truncated(pushes + 8));
+    // In the carried bytes: at the bytes, after their length.
+    let carried = pushes + 2 * (8 + PAGE) + 4 + 8;
+    assert_eq!(cut(1 + carried + 4 + 2), truncated(carried + 4));
 }
 
 #[test]
@@ -282,6 +289,7 @@ fn releases_with_stray_bytes_or_a_bad_diff_are_refused() {
         epoch: 1,
         notices: &[],
         body: &b,
+        carried: &[],
     });
     assert_eq!(
         Release::decode(&m).map(|_| ()),
