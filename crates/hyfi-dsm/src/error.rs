@@ -287,3 +287,13 @@ pub(crate) enum ReleaseError {
         expected: usize,
     },
 }
+
+impl ReleaseError {
+    /// Found by this node, not reported to it: its peers do not know of it
+    /// (they wait for this node's next release), so the node must end the
+    /// job with it. `Failed` and `Link` are the link's, which ends the job
+    /// itself.
+    pub(crate) fn found_here(&self) -> bool {
+        !matches!(self, ReleaseError::Failed(_) | ReleaseError::Link(_))
+    }
+}

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use crate::core::Core;
+use crate::error::ReleaseError;
 
 /// The release as hyfi-core's phase-end hook.
 pub(crate) struct Hook(pub(crate) Arc<Core>);
@@ -16,7 +17,9 @@ impl hyfi_core::PhaseEnd for Hook {
         phase: usize,
         link: &dyn hyfi_core::NodeLink,
     ) -> Result<(), hyfi_core::LinkError> {
-        self.0.release(phase, link, None).map_err(|e| e.into())
+        self.0
+            .release(phase, link, None)
+            .map_err(|e| ended_by(e, link))
     }
     fn end_phase_reducing(
         &self,
@@ -28,7 +31,7 @@ impl hyfi_core::PhaseEnd for Hook {
         let carried = crate::core::Carried { value, combine };
         self.0
             .release(phase, link, Some(carried))
-            .map_err(|e| e.into())
+            .map_err(|e| ended_by(e, link))
     }
     fn access_epoch_ended(&self) {
         // Reaped first: a registered view counts as live until then.
@@ -38,4 +41,16 @@ impl hyfi_core::PhaseEnd for Hook {
             seg.end_access_epoch();
         }
     }
+}
+
+/// A release's error as the runtime's link error; one this node found
+/// itself (a peer's malformed `REL`, a broadcast that never came, nodes that
+/// name different reductions) first ends the job on every node with it, so
+/// that the peers, which wait for this node's next release, report the
+/// cause rather than that this node left.
+fn ended_by(e: ReleaseError, link: &dyn hyfi_core::NodeLink) -> hyfi_core::LinkError {
+    if e.found_here() {
+        link.abort(&e.to_string());
+    }
+    e.into()
 }

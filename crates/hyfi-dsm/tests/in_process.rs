@@ -544,3 +544,57 @@ fn a_broadcast_only_one_node_asks_for_fails_the_job_with_the_cause() {
     );
     assert!(t.elapsed() < std::time::Duration::from_secs(120));
 }
+
+/// Node 1 sends node 0 a malformed `REL` (its notice count promises more
+/// than follows) of epoch 1 before the program: node 0 keeps it, unread,
+/// until its second release, which then fails. That error is node 0's own
+/// finding: node 0 ends the job with it, so node 1, which waits for node
+/// 0's `REL`, reports the same cause rather than that node 0 left.
+fn malformed_release(link: Arc<InProcess>) -> Result<(), String> {
+    let (rt, dsm) = start(&link, 1)?;
+    let v = dsm
+        .vec::<u64>(64)
+        .placement(Placement::Block)
+        .zeroed()
+        .map_err(|e| e.to_string())?;
+    if rt.node() == 1 {
+        let mut rel = vec![3u8]; // REL
+        rel.extend_from_slice(&1u64.to_le_bytes()); // epoch 1
+        rel.extend_from_slice(&5u32.to_le_bytes()); // five notices, none there
+        link.port()
+            .expect("the in-process link has a port")
+            .send_vec(0, hyfi_dsm::SERVICE, hyfi_core::link::Class::Bulk, rel)
+            .map_err(|e| e.to_string())?;
+    }
+    let mut prog = Program::new();
+    prog.phase(
+        PoolArray::block(&rt, 0..64, 1),
+        |_ctx, i| v.set(i, i as u64),
+        |post| {
+            if post.iteration() == 1 {
+                Control::Done
+            } else {
+                Control::Continue
+            }
+        },
+    );
+    rt.start(&mut prog).map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_malformed_release_ends_the_job_with_its_cause_on_every_node() {
+    // Bounded: a node that is not told would wait for its peer's `REL`
+    // for ever (that is what this test guards against).
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(common::on_nodes(2, malformed_release)));
+    let r = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("both nodes end within 60 s");
+    for (me, r) in r.iter().enumerate() {
+        let e = r.as_ref().expect_err("the release cannot complete");
+        assert!(
+            e.contains("a message from node 1") && e.contains("cut short"),
+            "node {me}: {e}"
+        );
+    }
+}

@@ -189,14 +189,7 @@ impl Core {
             }
             std::thread::yield_now();
         }
-        if let Err(e) = self.await_broadcasts() {
-            // This node's own error, not the link's: every node must end
-            // (its peers wait for this node's release).
-            if matches!(e, ReleaseError::BroadcastMissing { .. }) {
-                link.abort(&e.to_string());
-            }
-            return Err(e);
-        }
+        self.await_broadcasts()?;
         let epoch = self.completed.load(Ordering::Acquire);
         {
             // From now on this epoch's releases are applied as they come;
@@ -230,8 +223,7 @@ impl Core {
         let expected = self.count_releases(link, &sent, carried.as_mut())?;
         let (notices, pushes, others) = self.await_releases(epoch, expected)?;
         if self.dense_release() {
-            self.combine_carried(phase, carried, others)
-                .inspect_err(|e| link.abort(&e.to_string()))?;
+            self.combine_carried(phase, carried, others)?;
         }
         let invalidated = self.invalidate_noticed(&notices, &mut r)?;
         self.install_pushes(notices, pushes, invalidated, &mut r);
