@@ -148,7 +148,7 @@ pub fn run_dsm(rt: &Runtime, dsm: &Dsm, args: &Args) -> Result<Output, Box<dyn s
     // processor; combine maxdiff, decide, and reset it for the next sweep.
     let check = |post: &mut hyfi::PostPhase<'_>| {
         iters += 1;
-        last = post.reduce(&maxdiff, Op::Max);
+        last = post.get(&maxdiff); // reduced at the sweep's end (below)
         post.set(&maxdiff, 0.0);
         converged = last < eps;
         progress.report(iters as u64, format_args!("maxdiff {last:.3e}"));
@@ -214,6 +214,9 @@ pub fn run_dsm(rt: &Runtime, dsm: &Dsm, args: &Args) -> Result<Output, Box<dyn s
             check,
         );
     }
+    // maxdiff is reduced by the collective that ends the sweep anyway (on
+    // several nodes the DSM's release): no all-reduce of its own.
+    prog.reduce_at_end(&maxdiff, Op::Max);
 
     let t = Instant::now();
     rt.start(&mut prog)?;
