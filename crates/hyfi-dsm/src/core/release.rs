@@ -149,35 +149,49 @@ impl Core {
     ) -> Result<(), ReleaseError> {
         let t0 = Instant::now();
         let slot = self.slot();
-        if self.nodes > 1 {
-            self.release_multi(phase, slot, link, carried)?;
-        }
+        let epoch = if self.nodes > 1 {
+            Some(self.release_multi(phase, slot, link, carried)?)
+        } else {
+            None
+        };
         self.ctr(slot)
             .release_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let total = self.totals();
-        let mut t = self.phases.lock().unwrap_or_else(|e| e.into_inner());
-        // A fork-join run's release has no phase: its traffic counts in the
-        // totals and in the next phase's figures.
-        if phase != hyfi_core::FORK_JOIN_PHASE {
-            if t.per_phase.len() <= phase {
-                t.per_phase.resize(phase + 1, DsmCounters::default());
+        {
+            let total = self.totals();
+            let mut t = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+            // A fork-join run's release has no phase: its traffic counts in
+            // the totals and in the next phase's figures.
+            if phase != hyfi_core::FORK_JOIN_PHASE {
+                if t.per_phase.len() <= phase {
+                    t.per_phase.resize(phase + 1, DsmCounters::default());
+                }
+                let d = total.since(&t.last);
+                t.per_phase[phase].accumulate(&d);
+                t.last = total;
             }
-            let d = total.since(&t.last);
-            t.per_phase[phase].accumulate(&d);
-            t.last = total;
+            t.releases += 1;
         }
-        t.releases += 1;
+        // Only now the next epoch, whose first act is to serve the requests
+        // of nodes already in it: they count in the next phase's figures,
+        // not in this one's (a faster node reading the results after the
+        // program's last release made that phase's look thousands of pages
+        // heavier, by chance).
+        if let Some(e) = epoch {
+            self.next_epoch(e);
+        }
         Ok(())
     }
 
+    /// The release on several nodes, up to the next epoch: returns the
+    /// epoch it completed (`release` starts the next, `next_epoch`).
     fn release_multi(
         &self,
         phase: usize,
         slot: usize,
         link: &dyn hyfi_core::NodeLink,
         mut carried: Option<Carried<'_>>,
-    ) -> Result<(), ReleaseError> {
+    ) -> Result<u64, ReleaseError> {
         // The node's phase work is done: no request of it is in flight.
         while self
             .outstanding
@@ -228,8 +242,7 @@ impl Core {
         let invalidated = self.invalidate_noticed(&notices, &mut r)?;
         self.install_pushes(notices, pushes, invalidated, &mut r);
         self.settle_fresh();
-        self.next_epoch(epoch);
-        Ok(())
+        Ok(epoch)
     }
 
     /// Waits until every broadcast this node expects in this epoch came
