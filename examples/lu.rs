@@ -13,17 +13,19 @@
 //! pivot stores its multiplier `l = a[i][k] / a[p][k]`, subtracts `l ×` the
 //! pivot row `p`, and then offers `|a[i][k+1]|`, its candidacy for the next
 //! step, to the reduction variable `pivot` (the pivot search looks ahead,
-//! as HPL's does, so a step costs one phase end, not two). The post-phase
-//! code reduces it (largest magnitude, lowest row on ties: the row a
-//! sequential scan picks) and records step `k + 1`'s pivot row. Step 0's
-//! pivot is found before the program, from the input every node holds.
+//! as HPL's does, so a step costs one phase end, not two). The phase's end
+//! reduces it (largest magnitude, lowest row on ties: the row a sequential
+//! scan picks) in the release itself, and carries the chosen row to every
+//! node with it (`DsmMatrix::reduce_at_end_with_row`): a step is one
+//! exchange. The post-phase code reads the pivot and records step `k + 1`'s
+//! pivot row. Step 0's pivot is found before the program, from the input
+//! every node holds.
 //!
 //! Rows are not moved: the permutation is kept aside (node-local, the same
 //! on every node because every node reduces the same pivot), and row `i`
 //! of `L·U` is the matrix's row `perm[i]` at the end. So no row is written
 //! by two nodes, and the pivot row is the only one a step moves between
-//! nodes: every node's filaments read it, and the DSM requests it once per
-//! node (its other waiters wait for the same reply).
+//! nodes: every node's filaments read it, and it came with the pivot.
 //!
 //! The matrix is a shared array of the DSM, rows padded to pages and homed
 //! cyclically exactly as the pools deal them out. Filaments of rows already
@@ -261,7 +263,7 @@ pub fn factor_dsm(
             if done >= n {
                 return Control::Done;
             }
-            // Reduced by the phase's end (`reduce_at_end_with` below).
+            // Reduced by the phase's end (`reduce_at_end_with_row` below).
             let p = post.get(&pivot);
             post.set(&pivot, NO_PIVOT);
             if p.mag == 0.0 {
@@ -272,15 +274,15 @@ pub fn factor_dsm(
             step_of[p].store(done, Relaxed);
             piv.store(p, Relaxed);
             perm.push(p);
-            // Every node reads the pivot row first thing in the next step:
-            // its home sends it now, before anyone computes.
-            a.broadcast_rows(post, p..p + 1);
             Control::Continue
         },
-    )
-    // The pivot search rides in the release that ends the step: no
-    // all-reduce of its own.
-    .reduce_at_end_with(&pivot, better);
+    );
+    // The pivot search rides in the release that ends the step (no
+    // all-reduce of its own), and the chosen row with it: every node holds
+    // the next step's pivot row when the post-phase code runs.
+    a.reduce_at_end_with_row(&mut prog, &pivot, better, |p: &Pivot| {
+        (p.mag > 0.0).then_some(p.row as usize)
+    });
 
     let t = Instant::now();
     if factor {

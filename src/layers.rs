@@ -39,8 +39,11 @@
 //!   ([`RuntimeExt::set_layer_state`]), the per-phase access epoch the DSM
 //!   keys its views on. Extension traits, so that a program's `Runtime` shows only
 //!   the program's API: these methods exist for code that imports them.
+//! * **Bytes that ride with a reduction at a phase's end** ([`Payload`],
+//!   [`ProgramExt::reduce_at_end_carrying`]): how hyfi-dsm sends LU's
+//!   pivot row in the release that finds the pivot.
 
-pub use hyfi_core::layer::{CtxExt, RuntimeExt};
+pub use hyfi_core::layer::{CtxExt, Payload, ProgramExt, RuntimeExt};
 pub use hyfi_core::{filthread, layer, link, remote, steal, waits};
 pub use hyfi_core::{
     is_registered, parse_size, Failure, LinkError, NodeLink, PhaseEnd, SingleNode, Slot, Step,

@@ -27,6 +27,8 @@ use std::sync::{Arc, RwLock};
 use crate::config::Config;
 use crate::error::Error;
 use crate::node::{NodeLink, PhaseEnd};
+use crate::phase::Program;
+use crate::reduce::Reduction;
 use crate::runtime::Runtime;
 use crate::sched::Ctx;
 
@@ -34,6 +36,63 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for crate::runtime::Runtime {}
     impl Sealed for crate::sched::Ctx {}
+    impl Sealed for crate::phase::Program<'_> {}
+}
+
+/// Bytes that travel with a reduction a phase reduces at its end and
+/// follow its result ([`ProgramExt::reduce_at_end_carrying`]): each node
+/// offers some along with its value; where two values combine, the bytes
+/// of the input the result equals go on (the combine must pick one of its
+/// inputs: a maximum, a minimum, an argmax); every node receives the
+/// result's. hyfi-dsm sends LU's pivot row this way, in the release that
+/// also finds the pivot.
+pub trait Payload: Send + Sync {
+    /// How many bytes, the same on every node and at every phase end.
+    fn size(&self) -> usize;
+    /// Fills `out` (`size()` bytes, zeroed) with what this node offers
+    /// along with `value`, the bytes of its combination of the
+    /// reduction's copies. Called by the node's master processor at the
+    /// phase's end, before the node-level step, while no filament runs.
+    fn offer(&self, value: &[u8], out: &mut [u8]);
+    /// Receives the job-wide result and the bytes that came with it, after
+    /// the node-level step and before the post-phase code, while no
+    /// filament runs.
+    fn take(&self, value: &[u8], bytes: &[u8]);
+}
+
+/// A layer's side of a [`Program`]: reductions at a phase's end that carry
+/// a layer's bytes.
+pub trait ProgramExt<'a>: sealed::Sealed {
+    /// Like [`Program::reduce_at_end_with`], with `payload`'s bytes
+    /// following the result (see [`Payload`]). `combine` must return one
+    /// of its inputs.
+    ///
+    /// # Panics
+    /// If the program has no phase yet.
+    fn reduce_at_end_carrying<T, C>(
+        &mut self,
+        r: &'a Reduction<T>,
+        combine: C,
+        payload: Arc<dyn Payload + 'a>,
+    ) -> &mut Self
+    where
+        T: bytemuck::Pod + Send + Sync,
+        C: Fn(T, T) -> T + Send + Sync + 'a;
+}
+
+impl<'a> ProgramExt<'a> for Program<'a> {
+    fn reduce_at_end_carrying<T, C>(
+        &mut self,
+        r: &'a Reduction<T>,
+        combine: C,
+        payload: Arc<dyn Payload + 'a>,
+    ) -> &mut Self
+    where
+        T: bytemuck::Pod + Send + Sync,
+        C: Fn(T, T) -> T + Send + Sync + 'a,
+    {
+        self.push_at_end(r, combine, Some(payload))
+    }
 }
 
 /// A layer's side of a [`Runtime`]: starting one over a link, installing

@@ -83,6 +83,8 @@ counters! {
     broadcasts_installed,
     /// Broadcasts that came too late to install (this node was in or past the release after them): dropped.
     broadcasts_dropped,
+    /// Pages of rows that rode with a reduction at a phase's end (`DsmMatrix::reduce_at_end_with_row`) and were installed here.
+    pages_carried,
 }
 
 impl DsmCounters {
@@ -111,7 +113,8 @@ impl fmt::Display for DsmCounters {
              pushed {} installed {} declined {}, \
              waiting {:.3} ms, releases {:.3} ms, {} messages ({} B), \
              write views plain {} atomic {} (requests waited for plain stores {}), \
-             broadcast sent {} received {} installed {} dropped {}",
+             broadcast sent {} received {} installed {} dropped {}, \
+             pages carried by reductions {}",
             self.read_faults,
             self.write_faults,
             self.pages_fetched,
@@ -135,7 +138,8 @@ impl fmt::Display for DsmCounters {
             self.pages_broadcast,
             self.broadcasts_received,
             self.broadcasts_installed,
-            self.broadcasts_dropped
+            self.broadcasts_dropped,
+            self.pages_carried
         )
     }
 }

@@ -16,8 +16,10 @@
 //! [`PostPhase::reduce_with`]: super::PostPhase::reduce_with
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use crate::error::Error;
+use crate::layer::Payload;
 use crate::reduce::Reduction;
 
 /// One reduction a phase reduces at its end, with its type erased.
@@ -46,6 +48,9 @@ pub(crate) trait AtEnd: Send + Sync {
 struct Typed<'a, T, C> {
     r: &'a Reduction<T>,
     combine: C,
+    /// Bytes that follow the result (`ProgramExt::reduce_at_end_carrying`):
+    /// they travel after the value.
+    payload: Option<Arc<dyn Payload + 'a>>,
 }
 
 impl<T, C> AtEnd for Typed<'_, T, C>
@@ -57,22 +62,41 @@ where
         self.r.check(rt)
     }
     fn size(&self) -> usize {
-        std::mem::size_of::<T>()
+        std::mem::size_of::<T>() + self.payload.as_ref().map_or(0, |p| p.size())
     }
     unsafe fn local(&self, procs: usize, out: &mut Vec<u8>) {
         // SAFETY: the caller's.
         let v = unsafe { self.r.combine_node(procs, &self.combine) };
+        let at = out.len();
         out.extend_from_slice(bytemuck::bytes_of(&v));
+        if let Some(p) = &self.payload {
+            let k = std::mem::size_of::<T>();
+            out.resize(at + k + p.size(), 0);
+            let (value, bytes) = out[at..].split_at_mut(k);
+            p.offer(value, bytes);
+        }
     }
     fn combine(&self, acc: &mut [u8], other: &[u8]) {
-        let x: T = bytemuck::pod_read_unaligned(acc);
-        let y: T = bytemuck::pod_read_unaligned(other);
-        acc.copy_from_slice(bytemuck::bytes_of(&(self.combine)(x, y)));
+        let k = std::mem::size_of::<T>();
+        let x: T = bytemuck::pod_read_unaligned(&acc[..k]);
+        let y: T = bytemuck::pod_read_unaligned(&other[..k]);
+        let z = (self.combine)(x, y);
+        let z = bytemuck::bytes_of(&z);
+        // The payload follows the input the result equals (the combine
+        // picks one): the accumulator's unless only the other's is it.
+        if self.payload.is_some() && z != &acc[..k] && z == &other[..k] {
+            acc[k..].copy_from_slice(&other[k..]);
+        }
+        acc[..k].copy_from_slice(z);
     }
     unsafe fn store(&self, v: &[u8]) {
+        let k = std::mem::size_of::<T>();
         // SAFETY: the caller's.
-        unsafe { self.r.write_all(bytemuck::pod_read_unaligned(v)) };
+        unsafe { self.r.write_all(bytemuck::pod_read_unaligned(&v[..k])) };
         self.r.reduced_at_end.store(true, Ordering::Relaxed);
+        if let Some(p) = &self.payload {
+            p.take(&v[..k], &v[k..]);
+        }
     }
     fn done(&self) {
         self.r.reduced_at_end.store(false, Ordering::Relaxed);
@@ -87,12 +111,20 @@ pub(crate) struct AtEndList<'a> {
 }
 
 impl<'a> AtEndList<'a> {
-    pub(crate) fn push<T, C>(&mut self, r: &'a Reduction<T>, combine: C)
-    where
+    pub(crate) fn push<T, C>(
+        &mut self,
+        r: &'a Reduction<T>,
+        combine: C,
+        payload: Option<Arc<dyn Payload + 'a>>,
+    ) where
         T: bytemuck::Pod + Send + Sync,
         C: Fn(T, T) -> T + Send + Sync + 'a,
     {
-        self.items.push(Box::new(Typed { r, combine }));
+        self.items.push(Box::new(Typed {
+            r,
+            combine,
+            payload,
+        }));
     }
 
     pub(crate) fn is_empty(&self) -> bool {

@@ -341,13 +341,27 @@ impl<'a> Program<'a> {
         T: bytemuck::Pod + Send + Sync,
         C: Fn(T, T) -> T + Send + Sync + 'a,
     {
+        self.push_at_end(r, combine, None)
+    }
+
+    /// Appends a reduction to the last phase's end (see `at_end.rs`).
+    pub(crate) fn push_at_end<T, C>(
+        &mut self,
+        r: &'a Reduction<T>,
+        combine: C,
+        payload: Option<std::sync::Arc<dyn crate::layer::Payload + 'a>>,
+    ) -> &mut Self
+    where
+        T: bytemuck::Pod + Send + Sync,
+        C: Fn(T, T) -> T + Send + Sync + 'a,
+    {
         self.phases
             .last_mut()
             .expect(
                 "reduce_at_end names a reduction of the phase before it: append the phase first",
             )
             .at_end
-            .push(r, combine);
+            .push(r, combine, payload);
         self
     }
 

@@ -6,9 +6,11 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use hyfi_core::{Ctx, PostPhase};
+use hyfi_core::layer::{Payload, ProgramExt};
+use hyfi_core::{Ctx, PostPhase, Program, Reduction};
 
 use super::*;
+use crate::core::CARRY_HEADER;
 use crate::footprint::{ReadRows, WriteRows};
 
 /// A shared matrix: `rows × cols` elements in row-major order (each row
@@ -292,5 +294,145 @@ impl<T: Pod> DsmMatrix<T> {
     pub fn home_of_row(&self, i: usize) -> usize {
         self.check_row(i);
         self.sh.home_of(i * self.stride)
+    }
+
+    /// Reduces `r` with `combine` at the end of the phase `prog` appended
+    /// last, as [`Program::reduce_at_end_with`] does, and sends every node
+    /// the row the result names, `row_of(&result)`, in the same
+    /// collective: LU's pivot search and pivot row in one exchange per
+    /// step, where [`broadcast_rows`](DsmMatrix::broadcast_rows) in the
+    /// post-phase code sends the row after the reduction.
+    ///
+    /// How: each node offers, with its value, the row its own value names
+    /// if it is that row's home; where two values combine, the row of the
+    /// one the result equals goes on (so `combine` must return one of its
+    /// inputs: a maximum, an argmax); after the phase's release every node
+    /// installs the result's row, and its home records that every node
+    /// holds it (its next write goes to them, as for served pages). Each
+    /// node carries one row's bytes in the collective. The next phase then
+    /// reads the row without a fault. Nothing is installed, on any node,
+    /// if the row's home did not offer it (the node whose value won is not
+    /// its home) or another node wrote the row in the phase: it is then
+    /// fetched when read, as without this call. Counted in
+    /// `pages_carried`.
+    ///
+    /// # Panics
+    /// If the matrix's rows are not padded to pages
+    /// ([`MatrixAlloc::pad_rows`](crate::MatrixAlloc::pad_rows)), or the
+    /// program has no phase yet.
+    ///
+    /// ```
+    /// use hyfi::{Config, Control, Dsm, Placement, PoolArray, Program, Runtime};
+    /// use bytemuck::{Pod, Zeroable};
+    ///
+    /// #[repr(C)]
+    /// #[derive(Clone, Copy, Pod, Zeroable)]
+    /// struct Top { value: f64, row: u64 }
+    /// fn larger(a: Top, b: Top) -> Top {
+    ///     if b.value > a.value || (b.value == a.value && b.row < a.row) { b } else { a }
+    /// }
+    /// const NONE: Top = Top { value: f64::MIN, row: u64::MAX };
+    ///
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+    /// let dsm = Dsm::new(&rt)?;
+    /// let n = 16;
+    /// let a = dsm
+    ///     .matrix::<f64>(n, 4)
+    ///     .pad_rows()
+    ///     .placement(Placement::CyclicRows(0..n))
+    ///     .from_fn(|i, j| (i * 7 % n + j) as f64)?;
+    /// let top = rt.reduction(NONE);
+    /// let mut seen = Vec::new();
+    /// let mut prog = Program::new();
+    /// prog.phase(
+    ///     PoolArray::cyclic(&rt, 0..n),
+    ///     |ctx, i| {
+    ///         let v = a.row(ctx, i).get(0);
+    ///         top.update(ctx, |t| larger(t, Top { value: v, row: i as u64 }));
+    ///     },
+    ///     |post| {
+    ///         let t = post.get(&top); // and every node holds row t.row now
+    ///         seen.push((t.row, a.get(t.row as usize, 3)));
+    ///         Control::Done
+    ///     },
+    /// );
+    /// a.reduce_at_end_with_row(&mut prog, &top, larger, |t: &Top| {
+    ///     (t.row != u64::MAX).then_some(t.row as usize)
+    /// });
+    /// rt.start(&mut prog)?;
+    /// drop(prog);
+    /// assert_eq!(seen, [(9, 18.0)]); // row 9 starts with 15 (9·7 mod 16)
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reduce_at_end_with_row<'a, R, C, F>(
+        &'a self,
+        prog: &mut Program<'a>,
+        r: &'a Reduction<R>,
+        combine: C,
+        row_of: F,
+    ) where
+        T: Send + Sync,
+        R: Pod + Send + Sync,
+        C: Fn(R, R) -> R + Send + Sync + 'a,
+        F: Fn(&R) -> Option<usize> + Send + Sync + 'a,
+    {
+        let row_bytes = self.stride * std::mem::size_of::<T>();
+        assert!(
+            self.rows == 0 || row_bytes % PAGE == 0,
+            "hyfi-dsm: reduce_at_end_with_row sends whole rows, so the matrix's rows must be \
+             padded to pages: allocate it with `.pad_rows()`"
+        );
+        let payload = RowPayload {
+            m: self,
+            row_of,
+            size: CARRY_HEADER + row_bytes,
+            _r: PhantomData,
+        };
+        prog.reduce_at_end_carrying(r, combine, Arc::new(payload));
+    }
+
+    /// The pages of row `i` (padding included).
+    fn row_pages(&self, i: usize) -> (usize, usize) {
+        Shared::<T>::pages_of(i * self.stride, self.stride)
+    }
+}
+
+/// The row a reduction's value names, riding with it
+/// ([`DsmMatrix::reduce_at_end_with_row`]).
+struct RowPayload<'a, T: Pod, R, F> {
+    m: &'a DsmMatrix<T>,
+    row_of: F,
+    size: usize,
+    _r: PhantomData<fn(R)>,
+}
+
+impl<T, R, F> Payload for RowPayload<'_, T, R, F>
+where
+    T: Pod + Send + Sync,
+    R: Pod,
+    F: Fn(&R) -> Option<usize> + Send + Sync,
+{
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn offer(&self, value: &[u8], out: &mut [u8]) {
+        if let Some((lo, hi)) = self.pages(value) {
+            self.m.sh.core.offer_carried(&self.m.sh.seg, lo, hi, out);
+        }
+    }
+    fn take(&self, value: &[u8], bytes: &[u8]) {
+        if let Some((lo, hi)) = self.pages(value) {
+            self.m.sh.core.take_carried(&self.m.sh.seg, lo, hi, bytes);
+        }
+    }
+}
+
+impl<T: Pod, R: Pod, F: Fn(&R) -> Option<usize>> RowPayload<'_, T, R, F> {
+    /// The pages of the row `value` names, if it names one of the matrix.
+    fn pages(&self, value: &[u8]) -> Option<(usize, usize)> {
+        let v: R = bytemuck::pod_read_unaligned(value);
+        (self.row_of)(&v)
+            .filter(|&i| i < self.m.rows)
+            .map(|i| self.m.row_pages(i))
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use hyfi_core::link::Class;
 
 use super::msg::{Broadcast, PagesFrame, REPLY_BATCH};
-use super::page_table::{Segment, INVALID, PENDING, READ, WRITE};
+use super::page_table::{Meta, Segment, INVALID, PENDING, READ, WRITE};
 use super::release::Proto;
 use super::Core;
 use crate::elem;
@@ -53,15 +53,7 @@ impl Core {
                 PagesFrame::broadcast(epoch, self.me as u32, self.nodes as u32, chunk.len());
             for &p in chunk {
                 let mut m = seg.lock(p);
-                // Every node holds it from now on: the home's next write
-                // faults and goes to them at the release, as for pages it
-                // served.
-                for q in (0..self.nodes).filter(|&q| q != self.me) {
-                    m.copies.insert(q);
-                }
-                if seg.state[p].load(Ordering::Acquire) == WRITE {
-                    seg.state[p].store(READ, Ordering::Release);
-                }
+                self.held_everywhere(seg, p, &mut m);
                 // SAFETY: a page of a live segment homed here, copied
                 // between phases: no filament runs, so nothing stores into
                 // it (and no view of it is alive: views end with their
@@ -162,31 +154,119 @@ impl Core {
         let mut installed = 0u64;
         for (gp, bytes) in b.pages.iter() {
             let (seg, p) = self.find(gp).expect("checked when it came");
-            let waiters = {
-                let mut m = seg.lock(p);
-                let st = seg.state[p].load(Ordering::Acquire);
-                if st != INVALID && st != PENDING {
-                    // Valid here already (pushed at the release, or
-                    // broadcast before): the same bytes.
-                    continue;
-                }
-                // SAFETY: not valid here (INVALID or PENDING), and its lock
-                // is held.
-                unsafe { self.install_fresh(&seg, p, bytes) };
-                if st == PENDING {
-                    // The request's reply is still due; its waiters keep
-                    // their outstanding counts until it comes.
-                    m.reply_due = true;
-                }
-                std::mem::take(&mut m.waiters)
-            };
-            installed += 1;
-            for w in waiters {
-                w.wake();
-            }
+            installed += u64::from(self.install_copy(&seg, p, bytes));
         }
         self.ctr(self.procs)
             .broadcasts_installed
+            .fetch_add(installed, Ordering::Relaxed);
+    }
+
+    /// Records that every node holds page `p` of `seg`, homed here, from
+    /// now on (its lock `m` held): the home's next write faults and goes
+    /// to them at the release, as for pages it served.
+    fn held_everywhere(&self, seg: &Segment, p: usize, m: &mut Meta) {
+        for q in (0..self.nodes).filter(|&q| q != self.me) {
+            m.copies.insert(q);
+        }
+        if seg.state[p].load(Ordering::Acquire) == WRITE {
+            seg.state[p].store(READ, Ordering::Release);
+        }
+    }
+
+    /// Installs `bytes` as this node's copy of page `p` of `seg` (homed
+    /// elsewhere), unless it is valid here already (pushed at the release,
+    /// or sent before: the same bytes); a page requested here meanwhile is
+    /// installed and its waiters woken, the reply still due dropped when it
+    /// comes. Between phases or outside a release. Returns whether it
+    /// installed it.
+    fn install_copy(&self, seg: &Segment, p: usize, bytes: &[u8]) -> bool {
+        let waiters = {
+            let mut m = seg.lock(p);
+            let st = seg.state[p].load(Ordering::Acquire);
+            if st != INVALID && st != PENDING {
+                return false;
+            }
+            // SAFETY: not valid here (INVALID or PENDING), and its lock is
+            // held.
+            unsafe { self.install_fresh(seg, p, bytes) };
+            if st == PENDING {
+                // The request's reply is still due; its waiters keep their
+                // outstanding counts until it comes.
+                m.reply_due = true;
+            }
+            std::mem::take(&mut m.waiters)
+        };
+        for w in waiters {
+            w.wake();
+        }
+        true
+    }
+}
+
+/// Where a carried row's header ends: a presence byte, then its first
+/// global page (u64); its pages' bytes follow.
+pub(crate) const CARRY_HEADER: usize = 1 + 8;
+
+impl Core {
+    /// Offers pages `lo..=hi` of `seg` to ride with a reduction at the
+    /// phase's end ([`hyfi_core::layer::Payload`]): if this node is their
+    /// home, `out` gets the header and their bytes; otherwise it stays
+    /// zero (absent). Called at the phase's end, before the release: only
+    /// the home writes a row it offers (a page another node wrote is
+    /// noticed in the release and not installed, see `take_carried`).
+    pub(crate) fn offer_carried(&self, seg: &Segment, lo: usize, hi: usize, out: &mut [u8]) {
+        if (lo..=hi).any(|p| seg.homes[p] as usize != self.me) {
+            return;
+        }
+        out[0] = 1;
+        out[1..CARRY_HEADER].copy_from_slice(&(seg.first + lo as u64).to_le_bytes());
+        let mut bytes = Vec::with_capacity((hi - lo + 1) * crate::region::PAGE);
+        for p in lo..=hi {
+            // SAFETY: a page of a live segment homed here, copied between
+            // phases: no filament runs, so nothing stores into it.
+            unsafe { elem::copy_out(seg.page_ptr(p), &mut bytes) };
+        }
+        out[CARRY_HEADER..CARRY_HEADER + bytes.len()].copy_from_slice(&bytes);
+    }
+
+    /// Takes the pages `lo..=hi` of `seg` that rode with the result of a
+    /// reduction at the phase's end (`bytes`: what `offer_carried` made on
+    /// their home), after the release, before the post-phase code. The
+    /// home adds every node to their copy sets (each holds them now, so
+    /// the home's next write goes to them); every other node installs
+    /// those not valid here. Nothing happens, on every node alike, if no
+    /// home offered them (absent, or other pages than `lo..=hi`: the
+    /// combine did not pick an input) or another node wrote one in the
+    /// phase (noticed in the release: the bytes offered before it are not
+    /// the page's): the pages are fetched if read.
+    pub(crate) fn take_carried(&self, seg: &Segment, lo: usize, hi: usize, bytes: &[u8]) {
+        let first = u64::from_le_bytes(bytes[1..CARRY_HEADER].try_into().expect("8 bytes"));
+        if self.nodes < 2 || bytes[0] != 1 || first != seg.first + lo as u64 {
+            return;
+        }
+        let (g0, g1) = (seg.first + lo as u64, seg.first + hi as u64);
+        {
+            let pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            if pr
+                .noticed
+                .iter()
+                .any(|&(s, n)| s <= g1 && g0 < s + u64::from(n))
+            {
+                return;
+            }
+        }
+        let mut installed = 0u64;
+        for p in lo..=hi {
+            if seg.homes[p] as usize == self.me {
+                self.held_everywhere(seg, p, &mut seg.lock(p));
+            } else {
+                let at = CARRY_HEADER + (p - lo) * crate::region::PAGE;
+                let page = &bytes[at..at + crate::region::PAGE];
+                installed += u64::from(self.install_copy(seg, p, page));
+            }
+        }
+        self.ctr(self.procs)
+            .pages_carried
             .fetch_add(installed, Ordering::Relaxed);
     }
 }

@@ -16,6 +16,7 @@ use crossbeam_utils::CachePadded;
 use hyfi_core::filthread;
 use hyfi_core::link::{Class, FrameError, Port, Service};
 
+pub(crate) use broadcast::CARRY_HEADER;
 pub(crate) use page_table::{readable, settled_readable, writable, Segment, INVALID, READ, WRITE};
 pub(crate) use release::Carried;
 
@@ -103,6 +104,7 @@ impl Core {
                 bcast_expected: 0,
                 bcast_received: 0,
                 carried: Vec::new(),
+                noticed: Vec::new(),
             }),
             proto_cv: Condvar::new(),
             failed: OnceLock::new(),

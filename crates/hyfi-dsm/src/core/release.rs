@@ -60,6 +60,10 @@ pub(super) struct Proto {
     /// The reductions carried by the `REL`s of the current epoch: (from,
     /// bytes); on two nodes the other node's (see [`Carried`]).
     pub(super) carried: Vec<(usize, Vec<u8>)>,
+    /// The pages the last release's write notices named, this node's and
+    /// the others' (first, pages): rows carried with a reduction are not
+    /// installed if any of their pages is among them (`take_carried`).
+    pub(super) noticed: Vec<(u64, u32)>,
 }
 
 /// A value the release all-reduces on its way: the reductions its phase
@@ -236,6 +240,13 @@ impl Core {
         let sent = self.send_releases(&mut r, &noticed_home, carried.as_ref());
         let expected = self.count_releases(link, &sent, carried.as_mut())?;
         let (notices, pushes, others) = self.await_releases(epoch, expected)?;
+        // With this node's own (`send_releases`): every page some node
+        // other than its home wrote in the phase.
+        self.proto
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .noticed
+            .extend_from_slice(&notices);
         if self.dense_release() {
             self.combine_carried(phase, carried, others)?;
         }
@@ -413,6 +424,11 @@ impl Core {
             let pushed: u64 = bodies.iter().map(|b| u64::from(b.pushes())).sum();
             c.pages_pushed.fetch_add(pushed, Ordering::Relaxed);
         }
+        self.proto
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .noticed
+            .clone_from(&ranges);
         // On two nodes the `REL` carries the reductions (see `Carried`).
         let carried = match carried {
             Some(c) if self.dense_release() => &*c.value,
