@@ -416,6 +416,9 @@ fn main() {
     if let Some(d) = &par.dsm {
         print!("{d}");
     }
+    if let Some(t) = rt.traffic() {
+        println!("traffic of node {}: {t}", rt.node());
+    }
     if let Err(what) = par.check_same(&seq) {
         eprintln!("lu: MISMATCH between hyfi and sequential: {what}");
         std::process::exit(1);
