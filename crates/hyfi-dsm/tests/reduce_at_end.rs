@@ -1,4 +1,5 @@
-//! Reductions a phase reduces at its end (`Program::reduce_at_end`) give
+//! Reductions a phase reduces at its end (`Program::reduce_at_end`, and
+//! `reduce_exact_at_end` for an exact sum) give
 //! the bits post-phase code's `reduce` gives, on every node count, with and
 //! without the DSM's release carrying them (on two nodes in the `REL`s, on
 //! more in the all-reduce of the counts; without a DSM in the all-reduce
@@ -53,9 +54,10 @@ fn value(i: usize, sweep: u64) -> f64 {
     }
 }
 
-/// Per sweep: the sum (its bits), the argmax, and what `reduce` returned
-/// after it (the same, if the phase's end reduced them).
-type Sweep = (u64, Best, u64);
+/// Per sweep: the sum (its bits), the argmax, what `reduce` returned
+/// after it (the same, if the phase's end reduced them), and the exact
+/// sum (its bits).
+type Sweep = (u64, Best, u64, u64);
 
 /// One node: a phase over `N` filaments in 3 pools per processor, run
 /// `SWEEPS` times, that folds `value` into a sum and an argmax and (with a
@@ -84,6 +86,7 @@ fn node(link: Arc<InProcess>, dsm: bool, at_end: bool) -> Result<Vec<Sweep>, Str
     };
     let sum = rt.reduction(0.0f64);
     let best = rt.reduction(NONE);
+    let exact = rt.exact_sum();
     let out = Mutex::new(Vec::new());
     let mut prog = Program::new();
     prog.phase(
@@ -91,6 +94,7 @@ fn node(link: Arc<InProcess>, dsm: bool, at_end: bool) -> Result<Vec<Sweep>, Str
         |ctx, i| {
             let x = value(i, ctx.iteration());
             sum.update(ctx, |s| s + x);
+            exact.fold(ctx, x);
             best.update(ctx, |b| {
                 better(
                     b,
@@ -120,8 +124,12 @@ fn node(link: Arc<InProcess>, dsm: bool, at_end: bool) -> Result<Vec<Sweep>, Str
             } else {
                 s
             };
-            out.lock().unwrap().push((s.to_bits(), b, again.to_bits()));
+            let e = post.reduce_exact(&exact);
+            out.lock()
+                .unwrap()
+                .push((s.to_bits(), b, again.to_bits(), e.to_bits()));
             post.set(&sum, 0.0);
+            post.set_exact(&exact, 0.0);
             post.set(&best, NONE);
             if post.iteration() + 1 == SWEEPS {
                 Control::Done
@@ -132,7 +140,8 @@ fn node(link: Arc<InProcess>, dsm: bool, at_end: bool) -> Result<Vec<Sweep>, Str
     );
     if at_end {
         prog.reduce_at_end(&sum, Op::Sum)
-            .reduce_at_end_with(&best, better);
+            .reduce_at_end_with(&best, better)
+            .reduce_exact_at_end(&exact);
     }
     rt.start(&mut prog).map_err(|e| e.to_string())?;
     drop(prog);
@@ -165,7 +174,12 @@ fn same_bits(nodes: usize, dsm: bool) {
     for (me, (f, p)) in folded.iter().zip(&posted).enumerate() {
         assert_eq!(f.len(), SWEEPS as usize);
         assert_eq!(f, p, "node {me} of {nodes}, dsm {dsm}");
-        for (k, (s, b, again)) in f.iter().enumerate() {
+        for (k, (s, b, again, e)) in f.iter().enumerate() {
+            // The exact sum against a sequential one (correctly rounded:
+            // the same bits in any order).
+            let mut acc = hyfi_core::ExactAccumulator::default();
+            (0..N).for_each(|i| acc.add(value(i, k as u64)));
+            assert_eq!(*e, acc.value().to_bits(), "node {me} of {nodes}, sweep {k}");
             assert_eq!(s, again, "node {me} of {nodes}: reduce after the end");
             // The argmax against a sequential scan (a sum's bits depend on
             // the order, so it is checked against `reduce` above).

@@ -44,6 +44,7 @@
 use std::sync::Mutex;
 
 use crate::error::Error;
+use crate::exact::{ExactAccumulator, ExactSum};
 use crate::pool::{Index, PoolArray, Span};
 use crate::reduce::{Arith, Op, Reduction};
 use crate::sched::Ctx;
@@ -342,6 +343,41 @@ impl<'a> Program<'a> {
         C: Fn(T, T) -> T + Send + Sync + 'a,
     {
         self.push_at_end(r, combine, None)
+    }
+
+    /// Like [`Program::reduce_at_end`] for an [`ExactSum`]: post-phase
+    /// code reads the correctly rounded total with
+    /// [`PostPhase::reduce_exact`], which then returns it without
+    /// communicating.
+    ///
+    /// ```
+    /// use hyfi::{Config, Control, PoolArray, Program, Runtime};
+    ///
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+    /// let s = rt.exact_sum();
+    /// let mut total = 0.0;
+    /// let mut prog = Program::new();
+    /// prog.phase(
+    ///     PoolArray::block(&rt, 0..3, 1),
+    ///     |ctx, i| s.fold(ctx, [1e100, 1.0, -1e100][i]),
+    ///     |post| {
+    ///         total = post.reduce_exact(&s);
+    ///         Control::Done
+    ///     },
+    /// )
+    /// .reduce_exact_at_end(&s);
+    /// rt.start(&mut prog).unwrap();
+    /// drop(prog);
+    /// assert_eq!(total, 1.0);
+    /// ```
+    ///
+    /// # Panics
+    /// If the program has no phase yet.
+    pub fn reduce_exact_at_end(&mut self, s: &'a ExactSum) -> &mut Self {
+        self.reduce_at_end_with(s.reduction(), |mut a: ExactAccumulator, b| {
+            a.merge(&b);
+            a
+        })
     }
 
     /// Appends a reduction to the last phase's end (see `at_end.rs`).
