@@ -7,37 +7,16 @@
 //! is not installed from the home's early bytes but fetched, still right.
 
 mod common;
-use common::on_nodes_ok;
+use common::{larger, on_nodes_ok, Top, NO_TOP};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
-use bytemuck::{Pod, Zeroable};
 use hyfi_core::link::InProcess;
 use hyfi_core::{Control, PoolArray, Program};
 use hyfi_dsm::{DsmCounters, Placement};
 
 const COLS: usize = 8;
 const STEPS: u64 = 12;
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
-struct Pick {
-    value: f64,
-    row: u64,
-}
-
-const NONE: Pick = Pick {
-    value: f64::MIN,
-    row: u64::MAX,
-};
-
-fn larger(a: Pick, b: Pick) -> Pick {
-    if b.value > a.value || (b.value == a.value && b.row < a.row) {
-        b
-    } else {
-        a
-    }
-}
 
 /// Row `i`'s update in a step whose pivot row's entries are `pivot`:
 /// every entry but the last moves by a multiple of the pivot row's, and
@@ -65,15 +44,15 @@ fn sequential(n: usize, foreign: bool) -> (Vec<usize>, Vec<Option<usize>>, Vec<f
     for _ in 0..STEPS {
         let piv = *picks.last().unwrap();
         let pivot = a[piv * COLS..(piv + 1) * COLS].to_vec();
-        let mut best = NONE;
+        let mut best = NO_TOP;
         let mut wrote = vec![None; n];
         for i in (0..n).filter(|&i| i != piv) {
             let v = update(i, &mut a[i * COLS..(i + 1) * COLS], &pivot);
             best = larger(
                 best,
-                Pick {
+                Top {
                     value: v,
-                    row: i as u64,
+                    index: i as u64,
                 },
             );
             let t = (i + 1) % n;
@@ -82,8 +61,8 @@ fn sequential(n: usize, foreign: bool) -> (Vec<usize>, Vec<Option<usize>>, Vec<f
                 wrote[t] = Some(i);
             }
         }
-        picks.push(best.row as usize);
-        writers.push(wrote[best.row as usize]);
+        picks.push(best.index as usize);
+        writers.push(wrote[best.index as usize]);
     }
     // The last step's update runs too (its post-phase ends the program).
     let piv = *picks.last().unwrap();
@@ -113,7 +92,7 @@ fn node(link: Arc<InProcess>, foreign: bool) -> Result<NodeOut, String> {
         .placement(Placement::CyclicRows(0..n))
         .from_fn(initial)
         .map_err(|e| e.to_string())?;
-    let pick = rt.reduction(NONE);
+    let pick = rt.reduction(NO_TOP);
     let piv = AtomicUsize::new(0);
     let mut picks = vec![0usize];
     let mut prog = Program::new();
@@ -139,9 +118,9 @@ fn node(link: Arc<InProcess>, foreign: bool) -> Result<NodeOut, String> {
             pick.update(ctx, |b| {
                 larger(
                     b,
-                    Pick {
+                    Top {
                         value: v,
-                        row: i as u64,
+                        index: i as u64,
                     },
                 )
             });
@@ -156,14 +135,14 @@ fn node(link: Arc<InProcess>, foreign: bool) -> Result<NodeOut, String> {
                 return Control::Done;
             }
             let p = post.get(&pick);
-            post.set(&pick, NONE);
-            piv.store(p.row as usize, Relaxed);
-            picks.push(p.row as usize);
+            post.set(&pick, NO_TOP);
+            piv.store(p.index as usize, Relaxed);
+            picks.push(p.index as usize);
             Control::Continue
         },
     );
-    a.reduce_at_end_with_row(&mut prog, &pick, larger, |p: &Pick| {
-        (p.row != u64::MAX).then_some(p.row as usize)
+    a.reduce_at_end_with_row(&mut prog, &pick, larger, |p: &Top| {
+        (p.index != u64::MAX).then_some(p.index as usize)
     });
     rt.start(&mut prog).map_err(|e| e.to_string())?;
     drop(prog);

@@ -8,11 +8,10 @@
 //! error that says so, not a hang or a wrong answer.
 
 mod common;
-use common::on_nodes;
+use common::{larger, on_nodes, Top, NO_TOP};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use bytemuck::{Pod, Zeroable};
 use hyfi_core::layer::RuntimeExt;
 use hyfi_core::link::InProcess;
 use hyfi_core::{Config, Control, NodeLink, Op, PoolArray, Program, Runtime};
@@ -20,27 +19,6 @@ use hyfi_dsm::{Dsm, Placement};
 
 const N: usize = 2000;
 const SWEEPS: u64 = 3;
-
-/// A candidate of an argmax: a user type with its own combine.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
-struct Best {
-    value: f64,
-    index: u64,
-}
-
-const NONE: Best = Best {
-    value: f64::MIN,
-    index: u64::MAX,
-};
-
-fn better(a: Best, b: Best) -> Best {
-    if b.value > a.value || (b.value == a.value && b.index < a.index) {
-        b
-    } else {
-        a
-    }
-}
 
 /// A value whose sum depends on the order it is added in (large and small
 /// magnitudes mixed), so a combining order other than `reduce`'s shows.
@@ -57,7 +35,7 @@ fn value(i: usize, sweep: u64) -> f64 {
 /// Per sweep: the sum (its bits), the argmax, what `reduce` returned
 /// after it (the same, if the phase's end reduced them), and the exact
 /// sum (its bits).
-type Sweep = (u64, Best, u64, u64);
+type Sweep = (u64, Top, u64, u64);
 
 /// One node: a phase over `N` filaments in 3 pools per processor, run
 /// `SWEEPS` times, that folds `value` into a sum and an argmax and (with a
@@ -85,7 +63,7 @@ fn node(link: Arc<InProcess>, dsm: bool, at_end: bool) -> Result<Vec<Sweep>, Str
         None => None,
     };
     let sum = rt.reduction(0.0f64);
-    let best = rt.reduction(NONE);
+    let best = rt.reduction(NO_TOP);
     let exact = rt.exact_sum();
     let out = Mutex::new(Vec::new());
     let mut prog = Program::new();
@@ -96,9 +74,9 @@ fn node(link: Arc<InProcess>, dsm: bool, at_end: bool) -> Result<Vec<Sweep>, Str
             sum.update(ctx, |s| s + x);
             exact.fold(ctx, x);
             best.update(ctx, |b| {
-                better(
+                larger(
                     b,
-                    Best {
+                    Top {
                         value: x,
                         index: i as u64,
                     },
@@ -115,7 +93,7 @@ fn node(link: Arc<InProcess>, dsm: bool, at_end: bool) -> Result<Vec<Sweep>, Str
             let (s, b) = if at_end {
                 (post.get(&sum), post.get(&best))
             } else {
-                (post.reduce(&sum, Op::Sum), post.reduce_with(&best, better))
+                (post.reduce(&sum, Op::Sum), post.reduce_with(&best, larger))
             };
             // Reducing again after the phase's end did: the same value,
             // not the sum of every copy of the result.
@@ -130,7 +108,7 @@ fn node(link: Arc<InProcess>, dsm: bool, at_end: bool) -> Result<Vec<Sweep>, Str
                 .push((s.to_bits(), b, again.to_bits(), e.to_bits()));
             post.set(&sum, 0.0);
             post.set_exact(&exact, 0.0);
-            post.set(&best, NONE);
+            post.set(&best, NO_TOP);
             if post.iteration() + 1 == SWEEPS {
                 Control::Done
             } else {
@@ -140,7 +118,7 @@ fn node(link: Arc<InProcess>, dsm: bool, at_end: bool) -> Result<Vec<Sweep>, Str
     );
     if at_end {
         prog.reduce_at_end(&sum, Op::Sum)
-            .reduce_at_end_with(&best, better)
+            .reduce_at_end_with(&best, larger)
             .reduce_exact_at_end(&exact);
     }
     rt.start(&mut prog).map_err(|e| e.to_string())?;
@@ -183,10 +161,10 @@ fn same_bits(nodes: usize, dsm: bool) {
             assert_eq!(s, again, "node {me} of {nodes}: reduce after the end");
             // The argmax against a sequential scan (a sum's bits depend on
             // the order, so it is checked against `reduce` above).
-            let seq = (0..N).fold(NONE, |acc, i| {
-                better(
+            let seq = (0..N).fold(NO_TOP, |acc, i| {
+                larger(
                     acc,
-                    Best {
+                    Top {
                         value: value(i, k as u64),
                         index: i as u64,
                     },

@@ -54,3 +54,28 @@ pub fn on_nodes_ok<R: Send + 'static>(
         .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
         .collect()
 }
+
+/// An argmax candidate, a user type with a combine of its own for
+/// reductions: a value and the index it came from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Top {
+    pub value: f64,
+    pub index: u64,
+}
+
+/// No candidate yet (every candidate is larger).
+pub const NO_TOP: Top = Top {
+    value: f64::MIN,
+    index: u64::MAX,
+};
+
+/// The larger value, the lower index on a tie: always one of its inputs
+/// (what a reduction that carries its winner's row needs).
+pub fn larger(a: Top, b: Top) -> Top {
+    if b.value > a.value || (b.value == a.value && b.index < a.index) {
+        b
+    } else {
+        a
+    }
+}
