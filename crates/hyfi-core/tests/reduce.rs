@@ -359,3 +359,47 @@ fn a_local_with_combine_that_waits_is_refused() {
         "the message names local_with: {e}"
     );
 }
+
+/// A combine function that panics while a phase's end reduces with it
+/// (`Program::reduce_at_end_with`): the program ends with the panic as
+/// its error, as one in post-phase code would, and the runtime runs the
+/// next program.
+#[test]
+fn a_combine_that_panics_at_a_phase_end_ends_the_program_with_its_message() {
+    let rt = Runtime::new(Config::new().procs(PROCS).pin(false)).expect("runtime");
+    let top = rt.reduction(0u64);
+    let mut prog = Program::new();
+    prog.phase(
+        PoolArray::block(&rt, 0..64, 2),
+        |ctx, i| top.update(ctx, |t| t.max(i as u64)),
+        |_| Control::Done,
+    )
+    .reduce_at_end_with(&top, |a: u64, b: u64| {
+        assert!(a < 60 && b < 60, "no value may reach 60");
+        a.max(b)
+    });
+    let e = rt.start(&mut prog).expect_err("the combine panicked");
+    drop(prog);
+    assert!(
+        matches!(e, Error::FilamentPanic { .. })
+            && e.to_string().contains("no value may reach 60")
+            && e.to_string().contains("reductions at its end"),
+        "{e}"
+    );
+    // The runtime is still usable, and the reduction reduces as before.
+    let mut got = 0;
+    let mut again = Program::new();
+    again
+        .phase(
+            PoolArray::block(&rt, 0..32, 2),
+            |ctx, i| top.update(ctx, |t| t.max(i as u64)),
+            |post| {
+                got = post.get(&top);
+                Control::Done
+            },
+        )
+        .reduce_at_end(&top, Op::Max);
+    rt.start(&mut again).expect("a second program");
+    drop(again);
+    assert!(got >= 31, "{got}");
+}

@@ -120,13 +120,24 @@ fn post_phase(
         return DONE;
     }
     let t = trace::on().then(trace::now);
-    let ended = node_step(ctx, cur, phase);
+    // The reductions at the phase's end run the program's combine
+    // functions (and a layer's payload): a panic there is the program's,
+    // reported as post-phase code's would be.
+    let ended = catch_unwind(AssertUnwindSafe(|| node_step(ctx, cur, phase)));
     if let Some(t) = t {
         trace::span(Kind::Release, t, [cur as u64, 0, 0, 0]);
     }
-    if let Err(e) = ended {
-        run.fail(crate::Error::Link(e));
-        return DONE;
+    match ended {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            run.fail(crate::Error::Link(e));
+            return DONE;
+        }
+        Err(p) => {
+            phase.at_end.done();
+            run.fail_panic(ctx.proc, format!("phase {cur}'s reductions at its end"), p);
+            return DONE;
+        }
     }
     let iteration = run.iterations[cur].fetch_add(1, Ordering::Relaxed);
     // Post-phase code is an access epoch of its own: it may write what
