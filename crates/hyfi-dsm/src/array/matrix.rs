@@ -385,7 +385,6 @@ impl<T: Pod> DsmMatrix<T> {
         let payload = RowPayload {
             m: self,
             row_of,
-            size: CARRY_HEADER + row_bytes,
             _r: PhantomData,
         };
         prog.reduce_at_end_carrying(r, combine, Arc::new(payload));
@@ -402,7 +401,6 @@ impl<T: Pod> DsmMatrix<T> {
 struct RowPayload<'a, T: Pod, R, F> {
     m: &'a DsmMatrix<T>,
     row_of: F,
-    size: usize,
     _r: PhantomData<fn(R)>,
 }
 
@@ -413,7 +411,7 @@ where
     F: Fn(&R) -> Option<usize> + Send + Sync,
 {
     fn size(&self) -> usize {
-        self.size
+        CARRY_HEADER + self.m.stride * std::mem::size_of::<T>()
     }
     fn offer(&self, value: &[u8], out: &mut [u8]) {
         if let Some((lo, hi)) = self.pages(value) {

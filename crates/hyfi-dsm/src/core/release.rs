@@ -237,16 +237,13 @@ impl Core {
         };
         self.decline_unused(&mut r);
         let noticed_home = self.diffs_and_pushes(&mut r);
-        let sent = self.send_releases(&mut r, &noticed_home, carried.as_ref());
+        let (sent, mut noticed) = self.send_releases(&mut r, &noticed_home, carried.as_ref());
         let expected = self.count_releases(link, &sent, carried.as_mut())?;
         let (notices, pushes, others) = self.await_releases(epoch, expected)?;
-        // With this node's own (`send_releases`): every page some node
-        // other than its home wrote in the phase.
-        self.proto
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .noticed
-            .extend_from_slice(&notices);
+        // This node's notices and the others': every page some node other
+        // than its home wrote in the phase.
+        noticed.extend_from_slice(&notices);
+        self.proto.lock().unwrap_or_else(|e| e.into_inner()).noticed = noticed;
         if self.dense_release() {
             self.combine_carried(phase, carried, others)?;
         }
@@ -388,13 +385,14 @@ impl Core {
     /// 2. Notices, and a `REL` to every other node there is something
     ///    for: notices (which go to every node: only a page's home knows
     ///    who holds a copy), or diffs, pushes or declines of its own.
-    ///    Returns the `REL`s sent, one count per node.
+    ///    Returns the `REL`s sent, one count per node, and this node's
+    ///    notices.
     fn send_releases(
         &self,
         r: &mut Round,
         noticed_home: &[u64],
         carried: Option<&Carried<'_>>,
-    ) -> Vec<u32> {
+    ) -> (Vec<u32>, Vec<(u64, u32)>) {
         let Round {
             bodies,
             cache,
@@ -424,11 +422,6 @@ impl Core {
             let pushed: u64 = bodies.iter().map(|b| u64::from(b.pushes())).sum();
             c.pages_pushed.fetch_add(pushed, Ordering::Relaxed);
         }
-        self.proto
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .noticed
-            .clone_from(&ranges);
         // On two nodes the `REL` carries the reductions (see `Carried`).
         let carried = match carried {
             Some(c) if self.dense_release() => &*c.value,
@@ -452,7 +445,7 @@ impl Core {
             );
             sent[q] = 1;
         }
-        sent
+        (sent, ranges)
     }
 
     /// 3a. How many `REL`s of this epoch come to this node: the sum over
@@ -464,7 +457,7 @@ impl Core {
         &self,
         link: &dyn hyfi_core::NodeLink,
         sent: &[u32],
-        carried: Option<&mut Carried<'_>>,
+        mut carried: Option<&mut Carried<'_>>,
     ) -> Result<usize, ReleaseError> {
         if self.dense_release() {
             // Two nodes: each always sends the other its `REL`, and waiting
@@ -474,7 +467,6 @@ impl Core {
         }
         let mut v: Vec<u8> = sent.iter().flat_map(|c| c.to_le_bytes()).collect();
         let counts = v.len();
-        let mut carried = carried;
         if let Some(c) = &carried {
             v.extend_from_slice(c.value);
         }
