@@ -188,10 +188,9 @@ impl Seg {
     }
 
     /// Runs `f` on every filament of the segment, in order, from one call
-    /// site: a 1-D or 2-D segment (dense or column-strided) is one loop
-    /// nest whose column step is a variable, a 3-D one (`I::DIMS` is a
-    /// constant, so only one of the two nests exists per index type) a
-    /// triple nest.
+    /// site: a 1-D or 2-D segment (dense or strided) is one loop nest, a
+    /// 3-D one a triple nest (`I::DIMS` is a constant, so only one nest
+    /// exists per index type).
     ///
     /// One call site is what lets LLVM inline a large filament: with a
     /// dense nest here and the strided ones out of line, a red-black
@@ -200,6 +199,9 @@ impl Seg {
     /// SOR ran ~2.6x its loop. Inlined here into a loop over segments whose
     /// bound values are locals (`Pool::for_each_segment`), the filament's
     /// views and accumulators stay in registers.
+    ///
+    /// Columns (rows of a 1-D segment) run in unit-stride runs
+    /// ([`unit_runs`]), which is what lets a per-point stencil vectorise.
     #[inline(always)]
     pub(super) fn each<I: Index>(&self, mut f: impl FnMut(I)) {
         if I::DIMS == 3 {
@@ -210,15 +212,39 @@ impl Seg {
                     }
                 }
             }
+        } else if I::DIMS == 1 {
+            unit_runs(&self.rows, self.step, |i| f(I::at(i, 0, 0)));
         } else {
-            let (first, end, step) = (self.cols.start, self.cols.end, self.col_step);
             for i in self.rows.clone().step_by(self.step) {
-                let mut j = first;
-                while j < end {
-                    f(I::at(i, j, 0));
-                    j += step;
-                }
+                unit_runs(&self.cols, self.col_step, |j| f(I::at(i, j, 0)));
             }
+        }
+    }
+}
+
+/// Calls `f(x)` for every `x` of `range` stepping by `step`, as
+/// unit-stride runs from one call site: all of `range` in one run when
+/// `step` is 1, else one run per `x`. In the innermost loop `x` then steps
+/// by the constant 1, so LLVM can count the exits of a filament's footprint
+/// checks and vectorise a stencil with no reduction as it does the slice
+/// loop (a 5-point diffusion per point: 1.49x its loop with `x += step`,
+/// 1.03x in runs; BENCHMARKS.md). With a variable step those exits are
+/// uncountable and the loop stays scalar; with two loops, a dense one and a
+/// strided one, the filament would have two call sites and not be inlined
+/// (see [`Seg::each`]).
+#[inline(always)]
+fn unit_runs(range: &Range<usize>, step: usize, mut f: impl FnMut(usize)) {
+    let mut run = range.start;
+    while run < range.end {
+        let run_end = if step == 1 { range.end } else { run + 1 };
+        for x in run..run_end {
+            f(x);
+        }
+        // The next run starts one step after this run's last element (none
+        // past `usize::MAX`, as `step_by` stops there).
+        match (run_end - 1).checked_add(step) {
+            Some(next) => run = next,
+            None => break,
         }
     }
 }
@@ -293,4 +319,57 @@ pub fn block(range: Range<usize>, parts: usize, k: usize) -> Range<usize> {
     let lo = range.start + k * q + k.min(r);
     let hi = lo + q + usize::from(k < r);
     lo..hi
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The filaments `each` visits, in order, against the nested `step_by`
+    /// loops it replaces, for dense, strided and empty segments of every
+    /// dimension, up to the end of `usize`.
+    #[test]
+    fn each_visits_what_the_nested_step_by_loops_visit_in_order() {
+        let ranges = [
+            0..0,
+            3..3,
+            0..1,
+            2..3,
+            0..7,
+            1..10,
+            5..6,
+            usize::MAX - 5..usize::MAX,
+        ];
+        for rows in ranges.clone() {
+            for step in 1..4 {
+                for cols in ranges.clone() {
+                    for col_step in 1..4 {
+                        let seg = Seg::new(rows.clone(), step, cols.clone(), col_step, 0..1);
+                        let mut got2 = Vec::new();
+                        seg.each(|(i, j)| got2.push((i, j)));
+                        let mut want2 = Vec::new();
+                        for i in rows.clone().step_by(step) {
+                            for j in cols.clone().step_by(col_step) {
+                                want2.push((i, j));
+                            }
+                        }
+                        assert_eq!(got2, want2, "2-D {rows:?}/{step} × {cols:?}/{col_step}");
+                        let seg3 = Seg::new(rows.clone(), step, cols.clone(), col_step, 4..6);
+                        let mut got3 = Vec::new();
+                        seg3.each(|(i, j, k)| got3.push((i, j, k)));
+                        let want3: Vec<_> = want2
+                            .iter()
+                            .flat_map(|&(i, j)| (4..6).map(move |k| (i, j, k)))
+                            .collect();
+                        assert_eq!(got3, want3, "3-D {rows:?}/{step} × {cols:?}/{col_step}");
+                    }
+                }
+                let seg1 = Seg::new(rows.clone(), step, 0..1, 1, 0..1);
+                let mut got1 = Vec::new();
+                seg1.each(|i: usize| got1.push(i));
+                let want1: Vec<usize> = rows.clone().step_by(step).collect();
+                assert_eq!(got1, want1, "1-D {rows:?}/{step}");
+            }
+        }
+    }
 }

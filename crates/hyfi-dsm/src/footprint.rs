@@ -18,7 +18,8 @@
 //! can be vectorised and kept in registers; [`ReadRows::row`] is a `&[T]`.
 //! A write view stores plainly when the phase's footprints show that
 //! nothing else touches its rows (the compiler then vectorises a stencil
-//! without a reduction as it does the slice loop; see the [`plain`](crate::plain) module
+//! without a reduction as it does the slice loop, per point through
+//! `set` as per row through `fill`; see the [`plain`](crate::plain) module
 //! for when and why that is sound), and otherwise with relaxed atomics
 //! (the communication thread may copy a home's page out while it is
 //! written), a plain `mov` on x86-64 and AArch64 that no loop holding it
@@ -29,6 +30,16 @@
 //! per-element path, atomic loads in read views (1.6× a plain loop on
 //! Jacobi), and memory protection (≈6 µs per fault, VMA fragmentation; the
 //! design notes in DESIGN.md).
+//!
+//! **Capture by value.** A filament closure that reads a variable it
+//! captured by reference (`|_ctx, i, (old, new)| .. r * old[i] ..` with a
+//! local `r`) reloads it after every store through a write view: the
+//! compiler cannot tell that the view's stores leave `r` alone (the slice
+//! loop's `&mut [T]` tells it), so it keeps the loop scalar. Write the
+//! closure `move |_ctx, i, (old, new)| ..` and the captured values are the
+//! closure's own, kept in registers: a 1-D three-point stencil per element
+//! runs at 1.05x its slice loop so, and at 2.8x without `move`
+//! (BENCHMARKS.md).
 //!
 //! **Why plain reads are sound.** A read view may be taken of an array only
 //! if no filament of this node writes it in the same *access epoch* (a
@@ -653,12 +664,19 @@ impl<'a, T: Pod> WriteRows<'a, T> {
     #[inline(always)]
     pub fn set(&self, i: usize, j: usize, v: T) {
         let p = self.ptr_at(i, j);
-        // SAFETY: inside the footprint, writable here (see `new`); atomic
-        // even in a plain-store view (same thread as its plain stores, so
-        // ordered with them): a per-element branch on the view's mode cost
-        // red-black SOR 8 %, and a filament per point does not vectorise
-        // either way (the footprint checks are side exits).
-        unsafe { elem::store(p, v) }
+        // SAFETY: inside the footprint, writable here (see `new`); plain
+        // only in a plain-store view, whose footprint no other filament or
+        // node touches in the epoch (the `plain` module). The branch is on
+        // a value of the view, the same for all its filaments, so LLVM
+        // moves it out of the segment's loop and a per-point stencil
+        // vectorises in the plain copy (BENCHMARKS.md, diffusion).
+        unsafe {
+            if self.f.plain() {
+                p.write(v)
+            } else {
+                elem::store(p, v)
+            }
+        }
     }
 
     /// Whether this view stores plainly (the compiler vectorises its
@@ -837,9 +855,15 @@ impl<'a, T: Pod> WriteRange<'a, T> {
     #[inline(always)]
     pub fn set(&self, i: usize, v: T) {
         let p = self.ptr_at(i);
-        // SAFETY: inside the footprint, writable here; atomic (see
-        // `WriteRows::set`).
-        unsafe { elem::store(p, v) }
+        // SAFETY: inside the footprint, writable here; plain only in a
+        // plain-store view (see `WriteRows::set`).
+        unsafe {
+            if self.f.plain() {
+                p.write(v)
+            } else {
+                elem::store(p, v)
+            }
+        }
     }
 
     /// Whether this view stores plainly: see [`WriteRows::plain_stores`].
