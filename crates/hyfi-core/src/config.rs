@@ -281,6 +281,23 @@ impl Config {
             None => allowed_cpus(),
         }
     }
+
+    /// Whether this node's CPUs ([`Config::node_cpus`]) are its own: no
+    /// other local node of the job was given them too.
+    pub(crate) fn node_cpus_exclusive(&self) -> bool {
+        match self.cpu_share {
+            Some((_, count)) => share_is_exclusive(&allowed_cpus(), online_cpus(), count),
+            None => true,
+        }
+    }
+}
+
+/// Whether the `count` nodes sharing `cpus` (see [`share_of`]) each get
+/// CPUs of their own: not when there are more nodes than CPUs (they then
+/// share them round-robin). A process its launcher bound keeps that
+/// binding, which is the launcher's to make exclusive.
+pub(crate) fn share_is_exclusive(cpus: &[usize], online: usize, count: usize) -> bool {
+    count <= 1 || cpus.len() < online || count <= cpus.len()
 }
 
 /// Block `index` of `count` contiguous blocks of `cpus` (at least one CPU:
@@ -464,6 +481,18 @@ mod share_tests {
         }
         // More nodes than CPUs: one CPU each, shared round-robin.
         assert_eq!(share_of(&[0, 1], 2, 3, 4), vec![1]);
+    }
+
+    #[test]
+    fn shares_are_exclusive_only_while_every_node_has_a_cpu_of_its_own() {
+        use super::share_is_exclusive;
+        let cpus: Vec<usize> = (0..8).collect();
+        assert!(share_is_exclusive(&cpus, 8, 1));
+        assert!(share_is_exclusive(&cpus, 8, 8));
+        assert!(!share_is_exclusive(&cpus, 8, 9));
+        assert!(!share_is_exclusive(&[0, 1], 2, 4));
+        // Bound by a launcher: its binding, exclusive as far as hyfi knows.
+        assert!(share_is_exclusive(&[4, 5], 8, 16));
     }
 
     #[test]

@@ -93,9 +93,11 @@ pub(crate) use services::registered_name;
 pub use services::{ServiceError, ServiceTable};
 pub use spmd::{StepError, Steps};
 
-/// A transport's progress function, polled by idle processors: see
-/// [`set_idle_progress`].
-static IDLE_PROGRESS: std::sync::OnceLock<fn() -> bool> = std::sync::OnceLock::new();
+/// Transports' progress functions, polled by idle processors: see
+/// [`set_idle_progress`]. A few slots: one transport per process in a
+/// job, but tests run several in one process.
+static IDLE_PROGRESS: [std::sync::OnceLock<fn() -> bool>; 4] =
+    [const { std::sync::OnceLock::new() }; 4];
 
 /// Lets this process's idle processors drive a transport's progress.
 ///
@@ -103,33 +105,56 @@ static IDLE_PROGRESS: std::sync::OnceLock<fn() -> bool> = std::sync::OnceLock::n
 /// progress engine has no descriptor to sleep on) otherwise needs its
 /// communication thread to poll, and a message then reaches a waiting
 /// filthread through that thread: on a node whose server thread shares its
-/// CPU with the communication thread (`mpirun` binds a rank to one core),
-/// every message costs context switches between the two. With a progress
-/// function, a processor with nothing to run (its filthreads wait for a
-/// page, a steal, a release) calls `progress` while it waits: it receives
-/// and handles the messages itself, on its own CPU, as the communication
-/// thread would (services' handlers then run on that processor, between
-/// filaments; they must not block, as always). `progress` must return at
-/// once when another thread is polling (a `try_lock`), and say whether it
-/// moved anything. The transport's own thread must go on polling as well:
-/// a processor polls only while it waits, and a wait may end in sleep. One
-/// function per process; false if one was set already.
+/// CPU with the communication thread (`mpirun` binds a rank to one core,
+/// several local nodes each own their CPUs), every message costs context
+/// switches between the two (TCP reads its sockets in a communication
+/// thread too, but idle processors reading them save its wake-up). With a
+/// progress function, a processor with nothing to run (its filthreads
+/// wait for a page, a steal, a release) calls `progress` while it waits:
+/// it receives and handles the messages itself, on its own CPU, as the
+/// communication thread would (services' handlers then run on that
+/// processor, between filaments; they must not block, as always).
+/// `progress` must return at once when another thread is polling (a
+/// `try_lock`), and say whether it moved anything. The transport's own
+/// thread must go on polling as well: a processor polls only while it
+/// waits, and a wait may end in sleep. Setting the same function twice
+/// does nothing; false if every slot (four) is taken.
 pub fn set_idle_progress(progress: fn() -> bool) -> bool {
-    IDLE_PROGRESS.set(progress).is_ok()
+    for slot in &IDLE_PROGRESS {
+        match slot.get() {
+            Some(&f) if f as usize == progress as usize => return true,
+            Some(_) => {}
+            None => {
+                if slot.set(progress).is_ok() {
+                    return true;
+                }
+                // Another thread took this slot meanwhile: it may have set
+                // the same function.
+                if slot.get().is_some_and(|&f| f as usize == progress as usize) {
+                    return true;
+                }
+            }
+        }
+    }
+    false
 }
 
-/// Polls the transport's progress function, if any: for a thread with
+/// Polls the transports' progress functions, if any: for a thread with
 /// nothing to do while it waits (an idle processor, a collective's wait).
 /// True if there is one.
 #[inline]
 pub(crate) fn idle_progress() -> bool {
-    match IDLE_PROGRESS.get() {
-        Some(f) => {
-            f();
-            true
+    let mut any = false;
+    for slot in &IDLE_PROGRESS {
+        match slot.get() {
+            Some(f) => {
+                f();
+                any = true;
+            }
+            None => break,
         }
-        None => false,
     }
+    any
 }
 
 // The seam's types are defined next to `NodeLink`, which hands them out

@@ -85,7 +85,10 @@ impl Runtime {
             // then pinned one CPU each within this set.
             let mine = cfg.node_cpus();
             confine_process(&mine);
-            if mine.len() <= procs {
+            // Owned only if no other node was given them too (more local
+            // nodes than CPUs share them): a waiter that spins on a CPU
+            // another node needs would hold that node up for a time slice.
+            if mine.len() <= procs && cfg.node_cpus_exclusive() {
                 crate::sleep::set_own_cpu();
             }
         }

@@ -246,8 +246,16 @@ impl Inbox {
                     return Err(WaitError::Failed(f.clone()));
                 }
             }
+            let own_cpu = hyfi_core::sleep::own_cpu();
             while self.generation.load(Ordering::Acquire) == seen && Instant::now() < spin_until {
-                std::thread::yield_now();
+                if own_cpu {
+                    // The waiter reads the links itself (see `rx::Rx`): no
+                    // yield to the communication thread and back per frame.
+                    super::rx::idle_progress();
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
             }
             if Instant::now() >= spin_until {
                 break;

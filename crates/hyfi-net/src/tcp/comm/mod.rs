@@ -19,7 +19,10 @@
 //! decoder (header, then payload, across partial reads) and files frames in
 //! the [`Inbox`], where waiting threads poll briefly and then sleep, and
 //! waiting filthreads suspend (the hyfi-core seam) so their processor runs
-//! other work; frames for a service go to its handler. The same loop sends
+//! other work; frames for a service go to its handler. On a node that owns
+//! its CPUs, idle processors read the links too (`rx::Rx`): the
+//! communication thread shares their CPU there, and a frame it reads costs
+//! the waiter a wake-up and two switches. The same loop sends
 //! heartbeats and judges silent peers (its `poll` timeout is the next
 //! deadline), and accepts and refuses strays on the listeners. Before, reads
 //! ran on a tokio runtime and backlogs on a separate flusher thread with its

@@ -7,7 +7,7 @@ use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use hyfi_core::link::Class;
@@ -302,6 +302,126 @@ impl Link {
     }
 }
 
+impl Link {
+    /// [`Link::on_readable`], and the end of the link's reading if it ended:
+    /// the node fails unless the peer said `Bye` first.
+    fn read(&mut self, node: &Node, now: Instant) {
+        if let Err(ended) = self.on_readable(node, now) {
+            self.reading = false;
+            if let Ended::Failed(why) = ended {
+                node.fail(why);
+            }
+        }
+    }
+}
+
+/// The links' receiving sides, read by the communication thread when
+/// `poll` says a link is readable and by the node's idle processors while
+/// they wait ([`idle_progress`]), whichever holds the lock.
+///
+/// Why idle processors read. On a host shared by several nodes each node
+/// owns its CPUs (`hyfi_core::sleep::own_cpu`), so its communication thread
+/// shares a CPU with the server thread that waits for the message. A frame
+/// that the communication thread reads reaches the waiter only after that
+/// thread was woken out of `poll` and scheduled, and the waiter yielded to
+/// it: a loopback round trip so costs 17–22 µs on the 2-vCPU VM, against
+/// 6.6–7.2 µs when the waiting thread reads the socket itself, with a
+/// communication thread still in `poll` beside it (a two-process model,
+/// BENCHMARKS.md). A release or a page's reply is one such trip.
+pub(super) struct Rx {
+    node: Node,
+    reader: Mutex<Reader>,
+}
+
+/// What the reading thread of the moment holds.
+struct Reader {
+    links: Vec<Link>,
+    /// The idle pass's `poll` set, kept to spare an allocation a pass.
+    fds: Vec<libc::pollfd>,
+}
+
+/// Every communication thread's [`Rx`] in this process (one but in tests,
+/// which start several nodes in one process).
+static READERS: RwLock<Vec<Arc<Rx>>> = RwLock::new(Vec::new());
+
+impl Rx {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Reader> {
+        self.reader.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes `rx` readable by idle processors, and this transport's idle
+    /// progress function the process's.
+    fn register(rx: &Arc<Rx>) {
+        READERS
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(rx.clone());
+        // Several transports in one process (tests) each have their own
+        // function; the core polls them all.
+        hyfi_core::link::set_idle_progress(idle_progress);
+    }
+
+    /// The communication thread has ended: no idle processor reads `rx`
+    /// any more (its links close with it).
+    fn unregister(rx: &Arc<Rx>) {
+        READERS
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|r| !Arc::ptr_eq(r, rx));
+    }
+
+    /// One read of every link that has bytes waiting, if no other thread
+    /// is reading: one `poll` that does not wait, then the links it names,
+    /// each frame delivered as the communication thread delivers it
+    /// (services' handlers run on the calling thread). True if a link was
+    /// read.
+    fn pass(&self) -> bool {
+        let Ok(mut reader) = self.reader.try_lock() else {
+            return false;
+        };
+        let Reader { links, fds } = &mut *reader;
+        fds.clear();
+        fds.extend(links.iter().filter(|l| l.reading).map(|l| libc::pollfd {
+            fd: l.sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        if fds.is_empty() {
+            return false;
+        }
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfds, of sockets
+        // the reader owns and holds (under its lock) until `poll` returns;
+        // a timeout of 0 never waits.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+        if r <= 0 {
+            return false;
+        }
+        let now = Instant::now();
+        let gone = libc::POLLIN | libc::POLLHUP | libc::POLLERR;
+        let reading = links.iter_mut().filter(|l| l.reading);
+        for (link, fd) in reading.zip(fds.iter()) {
+            if fd.revents & gone != 0 {
+                link.read(&self.node, now);
+            }
+        }
+        true
+    }
+}
+
+/// This transport's idle progress (see `hyfi_core::link::set_idle_progress`):
+/// on a node that owns its CPUs, a waiting processor reads the links itself
+/// ([`Rx`]). Elsewhere the communication thread has a CPU to read on, and
+/// an idle processor's `poll` per spin would only cost it.
+pub(super) fn idle_progress() -> bool {
+    if !hyfi_core::sleep::own_cpu() {
+        return false;
+    }
+    let Ok(readers) = READERS.try_read() else {
+        return false;
+    };
+    readers.iter().fold(false, |moved, rx| rx.pass() | moved)
+}
+
 /// A connection accepted after setup: a stray (a port scan, a node of
 /// another job, garbage). What it says is read, for the refusal's line,
 /// until it has said a handshake's worth or its deadline passes.
@@ -354,7 +474,8 @@ struct Loop {
     me: usize,
     node: Node,
     waker: Arc<Waker>,
-    links: Vec<Link>,
+    /// The links' receiving sides, which idle processors read too.
+    rx: Arc<Rx>,
     listeners: Vec<TcpListener>,
     /// The listeners rest until then after `accept` failed.
     listen_after: Option<Instant>,
@@ -382,27 +503,34 @@ pub(super) fn run(links: Links, node: Node, limit: Duration, waker: Arc<Waker>) 
     let now = Instant::now();
     let every = (limit / 4).max(Duration::from_millis(10));
     let judge_every = (limit / 50).max(Duration::from_millis(2));
+    let rx = Arc::new(Rx {
+        node: node.clone(),
+        reader: Mutex::new(Reader {
+            links: links
+                .peers
+                .into_iter()
+                .enumerate()
+                .filter_map(|(peer, s)| {
+                    Some(Link {
+                        me,
+                        peer,
+                        sock: s?,
+                        buf: vec![0; READ_BUF].into_boxed_slice(),
+                        lo: 0,
+                        hi: 0,
+                        frame: None,
+                        said_bye: false,
+                        reading: true,
+                        heard: now,
+                    })
+                })
+                .collect(),
+            fds: Vec::new(),
+        }),
+    });
     let mut l = Loop {
         me,
-        links: links
-            .peers
-            .into_iter()
-            .enumerate()
-            .filter_map(|(peer, s)| {
-                Some(Link {
-                    me,
-                    peer,
-                    sock: s?,
-                    buf: vec![0; READ_BUF].into_boxed_slice(),
-                    lo: 0,
-                    hi: 0,
-                    frame: None,
-                    said_bye: false,
-                    reading: true,
-                    heard: now,
-                })
-            })
-            .collect(),
+        rx: rx.clone(),
         listeners: links.listeners,
         listen_after: None,
         strays: Vec::new(),
@@ -417,7 +545,9 @@ pub(super) fn run(links: Links, node: Node, limit: Duration, waker: Arc<Waker>) 
         next_send: now,
         last_beat: now,
     };
+    Rx::register(&rx);
     l.run();
+    Rx::unregister(&rx);
 }
 
 /// Milliseconds from `now` until `t`, rounded up (`poll`'s timeout).
@@ -443,7 +573,8 @@ impl Loop {
                 slots.push(slot);
             };
             add(self.waker.rx.as_raw_fd(), libc::POLLIN, Slot::Wake);
-            for (i, link) in self.links.iter().enumerate() {
+            let reader = self.rx.lock();
+            for (i, link) in reader.links.iter().enumerate() {
                 let mut events = if link.reading { libc::POLLIN } else { 0 };
                 if self.node.sender.tx[link.peer]
                     .as_ref()
@@ -457,6 +588,7 @@ impl Loop {
                     add(link.sock.as_raw_fd(), events, Slot::Link(i));
                 }
             }
+            drop(reader);
             if self.listen_after.is_some_and(|t| now >= t) {
                 self.listen_after = None;
             }
@@ -506,17 +638,17 @@ impl Loop {
         match slot {
             Slot::Wake => self.waker.drain(),
             Slot::Link(i) => {
-                let link = &mut self.links[i];
+                let mut reader = self.rx.lock();
+                let link = &mut reader.links[i];
+                let peer = link.peer;
+                // (An idle processor may have read it meanwhile: the read
+                // then finds nothing, or the link no longer read.)
                 if link.reading && revents & (libc::POLLIN | gone) != 0 {
-                    if let Err(ended) = link.on_readable(&self.node, now) {
-                        link.reading = false;
-                        if let Ended::Failed(why) = ended {
-                            self.node.fail(why);
-                        }
-                    }
+                    link.read(&self.node, now);
                 }
+                drop(reader);
                 if revents & (libc::POLLOUT | gone) != 0 {
-                    self.flush(self.links[i].peer);
+                    self.flush(peer);
                 }
             }
             Slot::Listener(i) => self.accept(i, now),
@@ -639,7 +771,8 @@ impl Loop {
             self.next_send = now + self.every;
         }
         let frame = wire::control_frame(&Msg::Heartbeat);
-        for link in self.links.iter().filter(|l| l.reading) {
+        let reader = self.rx.lock();
+        for link in reader.links.iter().filter(|l| l.reading) {
             // Not counted as traffic: it is the link's own upkeep.
             if send {
                 let _ = self.node.sender.push(link.peer, frame.clone(), true);
