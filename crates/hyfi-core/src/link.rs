@@ -139,6 +139,15 @@ pub fn set_idle_progress(progress: fn() -> bool) -> bool {
     false
 }
 
+/// Runs the transports' progress functions once ([`set_idle_progress`]):
+/// a layer calls it before it blocks on what its peers send (the DSM
+/// before it sleeps on a release). A transport may hold small messages
+/// back until its node sends the peer something else or waits (the TCP
+/// transport's SPMD step messages): this is such a wait.
+pub fn before_wait() {
+    idle_progress();
+}
+
 /// Polls the transports' progress functions, if any: for a thread with
 /// nothing to do while it waits (an idle processor, a collective's wait).
 /// True if there is one.

@@ -134,6 +134,9 @@ impl Parker {
         deadline: Option<Instant>,
     ) {
         let mut ready = move || ready() || deadline.is_some_and(|d| Instant::now() >= d);
+        // What the transport holds back goes out before this thread waits
+        // (see `link::before_wait`).
+        crate::link::idle_progress();
         if poll_own_cpu(&mut ready) {
             return;
         }

@@ -335,3 +335,68 @@ fn the_failure_hook_runs_before_a_waiter_sees_the_failure() {
     assert!(err.to_string().contains("a test's abort"), "{err}");
     close(cs);
 }
+
+/// Two different steps at the same number, as two diverged nodes take them.
+fn diverged_steps() -> (hyfi_core::Step, hyfi_core::Step) {
+    (
+        hyfi_core::Step::Phase {
+            program: 1,
+            phase: 0,
+            iteration: 3,
+        },
+        hyfi_core::Step::Alloc {
+            seq: 2,
+            elems: 10,
+            bytes: 80,
+        },
+    )
+}
+
+/// Waits at most `secs` for `f` on another thread (a hang is a failure).
+fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs))
+        .expect("no answer in time: a held-back step never went out")
+}
+
+/// The TCP transport holds a node's step message back until it sends its
+/// successor something else or waits (`Sender::hold_step`): a node that
+/// diverged and then waits has sent it first, so its successor names the
+/// divergence and the wait ends with it.
+#[test]
+fn a_held_step_goes_out_when_its_node_waits() {
+    let cs = comms(2);
+    let (a, b) = diverged_steps();
+    // Node 1 (node 0's successor) has taken its first step; node 0 takes
+    // another, held back, and waits for something node 1 never sends.
+    cs[1].enter_step(b).unwrap();
+    cs[0].enter_step(a).unwrap();
+    let c0 = cs[0].clone();
+    let err = within(20, move || c0.recv_bulk(1)).expect_err("the nodes diverged");
+    let msg = err.to_string();
+    assert!(msg.contains("different steps (step 1)"), "{msg}");
+    assert!(msg.contains("node 0") && msg.contains("node 1"), "{msg}");
+    close(cs);
+}
+
+/// A node that holds a step back and neither sends nor waits (a long
+/// computation) still sends it: its communication thread does at its next
+/// turn, a heartbeat's judging period at most.
+#[test]
+fn a_held_step_goes_out_while_its_node_computes() {
+    let cs = comms(2);
+    let (a, b) = diverged_steps();
+    cs[0].enter_step(a).unwrap();
+    cs[1].enter_step(b).unwrap();
+    // Node 0 computes (this thread does nothing with it); node 1 waits.
+    let c1 = cs[1].clone();
+    let err = within(20, move || c1.recv_bulk(0)).expect_err("the nodes diverged");
+    assert!(
+        err.to_string().contains("different steps (step 1)"),
+        "{err}"
+    );
+    close(cs);
+}

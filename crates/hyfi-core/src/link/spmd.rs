@@ -5,7 +5,10 @@
 //!
 //! Each node numbers the steps it enters ([`NodeLink::enter_step`]) and sends
 //! each one to the next node of a ring (`(rank + 1) % nodes`): one small
-//! control message per step, whatever the node count. If the nodes'
+//! control message per step, whatever the node count (a transport may hold
+//! it back until it sends that node something else or waits, as the TCP
+//! transport does: the comparison needs it before anyone blocks, not at
+//! once). If the nodes'
 //! sequences differ anywhere, two neighbours of the ring differ at the
 //! first step where they do, so the receiver of that step notices it the
 //! moment it has both, and ends the job naming both nodes and what each

@@ -261,6 +261,11 @@ impl Core {
         if pr.bcast_received >= pr.bcast_expected {
             return Ok(());
         }
+        // Not under the lock: the transport may deliver frames here, whose
+        // handler takes it.
+        drop(pr);
+        hyfi_core::link::before_wait();
+        pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
         let _w = hyfi_core::waits::waiting(
             |a| {
                 format!(
@@ -529,6 +534,9 @@ impl Core {
             );
             if pr.got < expected {
                 drop(pr);
+                // What the transport holds back goes first (not under the
+                // lock: it may deliver frames, whose handler takes it).
+                hyfi_core::link::before_wait();
                 hyfi_core::sleep::poll_own_cpu(|| self.got.load(Ordering::Acquire) >= expected);
                 pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
             }

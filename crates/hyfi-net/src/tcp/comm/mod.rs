@@ -208,6 +208,7 @@ impl Comm {
 
     /// Waits for the collective message `(from, seq, dir)`.
     pub fn recv_coll(&self, from: usize, seq: u64, dir: Dir) -> Result<Vec<u8>, NetError> {
+        self.flush_steps();
         let me = self.rank;
         let _w = hyfi_core::waits::waiting(
             |a| {
@@ -237,6 +238,7 @@ impl Comm {
 
     /// Waits for the next bulk frame from `from`.
     pub fn recv_bulk(&self, from: usize) -> Result<(u64, Vec<u8>), NetError> {
+        self.flush_steps();
         let me = self.rank;
         self.inbox
             .wait(

@@ -409,16 +409,22 @@ impl Rx {
 }
 
 /// This transport's idle progress (see `hyfi_core::link::set_idle_progress`):
-/// on a node that owns its CPUs, a waiting processor reads the links itself
+/// the step messages held back go out, and on a node that owns its CPUs a
+/// waiting processor reads the links itself
 /// ([`Rx`]). Elsewhere the communication thread has a CPU to read on, and
 /// an idle processor's `poll` per spin would only cost it.
 pub(super) fn idle_progress() -> bool {
-    if !hyfi_core::sleep::own_cpu() {
-        return false;
-    }
     let Ok(readers) = READERS.try_read() else {
         return false;
     };
+    // Every node that waits sends the steps it held back first (see
+    // `Sender::hold_step`).
+    for rx in readers.iter() {
+        rx.node.sender.flush_steps();
+    }
+    if !hyfi_core::sleep::own_cpu() {
+        return false;
+    }
     readers.iter().fold(false, |moved, rx| rx.pass() | moved)
 }
 
@@ -561,6 +567,10 @@ impl Loop {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut slots: Vec<Slot> = Vec::new();
         while !self.waker.stop.load(Ordering::SeqCst) {
+            // Steps held back go out at the latest when this loop turns (a
+            // heartbeat's period): a node that neither sends nor waits
+            // still tells its successor.
+            self.node.sender.flush_steps();
             let now = Instant::now();
             fds.clear();
             slots.clear();
