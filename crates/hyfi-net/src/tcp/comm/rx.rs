@@ -48,6 +48,11 @@ const READS_PER_TURN: usize = 16;
 /// under a flood, say).
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
+/// How long a step message may be held back before the loop sends it
+/// (see `Sender::hold_step`): longer than a phase's computation usually
+/// takes, short beside a heartbeat.
+const STEPS_HELD_FOR: Duration = Duration::from_millis(2);
+
 /// Node `peer`'s link ended without a `Bye`: it died, or was cut off.
 fn lost(peer: usize, why: &str) -> Cause {
     Cause::new(
@@ -567,10 +572,10 @@ impl Loop {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut slots: Vec<Slot> = Vec::new();
         while !self.waker.stop.load(Ordering::SeqCst) {
-            // Steps held back go out at the latest when this loop turns (a
-            // heartbeat's period): a node that neither sends nor waits
-            // still tells its successor.
-            self.node.sender.flush_steps();
+            // Steps held back for a while go out when this loop turns (a
+            // heartbeat's judging period at the latest): a node that
+            // neither sends nor waits still tells its successor.
+            self.node.sender.flush_steps_older_than(STEPS_HELD_FOR);
             let now = Instant::now();
             fds.clear();
             slots.clear();

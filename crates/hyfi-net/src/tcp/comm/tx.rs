@@ -45,6 +45,7 @@ impl PeerTx {
                 head_off: 0,
                 controls: 0,
                 steps: Vec::new(),
+                steps_since: None,
             }),
             out: AtomicBool::new(false),
             steps_held: AtomicBool::new(false),
@@ -72,6 +73,8 @@ pub(super) struct TxState {
     /// `Step` frames held back (see [`Sender::enter_step`]): they go out in
     /// front of the next frame to this peer, in one write with it.
     pub(super) steps: Vec<u8>,
+    /// When the first of `steps` was held back.
+    pub(super) steps_since: Option<std::time::Instant>,
 }
 
 /// The most `Step` messages a link holds back before it sends them anyway
@@ -256,6 +259,7 @@ impl Sender {
             // The held steps first, in the same write (they were entered
             // before this frame was sent).
             tx.steps_held.store(false, Ordering::Relaxed);
+            st.steps_since = None;
             let mut both = std::mem::take(&mut st.steps);
             both.extend_from_slice(&frame);
             both
@@ -264,6 +268,7 @@ impl Sender {
             // and queue as one, ahead of the bulk not started (with the
             // step inside, a later control frame would overtake it).
             tx.steps_held.store(false, Ordering::Relaxed);
+            st.steps_since = None;
             let steps = std::mem::take(&mut st.steps);
             let at = usize::from(st.head_off > 0) + st.controls;
             st.backlog.insert(at, steps);
@@ -476,6 +481,9 @@ impl Sender {
             drop(st);
             return self.push(peer, f, true);
         }
+        if st.steps.is_empty() {
+            st.steps_since = Some(std::time::Instant::now());
+        }
         st.steps.extend_from_slice(&f);
         let full = st.steps.len() >= STEPS_HELD * f.len();
         tx.steps_held.store(true, Ordering::SeqCst);
@@ -486,11 +494,23 @@ impl Sender {
         Ok(())
     }
 
+    /// [`Sender::flush_steps`], for steps held back longer than `age`
+    /// (the communication thread's turns: a turn woken by a peer's frame
+    /// while this node computes must not send the step the node holds for
+    /// its release, which would wake the peer's thread in turn).
+    pub(crate) fn flush_steps_older_than(&self, age: std::time::Duration) {
+        self.flush_held(Some(age))
+    }
+
     /// Sends the `Step` messages held back ([`Sender::hold_step`]) now. Every
     /// wait of this node for a peer calls it first (through the transport's
     /// idle progress, the inbox's waits, `hyfi_core::link::before_wait`),
     /// and the communication thread at every turn of its loop.
     pub(crate) fn flush_steps(&self) {
+        self.flush_held(None)
+    }
+
+    fn flush_held(&self, min_age: Option<std::time::Duration>) {
         if self.nodes < 2 {
             return;
         }
@@ -503,7 +523,13 @@ impl Sender {
         }
         let held = {
             let mut st = tx.st.lock().unwrap_or_else(|e| e.into_inner());
+            if let (Some(age), Some(since)) = (min_age, st.steps_since) {
+                if since.elapsed() < age {
+                    return;
+                }
+            }
             tx.steps_held.store(false, Ordering::Relaxed);
+            st.steps_since = None;
             std::mem::take(&mut st.steps)
         };
         if !held.is_empty() {
