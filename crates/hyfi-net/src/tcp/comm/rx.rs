@@ -6,7 +6,7 @@
 use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -333,16 +333,37 @@ impl Link {
 /// 6.6–7.2 µs when the waiting thread reads the socket itself, with a
 /// communication thread still in `poll` beside it (a two-process model,
 /// BENCHMARKS.md). A release or a page's reply is one such trip.
+///
+/// Two measured details of that model shape the pass: the waiter reads each
+/// link directly (a non-blocking `read` that says `EAGAIN` costs ~0.24 µs)
+/// rather than asking `poll` first, which took the round trip from 7 to
+/// 14-16 µs; and the communication thread, woken by the same bytes, leaves
+/// them to a processor that passed in the last [`POLLED_RECENTLY`] (it
+/// yields and looks again), as its taking the lock first cost as much.
 pub(super) struct Rx {
     node: Node,
     reader: Mutex<Reader>,
+    /// Per link (as `Reader::links`): its socket and peer, and whether it
+    /// is still read, for the loop's `poll` set without the lock.
+    fds: Vec<(std::os::fd::RawFd, usize)>,
+    reading: Vec<AtomicBool>,
+    /// When a processor last passed ([`since_start`], ns).
+    passed: AtomicU64,
 }
 
 /// What the reading thread of the moment holds.
 struct Reader {
     links: Vec<Link>,
-    /// The idle pass's `poll` set, kept to spare an allocation a pass.
-    fds: Vec<libc::pollfd>,
+}
+
+/// A processor that passed this recently is taken to be polling still: the
+/// communication thread leaves a readable link to it.
+const POLLED_RECENTLY: Duration = Duration::from_micros(50);
+
+/// Nanoseconds since the first call (a clock an atomic can hold).
+fn since_start() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 /// Every communication thread's [`Rx`] in this process (one but in tests,
@@ -352,6 +373,23 @@ static READERS: RwLock<Vec<Arc<Rx>>> = RwLock::new(Vec::new());
 impl Rx {
     fn lock(&self) -> std::sync::MutexGuard<'_, Reader> {
         self.reader.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads link `i` (the reader held), and records it if its reading ended.
+    fn read(&self, reader: &mut Reader, i: usize, now: Instant) {
+        let link = &mut reader.links[i];
+        if link.reading {
+            link.read(&self.node, now);
+            if !link.reading {
+                self.reading[i].store(false, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether a processor passed within [`POLLED_RECENTLY`].
+    fn polled_recently(&self) -> bool {
+        since_start().saturating_sub(self.passed.load(Ordering::Relaxed))
+            < POLLED_RECENTLY.as_nanos() as u64
     }
 
     /// Makes `rx` readable by idle processors, and this transport's idle
@@ -375,39 +413,18 @@ impl Rx {
             .retain(|r| !Arc::ptr_eq(r, rx));
     }
 
-    /// One read of every link that has bytes waiting, if no other thread
-    /// is reading: one `poll` that does not wait, then the links it names,
+    /// One read of every link still read, if no other thread is reading:
     /// each frame delivered as the communication thread delivers it
-    /// (services' handlers run on the calling thread). True if a link was
-    /// read.
+    /// (services' handlers run on the calling thread). True if the links
+    /// were read.
     fn pass(&self) -> bool {
+        self.passed.store(since_start(), Ordering::Relaxed);
         let Ok(mut reader) = self.reader.try_lock() else {
             return false;
         };
-        let Reader { links, fds } = &mut *reader;
-        fds.clear();
-        fds.extend(links.iter().filter(|l| l.reading).map(|l| libc::pollfd {
-            fd: l.sock.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }));
-        if fds.is_empty() {
-            return false;
-        }
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfds, of sockets
-        // the reader owns and holds (under its lock) until `poll` returns;
-        // a timeout of 0 never waits.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
-        if r <= 0 {
-            return false;
-        }
         let now = Instant::now();
-        let gone = libc::POLLIN | libc::POLLHUP | libc::POLLERR;
-        let reading = links.iter_mut().filter(|l| l.reading);
-        for (link, fd) in reading.zip(fds.iter()) {
-            if fd.revents & gone != 0 {
-                link.read(&self.node, now);
-            }
+        for i in 0..reader.links.len() {
+            self.read(&mut reader, i, now);
         }
         true
     }
@@ -487,6 +504,8 @@ struct Loop {
     waker: Arc<Waker>,
     /// The links' receiving sides, which idle processors read too.
     rx: Arc<Rx>,
+    /// A readable link was left to a processor this turn.
+    deferred: bool,
     listeners: Vec<TcpListener>,
     /// The listeners rest until then after `accept` failed.
     listen_after: Option<Instant>,
@@ -514,35 +533,38 @@ pub(super) fn run(links: Links, node: Node, limit: Duration, waker: Arc<Waker>) 
     let now = Instant::now();
     let every = (limit / 4).max(Duration::from_millis(10));
     let judge_every = (limit / 50).max(Duration::from_millis(2));
+    let listeners = links.listeners;
+    let links: Vec<Link> = links
+        .peers
+        .into_iter()
+        .enumerate()
+        .filter_map(|(peer, s)| {
+            Some(Link {
+                me,
+                peer,
+                sock: s?,
+                buf: vec![0; READ_BUF].into_boxed_slice(),
+                lo: 0,
+                hi: 0,
+                frame: None,
+                said_bye: false,
+                reading: true,
+                heard: now,
+            })
+        })
+        .collect();
     let rx = Arc::new(Rx {
         node: node.clone(),
-        reader: Mutex::new(Reader {
-            links: links
-                .peers
-                .into_iter()
-                .enumerate()
-                .filter_map(|(peer, s)| {
-                    Some(Link {
-                        me,
-                        peer,
-                        sock: s?,
-                        buf: vec![0; READ_BUF].into_boxed_slice(),
-                        lo: 0,
-                        hi: 0,
-                        frame: None,
-                        said_bye: false,
-                        reading: true,
-                        heard: now,
-                    })
-                })
-                .collect(),
-            fds: Vec::new(),
-        }),
+        fds: links.iter().map(|l| (l.sock.as_raw_fd(), l.peer)).collect(),
+        reading: links.iter().map(|_| AtomicBool::new(true)).collect(),
+        passed: AtomicU64::new(0),
+        reader: Mutex::new(Reader { links }),
     });
     let mut l = Loop {
         me,
         rx: rx.clone(),
-        listeners: links.listeners,
+        deferred: false,
+        listeners,
         listen_after: None,
         strays: Vec::new(),
         log: RefusalLog::new(me),
@@ -572,6 +594,11 @@ impl Loop {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut slots: Vec<Slot> = Vec::new();
         while !self.waker.stop.load(Ordering::SeqCst) {
+            if std::mem::take(&mut self.deferred) {
+                // Bytes left to a polling processor (or to the one reading
+                // now) would make `poll` return at once: give it the CPU.
+                std::thread::yield_now();
+            }
             // Steps held back for a while go out when this loop turns (a
             // heartbeat's judging period at the latest): a node that
             // neither sends nor waits still tells its successor.
@@ -588,10 +615,13 @@ impl Loop {
                 slots.push(slot);
             };
             add(self.waker.rx.as_raw_fd(), libc::POLLIN, Slot::Wake);
-            let reader = self.rx.lock();
-            for (i, link) in reader.links.iter().enumerate() {
-                let mut events = if link.reading { libc::POLLIN } else { 0 };
-                if self.node.sender.tx[link.peer]
+            for (i, &(fd, peer)) in self.rx.fds.iter().enumerate() {
+                let mut events = if self.rx.reading[i].load(Ordering::Relaxed) {
+                    libc::POLLIN
+                } else {
+                    0
+                };
+                if self.node.sender.tx[peer]
                     .as_ref()
                     .is_some_and(|tx| tx.out.load(Ordering::SeqCst))
                 {
@@ -600,10 +630,9 @@ impl Loop {
                 // (Never an entry without events: a hung-up socket would
                 // report POLLHUP at every turn.)
                 if events != 0 {
-                    add(link.sock.as_raw_fd(), events, Slot::Link(i));
+                    add(fd, events, Slot::Link(i));
                 }
             }
-            drop(reader);
             if self.listen_after.is_some_and(|t| now >= t) {
                 self.listen_after = None;
             }
@@ -653,15 +682,21 @@ impl Loop {
         match slot {
             Slot::Wake => self.waker.drain(),
             Slot::Link(i) => {
-                let mut reader = self.rx.lock();
-                let link = &mut reader.links[i];
-                let peer = link.peer;
-                // (An idle processor may have read it meanwhile: the read
-                // then finds nothing, or the link no longer read.)
-                if link.reading && revents & (libc::POLLIN | gone) != 0 {
-                    link.read(&self.node, now);
+                let peer = self.rx.fds[i].1;
+                if revents & (libc::POLLIN | gone) != 0 {
+                    // A processor that is polling reads it (see `Rx`);
+                    // else this thread, unless one is reading right now.
+                    // Left, the bytes make the next `poll` return at once:
+                    // the loop yields first (see `run`).
+                    let mut read = false;
+                    if !self.rx.polled_recently() {
+                        if let Ok(mut reader) = self.rx.reader.try_lock() {
+                            self.rx.read(&mut reader, i, now);
+                            read = true;
+                        }
+                    }
+                    self.deferred |= !read;
                 }
-                drop(reader);
                 if revents & (libc::POLLOUT | gone) != 0 {
                     self.flush(peer);
                 }
