@@ -375,6 +375,16 @@ impl Rx {
         self.reader.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The reader, unless another thread holds it (a panic that poisoned
+    /// it left the links as consistent as a failed read does).
+    fn try_lock(&self) -> Option<std::sync::MutexGuard<'_, Reader>> {
+        match self.reader.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Reads link `i` (the reader held), and records it if its reading ended.
     fn read(&self, reader: &mut Reader, i: usize, now: Instant) {
         let link = &mut reader.links[i];
@@ -419,7 +429,7 @@ impl Rx {
     /// were read.
     fn pass(&self) -> bool {
         self.passed.store(since_start(), Ordering::Relaxed);
-        let Ok(mut reader) = self.reader.try_lock() else {
+        let Some(mut reader) = self.try_lock() else {
             return false;
         };
         let now = Instant::now();
@@ -690,7 +700,7 @@ impl Loop {
                     // the loop yields first (see `run`).
                     let mut read = false;
                     if !self.rx.polled_recently() {
-                        if let Ok(mut reader) = self.rx.reader.try_lock() {
+                        if let Some(mut reader) = self.rx.try_lock() {
                             self.rx.read(&mut reader, i, now);
                             read = true;
                         }

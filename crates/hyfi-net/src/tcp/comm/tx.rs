@@ -504,8 +504,9 @@ impl Sender {
 
     /// Sends the `Step` messages held back ([`Sender::hold_step`]) now. Every
     /// wait of this node for a peer calls it first (through the transport's
-    /// idle progress, the inbox's waits, `hyfi_core::link::before_wait`),
-    /// and the communication thread at every turn of its loop.
+    /// idle progress, the inbox's waits, `hyfi_core::link::before_wait`);
+    /// the communication thread sends those held for a while
+    /// ([`Sender::flush_steps_older_than`]) at each turn of its loop.
     pub(crate) fn flush_steps(&self) {
         self.flush_held(None)
     }
