@@ -283,12 +283,16 @@ impl Config {
     }
 
     /// Whether this node's CPUs ([`Config::node_cpus`]) are its own: no
-    /// other local node of the job was given them too.
+    /// other local node of the job was given them too. Decided once per
+    /// process, by the first runtime, before it confines the process to
+    /// its share (a later runtime would take that for a launcher's
+    /// binding).
     pub(crate) fn node_cpus_exclusive(&self) -> bool {
-        match self.cpu_share {
+        static DECIDED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *DECIDED.get_or_init(|| match self.cpu_share {
             Some((_, count)) => share_is_exclusive(&allowed_cpus(), online_cpus(), count),
             None => true,
-        }
+        })
     }
 }
 

@@ -84,12 +84,18 @@ impl Runtime {
             // preempting another node's server threads. Server threads are
             // then pinned one CPU each within this set.
             let mine = cfg.node_cpus();
+            // Exclusive only if no other node was given them too (more
+            // local nodes than CPUs share them): a waiter that spins on a
+            // CPU another node needs holds that node up. Decided before the
+            // process is confined, which would look like a launcher's
+            // binding.
+            let exclusive = cfg.node_cpus_exclusive();
             confine_process(&mine);
-            // Owned only if no other node was given them too (more local
-            // nodes than CPUs share them): a waiter that spins on a CPU
-            // another node needs would hold that node up for a time slice.
-            if mine.len() <= procs && cfg.node_cpus_exclusive() {
+            if mine.len() <= procs {
                 crate::sleep::set_own_cpu();
+                if exclusive {
+                    crate::sleep::set_cpus_exclusive();
+                }
             }
         }
         if let Some(path) = cfg.get_trace() {

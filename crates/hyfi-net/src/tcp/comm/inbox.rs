@@ -246,9 +246,9 @@ impl Inbox {
                     return Err(WaitError::Failed(f.clone()));
                 }
             }
-            let own_cpu = hyfi_core::sleep::own_cpu();
+            let exclusive = hyfi_core::sleep::cpus_exclusive();
             while self.generation.load(Ordering::Acquire) == seen && Instant::now() < spin_until {
-                if own_cpu {
+                if exclusive {
                     // The waiter reads the links itself (see `rx::Rx`): no
                     // yield to the communication thread and back per frame.
                     super::rx::idle_progress();

@@ -325,7 +325,7 @@ impl Link {
 /// they wait ([`idle_progress`]), whichever holds the lock.
 ///
 /// Why idle processors read. On a host shared by several nodes each node
-/// owns its CPUs (`hyfi_core::sleep::own_cpu`), so its communication thread
+/// owns its CPUs (`hyfi_core::sleep::cpus_exclusive`), so its communication thread
 /// shares a CPU with the server thread that waits for the message. A frame
 /// that the communication thread reads reaches the waiter only after that
 /// thread was woken out of `poll` and scheduled, and the waiter yielded to
@@ -454,7 +454,7 @@ pub(super) fn idle_progress() -> bool {
     for rx in readers.iter() {
         rx.node.sender.flush_steps();
     }
-    if !hyfi_core::sleep::own_cpu() {
+    if !hyfi_core::sleep::cpus_exclusive() {
         return false;
     }
     readers.iter().fold(false, |moved, rx| rx.pass() | moved)
