@@ -357,8 +357,13 @@ struct Reader {
 }
 
 /// A processor that passed this recently is taken to be polling still: the
-/// communication thread leaves a readable link to it.
-const POLLED_RECENTLY: Duration = Duration::from_micros(50);
+/// communication thread leaves a readable link to it (a polling processor
+/// passes every microsecond or two). Longer windows were measured (five
+/// alternated runs each, 2×1 over TCP): 50 µs took LU 1024 from 0.0665 to
+/// 0.060 s but diffusion per row at 1026² from 0.036 to 0.051 s, 20 µs gave
+/// 0.062 and 0.043 s; a hint from the core when a wait ends
+/// (`idle_done`, tried) did not bring the diffusion back.
+const POLLED_RECENTLY: Duration = Duration::from_micros(5);
 
 /// Nanoseconds since the first call (a clock an atomic can hold).
 fn since_start() -> u64 {
@@ -605,8 +610,8 @@ impl Loop {
         let mut slots: Vec<Slot> = Vec::new();
         while !self.waker.stop.load(Ordering::SeqCst) {
             if std::mem::take(&mut self.deferred) {
-                // Bytes left to a polling processor (or to the one reading
-                // now) would make `poll` return at once: give it the CPU.
+                // Bytes left to a polling processor would make `poll` return
+                // at once: give it the CPU to read them.
                 std::thread::yield_now();
             }
             // Steps held back for a while go out when this loop turns (a
@@ -700,10 +705,12 @@ impl Loop {
                     // the loop yields first (see `run`).
                     let mut read = false;
                     if !self.rx.polled_recently() {
-                        if let Some(mut reader) = self.rx.try_lock() {
-                            self.rx.read(&mut reader, i, now);
-                            read = true;
-                        }
+                        // Blocking: a processor reading now (a long handler)
+                        // lets go soon, and yielding and polling again
+                        // meanwhile took its CPU.
+                        let mut reader = self.rx.lock();
+                        self.rx.read(&mut reader, i, now);
+                        read = true;
                     }
                     self.deferred |= !read;
                 }
