@@ -77,6 +77,23 @@ pub(crate) unsafe fn store<T: Pod>(p: *mut T, v: T) {
     }
 }
 
+/// Stores `v` at `p`: a plain move in a plain-store view (`plain`), which
+/// the compiler vectorises, else [`store`]. The views' `set`s all go
+/// through it; `plain` is the same for all of a view's filaments, so the
+/// branch leaves the segment's loop.
+///
+/// # Safety
+/// As [`store`]; and if `plain`, no other thread accesses `*p` while the
+/// view lives (the `plain` module's claim).
+#[inline(always)]
+pub(crate) unsafe fn store_as<T: Pod>(p: *mut T, v: T, plain: bool) {
+    if plain {
+        p.write(v)
+    } else {
+        store(p, v)
+    }
+}
+
 #[inline(always)]
 unsafe fn load_unit(p: *const u8, w: usize, out: &mut [u8]) {
     match w {

@@ -670,13 +670,7 @@ impl<'a, T: Pod> WriteRows<'a, T> {
         // a value of the view, the same for all its filaments, so LLVM
         // moves it out of the segment's loop and a per-point stencil
         // vectorises in the plain copy (BENCHMARKS.md, diffusion).
-        unsafe {
-            if self.f.plain() {
-                p.write(v)
-            } else {
-                elem::store(p, v)
-            }
-        }
+        unsafe { elem::store_as(p, v, self.f.plain()) }
     }
 
     /// Whether this view stores plainly (the compiler vectorises its
@@ -742,13 +736,7 @@ impl<T: Pod> RowWriter<'_, T> {
         // SAFETY: inside the row, which the view made writable and which
         // lives while the view it borrows does; plain only in a
         // plain-store view (see `WriteRows::set`).
-        unsafe {
-            if self.plain {
-                self.ptr.add(j).write(v)
-            } else {
-                elem::store(self.ptr.add(j), v)
-            }
-        }
+        unsafe { elem::store_as(self.ptr.add(j), v, self.plain) }
     }
     /// Sets every column `j` of `cols` to `f(j)`, calling `f` once per
     /// column, in order of `j`. The same as `for j in cols { row.set(j,
@@ -857,13 +845,7 @@ impl<'a, T: Pod> WriteRange<'a, T> {
         let p = self.ptr_at(i);
         // SAFETY: inside the footprint, writable here; plain only in a
         // plain-store view (see `WriteRows::set`).
-        unsafe {
-            if self.f.plain() {
-                p.write(v)
-            } else {
-                elem::store(p, v)
-            }
-        }
+        unsafe { elem::store_as(p, v, self.f.plain()) }
     }
 
     /// Whether this view stores plainly: see [`WriteRows::plain_stores`].

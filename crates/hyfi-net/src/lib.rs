@@ -306,3 +306,13 @@ pub fn setup_timeout() -> Result<Duration, NetError> {
             }),
     }
 }
+
+/// Nanoseconds since the first call in this process: a clock an atomic can
+/// hold, for the transports' "when did a thread last move or poll" stamps.
+pub(crate) fn since_start() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
+}

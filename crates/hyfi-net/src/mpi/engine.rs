@@ -21,6 +21,7 @@ use super::{decode_abort, lock, tag, Out, Outbox, RawJob, Shared};
 use super::{BULK_IN_FLIGHT, HOT, NAP_MAX, NAP_MIN, NAP_QUIET, PIECE, PIECED_MAX, QUIET};
 use crate::cause::{Cause, CauseKind};
 use crate::error::NetError;
+use crate::since_start;
 
 /// A posted frame: its sends (one, or one per piece) and the buffer they
 /// read.
@@ -143,15 +144,10 @@ fn idle_progress() -> bool {
     g.as_mut().is_some_and(|e| e.pass(1))
 }
 
-/// When a pass by any thread last moved a message ([`since_start`] units):
+/// When a pass by any thread last moved a message (`crate::since_start`
+/// units):
 /// the communication thread polls, yielding, for [`HOT`] after it.
 static MOVED: AtomicU64 = AtomicU64::new(0);
-
-/// Nanoseconds since the first call (a clock an atomic can hold).
-fn since_start() -> u64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
 
 /// Posts what senders queued, on the calling thread, if MPI allows it and
 /// no other thread is in MPI; false if the communication thread must.

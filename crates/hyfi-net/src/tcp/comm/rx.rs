@@ -21,6 +21,7 @@ use super::service::{split_service_tag, SERVICE_TAG};
 use super::tx::{Sender, Waker};
 use super::FailureHook;
 use crate::cause::{Cause, CauseKind};
+use crate::since_start;
 
 /// What the communication thread shares with the failure path: the node's
 /// sending side (and through it the inbox) and its failure hook.
@@ -91,13 +92,25 @@ struct Link {
     hi: usize,
     frame: Option<Partial>,
     said_bye: bool,
-    /// Still read (a link whose reading ended is not expected to talk).
-    reading: bool,
     /// When bytes last came.
     heard: Instant,
 }
 
 impl Link {
+    /// [`Link::on_readable`], and the end of the link's reading if it ended
+    /// (false then): the node fails unless the peer said `Bye` first.
+    fn read(&mut self, node: &Node, now: Instant) -> bool {
+        match self.on_readable(node, now) {
+            Ok(()) => true,
+            Err(ended) => {
+                if let Ended::Failed(why) = ended {
+                    node.fail(why);
+                }
+                false
+            }
+        }
+    }
+
     fn lost(&self, why: String) -> Ended {
         Ended::Failed(lost(self.peer, &why))
     }
@@ -307,19 +320,6 @@ impl Link {
     }
 }
 
-impl Link {
-    /// [`Link::on_readable`], and the end of the link's reading if it ended:
-    /// the node fails unless the peer said `Bye` first.
-    fn read(&mut self, node: &Node, now: Instant) {
-        if let Err(ended) = self.on_readable(node, now) {
-            self.reading = false;
-            if let Ended::Failed(why) = ended {
-                node.fail(why);
-            }
-        }
-    }
-}
-
 /// The links' receiving sides, read by the communication thread when
 /// `poll` says a link is readable and by the node's idle processors while
 /// they wait ([`idle_progress`]), whichever holds the lock.
@@ -343,11 +343,13 @@ impl Link {
 pub(super) struct Rx {
     node: Node,
     reader: Mutex<Reader>,
-    /// Per link (as `Reader::links`): its socket and peer, and whether it
-    /// is still read, for the loop's `poll` set without the lock.
+    /// Per link (as `Reader::links`): its socket and peer, for the loop's
+    /// `poll` set without the lock.
     fds: Vec<(std::os::fd::RawFd, usize)>,
+    /// Per link: still read (a link whose reading ended is not expected to
+    /// talk). Cleared under the reader's lock, read without it.
     reading: Vec<AtomicBool>,
-    /// When a processor last passed ([`since_start`], ns).
+    /// When a processor last passed (`crate::since_start`, ns).
     passed: AtomicU64,
 }
 
@@ -364,12 +366,6 @@ struct Reader {
 /// 0.062 and 0.043 s; a hint from the core when a wait ends
 /// (`idle_done`, tried) did not bring the diffusion back.
 const POLLED_RECENTLY: Duration = Duration::from_micros(5);
-
-/// Nanoseconds since the first call (a clock an atomic can hold).
-fn since_start() -> u64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
 
 /// Every communication thread's [`Rx`] in this process (one but in tests,
 /// which start several nodes in one process).
@@ -392,12 +388,8 @@ impl Rx {
 
     /// Reads link `i` (the reader held), and records it if its reading ended.
     fn read(&self, reader: &mut Reader, i: usize, now: Instant) {
-        let link = &mut reader.links[i];
-        if link.reading {
-            link.read(&self.node, now);
-            if !link.reading {
-                self.reading[i].store(false, Ordering::Relaxed);
-            }
+        if self.reading[i].load(Ordering::Relaxed) && !reader.links[i].read(&self.node, now) {
+            self.reading[i].store(false, Ordering::Relaxed);
         }
     }
 
@@ -563,7 +555,6 @@ pub(super) fn run(links: Links, node: Node, limit: Duration, waker: Arc<Waker>) 
                 hi: 0,
                 frame: None,
                 said_bye: false,
-                reading: true,
                 heard: now,
             })
         })
@@ -839,7 +830,12 @@ impl Loop {
         }
         let frame = wire::control_frame(&Msg::Heartbeat);
         let reader = self.rx.lock();
-        for link in reader.links.iter().filter(|l| l.reading) {
+        let read = reader
+            .links
+            .iter()
+            .zip(&self.rx.reading)
+            .filter(|(_, r)| r.load(Ordering::Relaxed));
+        for (link, _) in read {
             // Not counted as traffic: it is the link's own upkeep.
             if send {
                 let _ = self.node.sender.push(link.peer, frame.clone(), true);

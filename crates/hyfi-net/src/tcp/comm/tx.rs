@@ -52,6 +52,13 @@ impl PeerTx {
         }
     }
 
+    /// Takes the `Step` frames `st` (this link's state, locked) holds back.
+    fn take_steps(&self, st: &mut TxState) -> Vec<u8> {
+        self.steps_held.store(false, Ordering::Relaxed);
+        st.steps_since = None;
+        std::mem::take(&mut st.steps)
+    }
+
     /// Publishes whether `st` (this link's state, locked) has a backlog
     /// to write. Called after every change to the backlog or the socket.
     pub(super) fn note(&self, st: &TxState) {
@@ -250,30 +257,29 @@ impl Sender {
         );
         let mut guard = tx.st.lock().unwrap_or_else(|e| e.into_inner());
         let st = &mut *guard;
-        let Some(sock) = st.sock.as_mut() else {
+        if st.sock.is_none() {
             return Err(Unsent::Closed);
-        };
+        }
         let frame = if st.steps.is_empty() {
             frame
         } else if control || st.backlog.is_empty() {
             // The held steps first, in the same write (they were entered
             // before this frame was sent).
-            tx.steps_held.store(false, Ordering::Relaxed);
-            st.steps_since = None;
-            let mut both = std::mem::take(&mut st.steps);
+            let mut both = tx.take_steps(st);
             both.extend_from_slice(&frame);
             both
         } else {
             // A bulk frame that must queue: the steps are control frames
             // and queue as one, ahead of the bulk not started (with the
             // step inside, a later control frame would overtake it).
-            tx.steps_held.store(false, Ordering::Relaxed);
-            st.steps_since = None;
-            let steps = std::mem::take(&mut st.steps);
+            let steps = tx.take_steps(st);
             let at = usize::from(st.head_off > 0) + st.controls;
             st.backlog.insert(at, steps);
             st.controls += 1;
             frame
+        };
+        let Some(sock) = st.sock.as_mut() else {
+            return Err(Unsent::Closed);
         };
         if st.backlog.is_empty() {
             let n = write_some(sock, &frame).map_err(Unsent::Write)?;
@@ -529,9 +535,7 @@ impl Sender {
                     return;
                 }
             }
-            tx.steps_held.store(false, Ordering::Relaxed);
-            st.steps_since = None;
-            std::mem::take(&mut st.steps)
+            tx.take_steps(&mut st)
         };
         if !held.is_empty() {
             // A link that cannot be written is failing: its reading side
