@@ -1,6 +1,6 @@
 //! Check 1: the collectives — all-reduces bit for bit in the documented
-//! order, reductions in post-phase code, barriers that wait for the last
-//! node.
+//! order, values of different lengths gathered in node order, reductions
+//! in post-phase code, barriers that wait for the last node.
 //!
 //! The order (`hyfi_core::link::collective`): a binomial tree over the
 //! ranks in which node `r` folds its children `r+1, r+2, r+4, …` (below
@@ -187,6 +187,35 @@ pub(super) fn check(rt: &Runtime, seed: u64, s: &mut Summary) -> Result<(), Stri
         }
         if n > 1 && order_sensitive(&vals, &want, &mut combine) {
             s.order_sensitive += 1;
+        }
+        s.allreduces += 1;
+    }
+
+    // Values of different lengths, gathered by concatenation
+    // (`allreduce_vec`, what a release's write notices ride in): every
+    // node's bytes, in node order, on every node; node `r` gives a value
+    // of `(r * 7 + k) % 5` words, none for some.
+    for k in 0..ROUNDS {
+        let vals: Vec<Vec<u64>> = (0..n)
+            .map(|r| {
+                let base = hash(&[seed, CHECK, 200 + k, r as u64]);
+                (0..((r as u64 * 7 + k) % 5))
+                    .map(|j| mix(base ^ j))
+                    .collect()
+            })
+            .collect();
+        let want: Vec<u64> = vals.concat();
+        let mut v = bytes(&vals[me]);
+        link.allreduce_vec(&mut v, &mut |acc, other| acc.extend_from_slice(other))
+            .map_err(|e| lerr("a gathering all-reduce of values of different lengths", e))?;
+        if v.len() != 8 * want.len() || words(&v) != want {
+            errors.push(format!(
+                "node {me}: gathering values of {:?} words (round {k}) gave {} bytes, not the \
+                 {} of every node's value in node order",
+                vals.iter().map(Vec::len).collect::<Vec<_>>(),
+                v.len(),
+                8 * want.len()
+            ));
         }
         s.allreduces += 1;
     }

@@ -35,6 +35,16 @@ pub trait NodeLink: Send + Sync + 'static {
         value: &mut [u8],
         combine: &mut dyn FnMut(&mut [u8], &[u8]),
     ) -> Result<(), LinkError>;
+    /// [`allreduce`](NodeLink::allreduce) of values whose lengths may
+    /// differ between nodes and which `combine` may change: a
+    /// concatenation gathers every node's value, in node order, in the
+    /// all-reduce's `log2(N)` latencies
+    /// ([`collective::allreduce_vec`](crate::link::collective::allreduce_vec)).
+    fn allreduce_vec(
+        &self,
+        value: &mut Vec<u8>,
+        combine: &mut dyn FnMut(&mut Vec<u8>, &[u8]),
+    ) -> Result<(), LinkError>;
     /// The link's own counters (messages and bytes by class); `None` if it
     /// keeps none.
     fn traffic(&self) -> Option<Traffic> {
@@ -222,6 +232,13 @@ impl NodeLink for SingleNode {
         &self,
         _value: &mut [u8],
         _combine: &mut dyn FnMut(&mut [u8], &[u8]),
+    ) -> Result<(), LinkError> {
+        Ok(())
+    }
+    fn allreduce_vec(
+        &self,
+        _value: &mut Vec<u8>,
+        _combine: &mut dyn FnMut(&mut Vec<u8>, &[u8]),
     ) -> Result<(), LinkError> {
         Ok(())
     }

@@ -164,6 +164,13 @@ impl NodeLink for TwoNodes {
     ) -> Result<(), LinkError> {
         Ok(())
     }
+    fn allreduce_vec(
+        &self,
+        _: &mut Vec<u8>,
+        _: &mut dyn FnMut(&mut Vec<u8>, &[u8]),
+    ) -> Result<(), LinkError> {
+        Ok(())
+    }
 }
 
 #[test]

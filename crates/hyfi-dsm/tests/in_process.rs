@@ -598,3 +598,13 @@ fn a_malformed_release_ends_the_job_with_its_cause_on_every_node() {
         );
     }
 }
+
+/// On more than two nodes the write notices ride in the release's
+/// all-reduce (gathered, not sent to every node): a tree (5 and 7 nodes)
+/// and recursive doubling (8), several seeds.
+#[test]
+fn random_multi_writer_rounds_on_five_seven_and_eight_nodes() {
+    for (nodes, seed) in [(5, 4), (7, 5), (8, 6), (8, 7)] {
+        run(nodes, 1, 8, seed);
+    }
+}

@@ -107,16 +107,65 @@ fn check<C: Channel>(ch: &C, from: usize, got: &[u8], value: &[u8]) -> Result<()
 /// All-reduces `value` with `combine` over `ch`: on return every node holds
 /// the combination of every node's value, in the order the module docs
 /// give. `seq` numbers the collective: every node calls collectives in the
-/// same order, with the same numbers.
+/// same order, with the same numbers. Every node's value has the same
+/// length ([`SizeMismatch`] otherwise: the nodes diverged).
 pub fn allreduce<C: Channel>(
     ch: &C,
     seq: u64,
     value: &mut [u8],
     combine: &mut dyn FnMut(&mut [u8], &[u8]),
 ) -> Result<(), C::Error> {
+    let mut v = value.to_vec();
+    combining(ch, seq, &mut v, true, &mut |acc, other| combine(acc, other))?;
+    value.copy_from_slice(&v);
+    Ok(())
+}
+
+/// [`allreduce`] of values whose lengths may differ from node to node, and
+/// which `combine` may change: a concatenation (`acc.extend(other)`)
+/// gathers every node's value, in node order, on every node, in the same
+/// `log2(N)` latencies as a reduction (what a release's write notices ride
+/// in, in hyfi-dsm).
+pub fn allreduce_vec<C: Channel>(
+    ch: &C,
+    seq: u64,
+    value: &mut Vec<u8>,
+    combine: &mut dyn FnMut(&mut Vec<u8>, &[u8]),
+) -> Result<(), C::Error> {
+    combining(ch, seq, value, false, combine)
+}
+
+/// The binomial tree, or recursive doubling on a power of two: see the
+/// module docs. `same_size`: a value of another length than this node's is
+/// an error.
+fn combining<C: Channel>(
+    ch: &C,
+    seq: u64,
+    value: &mut Vec<u8>,
+    same_size: bool,
+    combine: &mut dyn FnMut(&mut Vec<u8>, &[u8]),
+) -> Result<(), C::Error> {
     let (r, n) = (ch.rank(), ch.nodes());
+    let check = |from: usize, got: &[u8], value: &[u8]| match same_size {
+        true => check(ch, from, got, value),
+        false => Ok(()),
+    };
     if n.is_power_of_two() {
-        return doubling(ch, seq, value, combine);
+        let mut m = 1usize;
+        while m < n {
+            let partner = r ^ m;
+            ch.send(partner, seq, Dir::Up, value)?;
+            let mut d = ch.recv(partner, seq, Dir::Up)?;
+            check(partner, &d, value)?;
+            if r < partner {
+                combine(value, &d);
+            } else {
+                combine(&mut d, value);
+                *value = d;
+            }
+            m <<= 1;
+        }
+        return Ok(());
     }
     let mut mask = 1usize;
     while mask < n {
@@ -127,7 +176,7 @@ pub fn allreduce<C: Channel>(
         let child = r + mask;
         if child < n {
             let d = ch.recv(child, seq, Dir::Up)?;
-            check(ch, child, &d, value)?;
+            check(child, &d, value)?;
             combine(value, &d);
         }
         mask <<= 1;
@@ -135,8 +184,8 @@ pub fn allreduce<C: Channel>(
     if r != 0 {
         let parent = r & (r - 1); // r minus its lowest set bit
         let d = ch.recv(parent, seq, Dir::Down)?;
-        check(ch, parent, &d, value)?;
-        value.copy_from_slice(&d);
+        check(parent, &d, value)?;
+        *value = d;
     }
     // Children of r: r + m for every power of two m below r's lowest set
     // bit (all of them for node 0), largest subtree first.
@@ -151,31 +200,6 @@ pub fn allreduce<C: Channel>(
             ch.send(r + m, seq, Dir::Down, value)?;
         }
         m >>= 1;
-    }
-    Ok(())
-}
-
-/// All-reduce by recursive doubling (N a power of two): see the module docs.
-fn doubling<C: Channel>(
-    ch: &C,
-    seq: u64,
-    value: &mut [u8],
-    combine: &mut dyn FnMut(&mut [u8], &[u8]),
-) -> Result<(), C::Error> {
-    let (r, n) = (ch.rank(), ch.nodes());
-    let mut m = 1usize;
-    while m < n {
-        let partner = r ^ m;
-        ch.send(partner, seq, Dir::Up, value)?;
-        let mut d = ch.recv(partner, seq, Dir::Up)?;
-        check(ch, partner, &d, value)?;
-        if r < partner {
-            combine(value, &d);
-        } else {
-            combine(&mut d, value);
-            value.copy_from_slice(&d);
-        }
-        m <<= 1;
     }
     Ok(())
 }
@@ -263,6 +287,19 @@ impl Collectives {
         }
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         allreduce(self, seq, value, combine)
+    }
+
+    /// [`allreduce_vec`], numbered as [`Collectives::allreduce`].
+    pub fn allreduce_vec(
+        &self,
+        value: &mut Vec<u8>,
+        combine: &mut dyn FnMut(&mut Vec<u8>, &[u8]),
+    ) -> Result<(), LinkError> {
+        if self.nodes == 1 {
+            return Ok(());
+        }
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        allreduce_vec(self, seq, value, combine)
     }
 
     /// Returns once every node has entered the barrier.

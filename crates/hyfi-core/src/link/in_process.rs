@@ -430,6 +430,14 @@ impl NodeLink for InProcess {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         collective::allreduce(self, seq, value, combine)
     }
+    fn allreduce_vec(
+        &self,
+        value: &mut Vec<u8>,
+        combine: &mut dyn FnMut(&mut Vec<u8>, &[u8]),
+    ) -> Result<(), LinkError> {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        collective::allreduce_vec(self, seq, value, combine)
+    }
     fn abort(&self, cause: &str) {
         self.hub.fail(format!("node {} aborted: {cause}", self.me));
     }

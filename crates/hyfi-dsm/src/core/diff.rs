@@ -107,6 +107,15 @@ impl<'a> Diff<'a> {
         }
     }
 
+    /// Writes the runs into `twin`, a snapshot of the page (words as they
+    /// lie in memory).
+    pub(super) fn apply_to_twin(&self, twin: &mut Words) {
+        let page: &mut [u8] = bytemuck::cast_slice_mut(&mut twin[..]);
+        for (off, bytes) in self.runs() {
+            page[off..off + bytes.len()].copy_from_slice(bytes);
+        }
+    }
+
     /// Writes the runs into the page at `dst`, byte by byte.
     ///
     /// # Safety
@@ -198,6 +207,10 @@ mod tests {
         // SAFETY: a page-sized, 8-aligned buffer.
         unsafe { d.apply(other.as_mut_ptr() as *mut u8) };
         assert_eq!(other, page);
+        // And to a twin: the same words.
+        let mut twin = t.clone();
+        d.apply_to_twin(&mut twin);
+        assert_eq!(twin.to_vec(), page);
         // A third party's write to byte 25 (between the two runs) survives.
         let mut third: Vec<u64> = t.to_vec();
         bytes(&mut third)[25] = 0x11;

@@ -115,10 +115,21 @@ impl Core {
             let (seg, p) = self.page_homed_at(d.page, self.me, "a diff for")?;
             // The writer keeps its copy (it equals this one once every
             // diff is in, unless another writer's notice drops it).
-            seg.lock(p).copies.insert(from);
+            let mut m = seg.lock(p);
+            m.copies.insert(from);
+            if let Some(twin) = m.twin.as_deref_mut() {
+                // Served this phase while the home could write it without a
+                // fault (server.rs): the release pushes the page if it no
+                // longer equals this snapshot, which must then mean the
+                // home wrote it, not that a diff came. (Else the writer got
+                // its own write pushed back, dropped it, and fetched the
+                // page again.)
+                d.apply_to_twin(twin);
+            }
             // SAFETY: a page of a live segment homed here; diff bytes are
             // written with byte atomics.
             unsafe { d.apply(seg.page_ptr(p)) };
+            drop(m);
             self.ctr(self.procs)
                 .diffs_applied
                 .fetch_add(1, Ordering::Relaxed);
@@ -238,8 +249,12 @@ impl Core {
         self.decline_unused(&mut r);
         let noticed_home = self.diffs_and_pushes(&mut r);
         let (sent, mut noticed) = self.send_releases(&mut r, &noticed_home, carried.as_ref());
-        let expected = self.count_releases(link, &sent, carried.as_mut())?;
-        let (notices, pushes, others) = self.await_releases(epoch, expected)?;
+        let (expected, gathered) =
+            self.count_releases(phase, link, &sent, &noticed, carried.as_mut())?;
+        let (mut notices, pushes, others) = self.await_releases(epoch, expected)?;
+        // The others' notices: in their `REL`s on two nodes, gathered in the
+        // all-reduce on more.
+        notices.extend(gathered);
         // This node's notices and the others': every page some node other
         // than its home wrote in the phase.
         noticed.extend_from_slice(&notices);
@@ -387,11 +402,12 @@ impl Core {
         noticed_home
     }
 
-    /// 2. Notices, and a `REL` to every other node there is something
-    ///    for: notices (which go to every node: only a page's home knows
-    ///    who holds a copy), or diffs, pushes or declines of its own.
+    /// 2. A `REL` to every other node there is something for: diffs,
+    ///    pushes or declines (on two nodes, always, with the notices).
     ///    Returns the `REL`s sent, one count per node, and this node's
-    ///    notices.
+    ///    notices: pages homed elsewhere that it wrote, and pages homed here
+    ///    that others may hold unknown to it (`presumed`); every node needs
+    ///    them, since only a page's home knows who holds a copy.
     fn send_releases(
         &self,
         r: &mut Round,
@@ -432,12 +448,15 @@ impl Core {
             Some(c) if self.dense_release() => &*c.value,
             _ => &[],
         };
+        // On more than two nodes the notices ride in the all-reduce of the
+        // counts (every node needs them, and a `REL` to each would be N − 1
+        // messages a node); on two, in the `REL` every release sends.
+        let notices: &[(u64, u32)] = if self.dense_release() { &ranges } else { &[] };
         let mut sent = vec![0u32; self.nodes];
         for (q, body) in bodies.iter().enumerate() {
-            if q == self.me || (!self.dense_release() && ranges.is_empty() && body.is_empty()) {
+            if q == self.me || (!self.dense_release() && body.is_empty()) {
                 continue;
             }
-            let notices = &ranges;
             self.send(
                 q,
                 slot,
@@ -453,38 +472,37 @@ impl Core {
         (sent, ranges)
     }
 
-    /// 3a. How many `REL`s of this epoch come to this node: the sum over
-    ///     the nodes of what each sent it, by one all-reduce of a count per
-    ///     node (log-depth over the link, and the phase's barrier: every
-    ///     node has sent its `REL`s when it enters it). The phase's
-    ///     reductions, if it carries some, ride in it after the counts.
+    /// 3a. How many `REL`s of this epoch come to this node, and the other
+    ///     nodes' write notices: one all-reduce (log-depth over the link,
+    ///     and the phase's barrier: every node has sent its `REL`s when it
+    ///     enters it) of a count per node, summed, the phase's reductions
+    ///     if it carries some, combined, and every node's notices, gathered
+    ///     (see [`Gathered`]). On two nodes the `REL` carries all of it, and
+    ///     no all-reduce runs.
     fn count_releases(
         &self,
+        phase: usize,
         link: &dyn hyfi_core::NodeLink,
         sent: &[u32],
-        mut carried: Option<&mut Carried<'_>>,
-    ) -> Result<usize, ReleaseError> {
+        notices: &[(u64, u32)],
+        carried: Option<&mut Carried<'_>>,
+    ) -> Result<(usize, Vec<(u64, u32)>), ReleaseError> {
         if self.dense_release() {
             // Two nodes: each always sends the other its `REL`, and waiting
             // for it is the barrier (one message, one latency, where the
             // count's exchange would add a second round).
-            return Ok(self.nodes - 1);
+            return Ok((self.nodes - 1, Vec::new()));
         }
-        let mut v: Vec<u8> = sent.iter().flat_map(|c| c.to_le_bytes()).collect();
-        let counts = v.len();
-        if let Some(c) = &carried {
-            v.extend_from_slice(c.value);
-        }
-        let mut add = |acc: &mut [u8], other: &[u8]| {
-            let (acc, more) = acc.split_at_mut(counts);
-            for (a, b) in acc.chunks_exact_mut(4).zip(other.chunks_exact(4)) {
-                let s = u32::from_le_bytes(a.try_into().expect("4 bytes"))
-                    + u32::from_le_bytes(b.try_into().expect("4 bytes"));
-                a.copy_from_slice(&s.to_le_bytes());
-            }
-            if let Some(c) = carried.as_mut() {
-                (c.combine)(more, &other[counts..]);
-            }
+        let (value, mut reduce) = match carried {
+            Some(Carried { value, combine }) => (Some(value), Some(combine)),
+            None => (None, None),
+        };
+        let mine: &[u8] = value.as_deref().map_or(&[], |v| &**v);
+        let clen = mine.len();
+        let mut v = Gathered::encode(self.me, sent, mine, notices);
+        let nodes = self.nodes;
+        let mut combine = |acc: &mut Vec<u8>, other: &[u8]| {
+            Gathered::combine(nodes, acc, other, reduce.as_deref_mut())
         };
         let _w = hyfi_core::waits::waiting(
             |a| {
@@ -496,13 +514,27 @@ impl Core {
             },
             [self.completed.load(Ordering::Acquire), 0, 0],
         );
-        link.allreduce(&mut v, &mut add)
+        link.allreduce_vec(&mut v, &mut combine)
             .map_err(ReleaseError::Link)?;
-        if let Some(c) = carried {
-            c.value.copy_from_slice(&v[counts..]);
+        let g = Gathered::decode(nodes, &v, clen).map_err(|e| match e {
+            Undecodable::Diverged { from, got } => ReleaseError::Carried {
+                me: self.me,
+                from,
+                phase,
+                got,
+                expected: clen,
+            },
+            Undecodable::Stray(len) => ReleaseError::Notice(ProtocolError::StrayBytes { len }),
+        })?;
+        if let Some(value) = value {
+            value.copy_from_slice(g.carried);
         }
-        let k = 4 * self.me;
-        Ok(u32::from_le_bytes(v[k..k + 4].try_into().expect("4 bytes")) as usize)
+        let others = g
+            .notices()
+            .filter(|&(_, _, writer)| writer != self.me)
+            .map(|(first, len, _)| (first, len))
+            .collect();
+        Ok((g.count(self.me), others))
     }
 
     /// On two nodes every release sends its `REL` even when it is empty
@@ -716,6 +748,155 @@ impl Core {
         for (from, _, pages) in ready {
             self.serve(from, &pages);
         }
+    }
+}
+
+/// What a release all-reduces on more than two nodes, as bytes: a header,
+/// the count of `REL`s each node sent to each node (summed), the phase's
+/// reductions (combined), and write notices (gathered: concatenated in
+/// node order, each tagged with its writer). Every node must know every
+/// notice, since only a page's home knows who holds a copy; gathering them
+/// here takes the all-reduce's `log2 N` messages a node, where a `REL`
+/// carrying them to every node took `N − 1` (issue 23).
+///
+/// The header is the lowest node the value combines (`first`), the length
+/// of its reductions, and the first disagreement found on the way (two
+/// nodes and their reductions' lengths, or `NONE`): nodes that name
+/// different reductions get the error on every node, never a hang.
+struct Gathered<'v> {
+    counts: &'v [u8],
+    carried: &'v [u8],
+    notices: &'v [u8],
+}
+
+/// Why a gathered value cannot be read.
+enum Undecodable {
+    /// Node `from` carried `got` bytes of reductions, this node another count.
+    Diverged { from: usize, got: usize },
+    /// The notices end in a piece of an entry.
+    Stray(usize),
+}
+
+const HEAD: usize = 24;
+const NONE: u32 = u32::MAX;
+/// A notice entry: first page (u64), pages (u32), writer (u32).
+const ENTRY: usize = 16;
+
+fn word(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+impl<'v> Gathered<'v> {
+    fn encode(me: usize, sent: &[u32], carried: &[u8], notices: &[(u64, u32)]) -> Vec<u8> {
+        let mut v =
+            Vec::with_capacity(HEAD + 4 * sent.len() + carried.len() + ENTRY * notices.len());
+        for w in [me as u32, carried.len() as u32, NONE, 0, NONE, 0] {
+            v.extend_from_slice(&w.to_le_bytes());
+        }
+        for c in sent {
+            v.extend_from_slice(&c.to_le_bytes());
+        }
+        v.extend_from_slice(carried);
+        for &(first, len) in notices {
+            v.extend_from_slice(&first.to_le_bytes());
+            v.extend_from_slice(&len.to_le_bytes());
+            v.extend_from_slice(&(me as u32).to_le_bytes());
+        }
+        v
+    }
+
+    /// `acc ∘ other`, `acc` the lower nodes' value (the order the link's
+    /// all-reduce keeps).
+    fn combine<R: FnMut(&mut [u8], &[u8]) + ?Sized>(
+        nodes: usize,
+        acc: &mut Vec<u8>,
+        other: &[u8],
+        reduce: Option<&mut R>,
+    ) {
+        let fixed = |b: &[u8]| HEAD + 4 * nodes + word(b, 4) as usize;
+        if word(acc, 8) != NONE {
+            return; // diverged already: only the first disagreement counts
+        }
+        let mark = |acc: &mut [u8], w: [u32; 4]| {
+            for (k, w) in w.into_iter().enumerate() {
+                acc[8 + 4 * k..12 + 4 * k].copy_from_slice(&w.to_le_bytes());
+            }
+        };
+        let (a, la) = (word(acc, 0), word(acc, 4));
+        if other.len() < HEAD || other.len() < fixed(other) {
+            // Not a value of this layout (the link checks its frames, so
+            // only a broken transport sends one): a divergence of unknown
+            // origin.
+            mark(acc, [a, la, NONE - 1, other.len() as u32]);
+            return;
+        }
+        if word(other, 8) != NONE {
+            mark(acc, std::array::from_fn(|k| word(other, 8 + 4 * k)));
+            return;
+        }
+        if word(other, 4) != la {
+            mark(acc, [a, la, word(other, 0), word(other, 4)]);
+            return;
+        }
+        let end = fixed(acc);
+        let (head, rest) = acc.split_at_mut(HEAD + 4 * nodes);
+        for (a, b) in head[HEAD..]
+            .chunks_exact_mut(4)
+            .zip(other[HEAD..HEAD + 4 * nodes].chunks_exact(4))
+        {
+            let s = u32::from_le_bytes(a.try_into().expect("4 bytes"))
+                + u32::from_le_bytes(b.try_into().expect("4 bytes"));
+            a.copy_from_slice(&s.to_le_bytes());
+        }
+        if let Some(reduce) = reduce {
+            reduce(
+                &mut rest[..end - HEAD - 4 * nodes],
+                &other[HEAD + 4 * nodes..end],
+            );
+        }
+        acc.extend_from_slice(&other[end..]);
+    }
+
+    fn decode(nodes: usize, v: &'v [u8], mine: usize) -> Result<Gathered<'v>, Undecodable> {
+        let end = HEAD + 4 * nodes + mine;
+        if v.len() < end {
+            // Only a broken transport shortens a value (see `combine`).
+            return Err(Undecodable::Stray(v.len()));
+        }
+        if word(v, 8) != NONE {
+            let (a, la) = (word(v, 8) as usize, word(v, 12) as usize);
+            let (b, lb) = (word(v, 16) as usize, word(v, 20) as usize);
+            return Err(if la != mine {
+                Undecodable::Diverged { from: a, got: la }
+            } else {
+                Undecodable::Diverged { from: b, got: lb }
+            });
+        }
+        let notices = &v[end..];
+        if notices.len() % ENTRY != 0 {
+            return Err(Undecodable::Stray(notices.len() % ENTRY));
+        }
+        Ok(Gathered {
+            counts: &v[HEAD..HEAD + 4 * nodes],
+            carried: &v[HEAD + 4 * nodes..end],
+            notices,
+        })
+    }
+
+    /// The `REL`s sent to node `q`.
+    fn count(&self, q: usize) -> usize {
+        word(self.counts, 4 * q) as usize
+    }
+
+    /// Every node's notices, in node order: (first page, pages, writer).
+    fn notices(&self) -> impl Iterator<Item = (u64, u32, usize)> + '_ {
+        self.notices.chunks_exact(ENTRY).map(|e| {
+            (
+                u64::from_le_bytes(e[..8].try_into().expect("8 bytes")),
+                word(e, 8),
+                word(e, 12) as usize,
+            )
+        })
     }
 }
 

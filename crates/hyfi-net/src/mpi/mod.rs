@@ -617,6 +617,14 @@ impl NodeLink for MpiLink {
         self.failed()?;
         self.coll.allreduce(value, combine)
     }
+    fn allreduce_vec(
+        &self,
+        value: &mut Vec<u8>,
+        combine: &mut dyn FnMut(&mut Vec<u8>, &[u8]),
+    ) -> Result<(), LinkError> {
+        self.failed()?;
+        self.coll.allreduce_vec(value, combine)
+    }
     fn traffic(&self) -> Option<Traffic> {
         Some(self.shared.counters.traffic())
     }

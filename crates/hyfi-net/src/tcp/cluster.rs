@@ -263,6 +263,15 @@ impl NodeLink for Cluster {
     ) -> Result<(), LinkError> {
         Cluster::allreduce(self, value, combine).map_err(|e| Box::new(e) as LinkError)
     }
+    fn allreduce_vec(
+        &self,
+        value: &mut Vec<u8>,
+        combine: &mut dyn FnMut(&mut Vec<u8>, &[u8]),
+    ) -> Result<(), LinkError> {
+        self.coll
+            .allreduce_vec(&self.comm, value, combine)
+            .map_err(|e| Box::new(e) as LinkError)
+    }
 }
 
 impl Drop for Cluster {

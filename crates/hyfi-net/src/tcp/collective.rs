@@ -72,6 +72,18 @@ impl Collectives {
         collective::allreduce(&Tcp(comm), seq, value, combine)
     }
 
+    /// [`collective::allreduce_vec`]: values of any length, gathered or
+    /// combined.
+    pub fn allreduce_vec(
+        &self,
+        comm: &Comm,
+        value: &mut Vec<u8>,
+        combine: &mut dyn FnMut(&mut Vec<u8>, &[u8]),
+    ) -> Result<(), NetError> {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        collective::allreduce_vec(&Tcp(comm), seq, value, combine)
+    }
+
     /// Returns once every node has entered the barrier.
     pub fn barrier(&self, comm: &Comm) -> Result<(), NetError> {
         self.allreduce(comm, &mut [], &mut |_, _| {})
