@@ -59,6 +59,9 @@ counters! {
     pushes_installed,
     /// Pages pushed here that no access used before the next release: dropped and declined.
     pushes_declined,
+    /// Pushes this node, as their home, did not send: another node wrote the
+    /// page in the same phase, so every receiver would have dropped it.
+    pushes_withheld,
     /// Copies invalidated by other nodes' write notices (or by a push voided by one).
     invalidations,
     /// Nanoseconds filthreads (and threads) spent waiting for pages.
@@ -110,7 +113,7 @@ impl fmt::Display for DsmCounters {
             f,
             "read faults {}, write faults {}, pages fetched {} served {} (deferred {}), \
              diffs sent {} ({} B) applied {}, notices {}, invalidations {}, \
-             pushed {} installed {} declined {}, \
+             pushed {} installed {} declined {} withheld {}, \
              waiting {:.3} ms, releases {:.3} ms, {} messages ({} B), \
              write views plain {} atomic {} (requests waited for plain stores {}), \
              broadcast sent {} received {} installed {} dropped {}, \
@@ -128,6 +131,7 @@ impl fmt::Display for DsmCounters {
             self.pages_pushed,
             self.pushes_installed,
             self.pushes_declined,
+            self.pushes_withheld,
             self.wait_ns as f64 / 1e6,
             self.release_ns as f64 / 1e6,
             self.messages_sent,

@@ -608,3 +608,88 @@ fn random_multi_writer_rounds_on_five_seven_and_eight_nodes() {
         run(nodes, 1, 8, seed);
     }
 }
+
+/// A page its home and another node both write in one phase: the home
+/// sends no push (every receiver would drop it) but a notice of its own
+/// write, which invalidates the other writer's copy, and every node reads
+/// both writes in the next phase. Node 0 (the home of page 0) writes its
+/// word 0 and node 1 its word 1 in phase A; node 0's filament ends 50 ms
+/// after node 1's (whose release then sends its diff at once), so that the
+/// diff is applied before node 0 builds its pushes. In phase B every node
+/// reads both words (on 3 nodes node 2 holds a copy it never writes).
+fn both_write_node(
+    link: Arc<InProcess>,
+    rounds: u64,
+    written: Arc<std::sync::atomic::AtomicU64>,
+) -> Result<DsmStats, String> {
+    use std::sync::atomic::Ordering::{Acquire, Release};
+    let (rt, dsm) = start(&link, 1)?;
+    let v: DsmVec<u64> = dsm
+        .vec::<u64>(PAGE / 8)
+        .placement(Placement::Node(0))
+        .from_fn(|_| 0)
+        .map_err(|e| e.to_string())?;
+    let me = rt.node();
+    let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut one = PoolArray::new(&rt, 1);
+    one.pool(0).push(me);
+    let mut prog = Program::new();
+    prog.phase(
+        one.clone(),
+        |ctx, node| {
+            let k = ctx.iteration();
+            match node {
+                0 => {
+                    v.set(0, 10 * k + 1);
+                    let t = std::time::Instant::now();
+                    while written.load(Acquire) <= k && t.elapsed().as_secs() < 10 {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                1 => {
+                    v.set(1, 10 * k + 2);
+                    written.store(k + 1, Release);
+                }
+                _ => {}
+            }
+        },
+        |_| Control::Continue,
+    );
+    prog.phase(
+        one,
+        |ctx, node| {
+            let k = ctx.iteration();
+            let got = (v.get(0), v.get(1));
+            if got != (10 * k + 1, 10 * k + 2) {
+                bad.lock()
+                    .unwrap()
+                    .push(format!("node {node}, round {k}: read {got:?}"));
+            }
+        },
+        |post| {
+            if post.iteration() + 1 >= rounds {
+                Control::Done
+            } else {
+                Control::Continue
+            }
+        },
+    );
+    run_checked(&rt, prog, &bad, &dsm)
+}
+
+#[test]
+fn a_page_its_home_and_another_node_write_is_noticed_not_pushed() {
+    let rounds = 6;
+    for nodes in [2, 3] {
+        let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let st = on_nodes_ok(nodes, move |l| both_write_node(l, rounds, written.clone()));
+        let home = &st[0].total;
+        // Over the rounds at least one diff came before the home's pushes
+        // were built (node 1 had 50 ms to send it in each).
+        assert!(home.pushes_withheld >= 1, "{nodes} nodes: {home}");
+        // Nobody installed a push of a page two nodes wrote.
+        let installed: u64 = st.iter().map(|s| s.total.pushes_installed).sum();
+        assert_eq!(installed, 0, "{nodes} nodes: {home}");
+    }
+}

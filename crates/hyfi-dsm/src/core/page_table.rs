@@ -116,6 +116,9 @@ pub(crate) struct Meta {
     /// At the home: it wrote the page this phase through a write fault
     /// (the page had copies elsewhere). Cleared at the release.
     pub(super) faulted: bool,
+    /// At the home: one more than the epoch of the last release in which
+    /// another node's diff of the page was applied here (0: none).
+    pub(super) diffed: u64,
     /// A broadcast installed the page while this node's request for it was
     /// in flight: the reply is dropped when it comes (core/broadcast.rs).
     pub(super) reply_due: bool,

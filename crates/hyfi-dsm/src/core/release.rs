@@ -117,6 +117,7 @@ impl Core {
             // diff is in, unless another writer's notice drops it).
             let mut m = seg.lock(p);
             m.copies.insert(from);
+            m.diffed = rel.epoch + 1;
             if let Some(twin) = m.twin.as_deref_mut() {
                 // Served this phase while the home could write it without a
                 // fault (server.rs): the release pushes the page if it no
@@ -340,13 +341,15 @@ impl Core {
 
     /// 1. Diffs per home, pages back to `READ`; as a home, the pages written
     ///    here go to the nodes holding a copy. Returns the home pages whose
-    ///    first write is noticed to every node (zeroed copies everywhere).
+    ///    write is noticed to every node instead (sorted): a first write
+    ///    (zeroed copies everywhere), or one another node wrote too.
     fn diffs_and_pushes(&self, r: &mut Round) -> Vec<u64> {
         let Round {
             bodies,
             cache,
             dirty,
             slot,
+            epoch,
             ..
         } = r;
         let mut noticed_home: Vec<u64> = Vec::new();
@@ -382,6 +385,19 @@ impl Core {
             } else if m.presumed {
                 // Copies nobody was served: a notice to every node (below).
                 m.presumed = false;
+                noticed_home.push(gp);
+            } else if m.diffed == *epoch + 1 {
+                // Another node wrote the page too, and its notice names it:
+                // every receiver would drop a push (core/README.md), the
+                // writer because it wrote the page, the others because its
+                // diff may be missing. A notice of the home's own write
+                // does what the dropped push did: it invalidates the
+                // writer's copy, which lacks the home's bytes. (A diff that
+                // comes after this point lets the pushes go, to be
+                // dropped.)
+                self.ctr(*slot)
+                    .pushes_withheld
+                    .fetch_add(m.copies.iter().count() as u64, Ordering::Relaxed);
                 noticed_home.push(gp);
             } else {
                 let page = seg.page_ptr(p);
