@@ -62,6 +62,9 @@ counters! {
     /// Pushes this node, as their home, did not send: another node wrote the
     /// page in the same phase, so every receiver would have dropped it.
     pushes_withheld,
+    /// Pages this node, as their home, pushed through the release's
+    /// all-reduce (at least half the other nodes hold them), once each.
+    pushes_gathered,
     /// Copies invalidated by other nodes' write notices (or by a push voided by one).
     invalidations,
     /// Nanoseconds filthreads (and threads) spent waiting for pages.
@@ -113,7 +116,7 @@ impl fmt::Display for DsmCounters {
             f,
             "read faults {}, write faults {}, pages fetched {} served {} (deferred {}), \
              diffs sent {} ({} B) applied {}, notices {}, invalidations {}, \
-             pushed {} installed {} declined {} withheld {}, \
+             pushed {} installed {} declined {} withheld {} gathered {}, \
              waiting {:.3} ms, releases {:.3} ms, {} messages ({} B), \
              write views plain {} atomic {} (requests waited for plain stores {}), \
              broadcast sent {} received {} installed {} dropped {}, \
@@ -132,6 +135,7 @@ impl fmt::Display for DsmCounters {
             self.pushes_installed,
             self.pushes_declined,
             self.pushes_withheld,
+            self.pushes_gathered,
             self.wait_ns as f64 / 1e6,
             self.release_ns as f64 / 1e6,
             self.messages_sent,

@@ -397,3 +397,100 @@ fn writers_that_are_not_homes_send_one_rel_per_phase_on_3_8_64_and_256_nodes() {
     ring_counts(64);
     ring_counts(256);
 }
+
+/// One node of a table every node reads, written by its home each round
+/// (a k-means step's centroids): node 0 writes one page in phase W, every
+/// node reads and checks it in phase R. Returns the node's counters over
+/// the last `rounds` rounds.
+fn table_node(link: Arc<InProcess>, warm: u64, rounds: u64) -> Result<DsmCounters, String> {
+    let (rt, dsm) = start(&link, 1)?;
+    let me = rt.node();
+    let words = PAGE / 8;
+    let t = dsm
+        .vec::<u64>(words)
+        .placement(Placement::Node(0))
+        .from_fn(|_| 0)
+        .map_err(|e| e.to_string())?;
+    let stale = std::sync::atomic::AtomicU64::new(0);
+    let snaps = std::sync::Mutex::new(Vec::new());
+    let mut writer = PoolArray::<usize>::new(&rt, 1);
+    if me == 0 {
+        writer.pool(0).push(0);
+    }
+    let mut readers = PoolArray::<usize>::new(&rt, 1);
+    readers.pool(0).push(me);
+    let mut prog = Program::new();
+    prog.phase(
+        writer,
+        |ctx, _| {
+            let k = ctx.iteration();
+            for j in 0..words {
+                t.set(j, k * 1_000_000 + j as u64);
+            }
+        },
+        |_| Control::Continue,
+    );
+    prog.phase(
+        readers,
+        |ctx, _| {
+            let k = ctx.iteration();
+            let bad = (0..words)
+                .filter(|&j| t.get(j) != k * 1_000_000 + j as u64)
+                .count();
+            stale.fetch_add(bad as u64, std::sync::atomic::Ordering::Relaxed);
+        },
+        |post| {
+            let k = post.iteration() + 1;
+            if k == warm || k == warm + rounds {
+                snaps.lock().unwrap().push(dsm.stats().total);
+            }
+            if k >= warm + rounds {
+                Control::Done
+            } else {
+                Control::Continue
+            }
+        },
+    );
+    rt.start(&mut prog).map_err(|e| e.to_string())?;
+    drop(prog);
+    let stale = stale.into_inner();
+    if stale > 0 {
+        return Err(format!("node {me}: {stale} stale words read"));
+    }
+    let snaps = snaps.into_inner().unwrap();
+    let (before, after) = (snaps[0], snaps[1]);
+    Ok(DsmCounters {
+        messages_sent: after.messages_sent - before.messages_sent,
+        pages_pushed: after.pages_pushed - before.pages_pushed,
+        pushes_gathered: after.pushes_gathered - before.pushes_gathered,
+        pushes_installed: after.pushes_installed - before.pushes_installed,
+        pages_fetched: after.pages_fetched - before.pages_fetched,
+        ..DsmCounters::default()
+    })
+}
+
+fn table_counts(nodes: usize) {
+    let (warm, rounds) = (3, 5);
+    let out = on_nodes_ok(nodes, move |l| table_node(l, warm, rounds));
+    for (me, d) in out.iter().enumerate() {
+        // The home sends its page through the release's all-reduce once a
+        // round, and no `REL`: before, one `REL` to each of the N − 1
+        // readers. The readers find it installed: no fetch, no message.
+        assert_eq!(d.messages_sent, 0, "node {me} of {nodes}: {d}");
+        assert_eq!(d.pages_fetched, 0, "node {me} of {nodes}: {d}");
+        assert_eq!(d.pages_pushed, 0, "node {me} of {nodes}: {d}");
+        if me == 0 {
+            assert_eq!(d.pushes_gathered, rounds, "node {me} of {nodes}: {d}");
+        } else {
+            assert_eq!(d.pushes_installed, rounds, "node {me} of {nodes}: {d}");
+        }
+    }
+}
+
+#[test]
+fn a_page_every_node_reads_reaches_them_in_the_all_reduce_on_3_8_64_and_256_nodes() {
+    table_counts(3);
+    table_counts(8);
+    table_counts(64);
+    table_counts(256);
+}

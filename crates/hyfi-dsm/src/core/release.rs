@@ -25,6 +25,10 @@ struct Round {
     declined: Vec<u64>,
     /// What goes to each node.
     bodies: Vec<ReleaseBody>,
+    /// Pages written here, as their home, that at least half the other
+    /// nodes hold: pushed through the release's all-reduce (see
+    /// [`Gathered`]) instead of in a `REL` to each.
+    gathered: Vec<(u64, Vec<u8>)>,
     /// The segment of the last page looked up.
     cache: Option<Arc<Segment>>,
 }
@@ -245,17 +249,23 @@ impl Core {
             dirty,
             declined: Vec::new(),
             bodies: (0..self.nodes).map(|_| ReleaseBody::default()).collect(),
+            gathered: Vec::new(),
             cache: None,
         };
         self.decline_unused(&mut r);
         let noticed_home = self.diffs_and_pushes(&mut r);
         let (sent, mut noticed) = self.send_releases(&mut r, &noticed_home, carried.as_ref());
-        let (expected, gathered) =
-            self.count_releases(phase, link, &sent, &noticed, carried.as_mut())?;
-        let (mut notices, pushes, others) = self.await_releases(epoch, expected)?;
+        let gathered = std::mem::take(&mut r.gathered);
+        let (expected, their_notices, their_pushes) =
+            self.count_releases(phase, link, &sent, &noticed, &gathered, carried.as_mut())?;
+        self.ctr(slot)
+            .pushes_gathered
+            .fetch_add(gathered.len() as u64, Ordering::Relaxed);
+        let (mut notices, mut pushes, others) = self.await_releases(epoch, expected)?;
         // The others' notices: in their `REL`s on two nodes, gathered in the
-        // all-reduce on more.
-        notices.extend(gathered);
+        // all-reduce on more; and the pages their homes pushed through it.
+        notices.extend(their_notices);
+        self.held_here(their_pushes, &mut pushes)?;
         // This node's notices and the others': every page some node other
         // than its home wrote in the phase.
         noticed.extend_from_slice(&notices);
@@ -346,6 +356,7 @@ impl Core {
     fn diffs_and_pushes(&self, r: &mut Round) -> Vec<u64> {
         let Round {
             bodies,
+            gathered,
             cache,
             dirty,
             slot,
@@ -399,6 +410,11 @@ impl Core {
                     .pushes_withheld
                     .fetch_add(m.copies.iter().count() as u64, Ordering::Relaxed);
                 noticed_home.push(gp);
+            } else if self.gathers(m.copies.iter().count()) {
+                let mut bytes = Vec::with_capacity(crate::region::PAGE);
+                // SAFETY: as below.
+                unsafe { elem::copy_out(seg.page_ptr(p), &mut bytes) };
+                gathered.push((gp, bytes));
             } else {
                 let page = seg.page_ptr(p);
                 for q in m.copies.iter() {
@@ -501,13 +517,14 @@ impl Core {
         link: &dyn hyfi_core::NodeLink,
         sent: &[u32],
         notices: &[(u64, u32)],
+        pushes: &[(u64, Vec<u8>)],
         carried: Option<&mut Carried<'_>>,
-    ) -> Result<(usize, Vec<(u64, u32)>), ReleaseError> {
+    ) -> Result<Counted, ReleaseError> {
         if self.dense_release() {
             // Two nodes: each always sends the other its `REL`, and waiting
             // for it is the barrier (one message, one latency, where the
             // count's exchange would add a second round).
-            return Ok((self.nodes - 1, Vec::new()));
+            return Ok((self.nodes - 1, Vec::new(), Vec::new()));
         }
         let (value, mut reduce) = match carried {
             Some(Carried { value, combine }) => (Some(value), Some(combine)),
@@ -515,7 +532,7 @@ impl Core {
         };
         let mine: &[u8] = value.as_deref().map_or(&[], |v| &**v);
         let clen = mine.len();
-        let mut v = Gathered::encode(self.me, sent, mine, notices);
+        let mut v = Gathered::encode(self.me, sent, mine, notices, pushes);
         let nodes = self.nodes;
         let mut combine = |acc: &mut Vec<u8>, other: &[u8]| {
             Gathered::combine(nodes, acc, other, reduce.as_deref_mut())
@@ -545,18 +562,38 @@ impl Core {
         if let Some(value) = value {
             value.copy_from_slice(g.carried);
         }
-        let others = g
-            .notices()
-            .filter(|&(_, _, writer)| writer != self.me)
-            .map(|(first, len, _)| (first, len))
-            .collect();
-        Ok((g.count(self.me), others))
+        let (mut others, mut pushed) = (Vec::new(), Vec::new());
+        for rec in g.records() {
+            match rec.map_err(|len| ReleaseError::Notice(ProtocolError::StrayBytes { len }))? {
+                Record::Notice { writer, .. } | Record::Push { writer, .. }
+                    if writer == self.me => {}
+                Record::Notice { first, pages, .. } => others.push((first, pages)),
+                Record::Push {
+                    page,
+                    writer,
+                    bytes,
+                } => pushed.push((writer, page, bytes.to_vec())),
+            }
+        }
+        Ok((g.count(self.me), others, pushed))
     }
 
     /// On two nodes every release sends its `REL` even when it is empty
     /// (see `count_releases`).
     fn dense_release(&self) -> bool {
         self.nodes == 2
+    }
+
+    /// Whether a page its home wrote, held by `holders` other nodes, goes
+    /// through the all-reduce rather than in a `REL` to each holder: on
+    /// more than two nodes, when at least half the others hold it. Every
+    /// node then receives it, in the all-reduce's `log2 N` messages,
+    /// where pushes cost the home one message per holder (a page every
+    /// node reads, written each phase: `N − 1` messages a phase); the
+    /// nodes that hold no copy receive at most as many bytes again as the
+    /// holders, and drop them.
+    fn gathers(&self, holders: usize) -> bool {
+        !self.dense_release() && holders >= 2 && 2 * holders >= self.nodes - 1
     }
 
     /// 3b. Waits for the `REL`s of this epoch that were sent here (every
@@ -668,6 +705,27 @@ impl Core {
         Ok(invalidated)
     }
 
+    /// 4b. The pages pushed through the all-reduce that this node holds a
+    ///     copy of (valid here: it is in the home's copy set), to install
+    ///     with the pushes its `REL`s brought; every node receives them,
+    ///     and a node without a copy drops them. Each must be homed at its
+    ///     sender.
+    fn held_here(
+        &self,
+        gathered: Vec<(usize, u64, Vec<u8>)>,
+        pushes: &mut Vec<(u64, Vec<u8>)>,
+    ) -> Result<(), ReleaseError> {
+        for (from, gp, bytes) in gathered {
+            let (seg, p) = self
+                .page_homed_at(gp, from, "a gathered push of")
+                .map_err(ReleaseError::Notice)?;
+            if seg.state[p].load(Ordering::Acquire) != INVALID {
+                pushes.push((gp, bytes));
+            }
+        }
+        Ok(())
+    }
+
     /// 5. Installs the pushed pages, unless another writer's notice names
     ///    the page (its diff may be missing from the push), this node wrote
     ///    it too, or this node declined it in this release: then the copy is
@@ -769,11 +827,16 @@ impl Core {
 
 /// What a release all-reduces on more than two nodes, as bytes: a header,
 /// the count of `REL`s each node sent to each node (summed), the phase's
-/// reductions (combined), and write notices (gathered: concatenated in
-/// node order, each tagged with its writer). Every node must know every
-/// notice, since only a page's home knows who holds a copy; gathering them
-/// here takes the all-reduce's `log2 N` messages a node, where a `REL`
-/// carrying them to every node took `N − 1` (issue 23).
+/// reductions (combined), and records gathered from every node
+/// (concatenated in node order), each tagged with the node that wrote it:
+///
+/// - **write notices**: every node must know every notice, since only a
+///   page's home knows who holds a copy; gathered here they take the
+///   all-reduce's `log2 N` messages a node, where a `REL` carrying them to
+///   every node took `N − 1` (issue 23);
+/// - **pushes of pages at least half the nodes hold** (`Core::gathers`): a
+///   page every node reads, written by its home each phase, reaches them
+///   in the same `log2 N` messages instead of `N − 1` from its home.
 ///
 /// The header is the lowest node the value combines (`first`), the length
 /// of its reductions, and the first disagreement found on the way (two
@@ -782,30 +845,63 @@ impl Core {
 struct Gathered<'v> {
     counts: &'v [u8],
     carried: &'v [u8],
-    notices: &'v [u8],
+    records: &'v [u8],
 }
 
 /// Why a gathered value cannot be read.
 enum Undecodable {
     /// Node `from` carried `got` bytes of reductions, this node another count.
     Diverged { from: usize, got: usize },
-    /// The notices end in a piece of an entry.
+    /// The records end in a piece of one (its length).
     Stray(usize),
+}
+
+/// What the all-reduce of a release brings a node: the `REL`s meant for
+/// it, the other nodes' notices, and the pages pushed through it (sender,
+/// page, bytes).
+type Counted = (usize, Vec<(u64, u32)>, Vec<(usize, u64, Vec<u8>)>);
+
+/// One gathered record.
+enum Record<'v> {
+    /// Node `writer` wrote `pages` pages from `first`.
+    Notice {
+        first: u64,
+        pages: u32,
+        writer: usize,
+    },
+    /// Node `writer`, its home, pushes `page` (its bytes).
+    Push {
+        page: u64,
+        writer: usize,
+        bytes: &'v [u8],
+    },
 }
 
 const HEAD: usize = 24;
 const NONE: u32 = u32::MAX;
-/// A notice entry: first page (u64), pages (u32), writer (u32).
-const ENTRY: usize = 16;
+/// A notice record: `N`, first page (u64), pages (u32), writer (u32).
+const NOTICE: usize = 17;
+/// A push record: `P`, page (u64), writer (u32), the page's bytes.
+const PUSHED_PAGE: usize = 13 + crate::region::PAGE;
 
 fn word(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
 impl<'v> Gathered<'v> {
-    fn encode(me: usize, sent: &[u32], carried: &[u8], notices: &[(u64, u32)]) -> Vec<u8> {
-        let mut v =
-            Vec::with_capacity(HEAD + 4 * sent.len() + carried.len() + ENTRY * notices.len());
+    fn encode(
+        me: usize,
+        sent: &[u32],
+        carried: &[u8],
+        notices: &[(u64, u32)],
+        pushes: &[(u64, Vec<u8>)],
+    ) -> Vec<u8> {
+        let mut v = Vec::with_capacity(
+            HEAD + 4 * sent.len()
+                + carried.len()
+                + NOTICE * notices.len()
+                + PUSHED_PAGE * pushes.len(),
+        );
         for w in [me as u32, carried.len() as u32, NONE, 0, NONE, 0] {
             v.extend_from_slice(&w.to_le_bytes());
         }
@@ -814,9 +910,16 @@ impl<'v> Gathered<'v> {
         }
         v.extend_from_slice(carried);
         for &(first, len) in notices {
+            v.push(b'N');
             v.extend_from_slice(&first.to_le_bytes());
             v.extend_from_slice(&len.to_le_bytes());
             v.extend_from_slice(&(me as u32).to_le_bytes());
+        }
+        for (page, bytes) in pushes {
+            v.push(b'P');
+            v.extend_from_slice(&page.to_le_bytes());
+            v.extend_from_slice(&(me as u32).to_le_bytes());
+            v.extend_from_slice(bytes);
         }
         v
     }
@@ -888,14 +991,10 @@ impl<'v> Gathered<'v> {
                 Undecodable::Diverged { from: b, got: lb }
             });
         }
-        let notices = &v[end..];
-        if notices.len() % ENTRY != 0 {
-            return Err(Undecodable::Stray(notices.len() % ENTRY));
-        }
         Ok(Gathered {
             counts: &v[HEAD..HEAD + 4 * nodes],
             carried: &v[HEAD + 4 * nodes..end],
-            notices,
+            records: &v[end..],
         })
     }
 
@@ -904,14 +1003,38 @@ impl<'v> Gathered<'v> {
         word(self.counts, 4 * q) as usize
     }
 
-    /// Every node's notices, in node order: (first page, pages, writer).
-    fn notices(&self) -> impl Iterator<Item = (u64, u32, usize)> + '_ {
-        self.notices.chunks_exact(ENTRY).map(|e| {
-            (
-                u64::from_le_bytes(e[..8].try_into().expect("8 bytes")),
-                word(e, 8),
-                word(e, 12) as usize,
-            )
+    /// Every node's records, in node order; `Err(len)` where the bytes
+    /// left are not a record.
+    fn records(&self) -> impl Iterator<Item = Result<Record<'v>, usize>> {
+        let mut rest = self.records;
+        std::iter::from_fn(move || {
+            let (&kind, body) = rest.split_first()?;
+            let len = match kind {
+                b'N' => NOTICE,
+                b'P' => PUSHED_PAGE,
+                _ => 0,
+            };
+            if len == 0 || rest.len() < len {
+                let left = rest.len();
+                rest = &[];
+                return Some(Err(left));
+            }
+            let page = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
+            let rec = if kind == b'N' {
+                Record::Notice {
+                    first: page,
+                    pages: word(body, 8),
+                    writer: word(body, 12) as usize,
+                }
+            } else {
+                Record::Push {
+                    page,
+                    writer: word(body, 8) as usize,
+                    bytes: &body[12..len - 1],
+                }
+            };
+            rest = &rest[len..];
+            Some(Ok(rec))
         })
     }
 }
