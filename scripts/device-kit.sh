@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Every 16-CPU check of issues 22, 23 and 24 from one kit, in two commands
+# that fit the device machine's time (../shared/device/README.md: 15
+# minutes in all, its start included; 10 minutes a command; no cargo, no
+# MPI there).
+#
+#   scripts/device-kit.sh --make DIR              (here: build the kit)
+#   scripts/device-kit.sh --run DIR --part 1|2    (there; --runs N, default 3)
+#   scripts/device-kit.sh --run DIR --part 1 --small --kit-mpi --runs 1
+#                                                 (a rehearsal here)
+#
+# --make builds, into DIR (put DIR in .git/info/exclude and carry it):
+#   bin/   the default build's examples, stripped (baselines, jacobi,
+#          matmul, lu, fib, quad, diffusion), the C MPI baselines
+#          (jacobi_mpi, lu_mpi, matmul_mpi) and the C OpenMP ones
+#          (jacobi_omp, diffusion_omp);
+#   mpi/   scripts/transports.sh's kit: jacobi and lu built with
+#          `--features mpi`, the dsm bench, C MPI, and Open MPI's Debian
+#          packages relocated (ompi-root.tgz), which both parts use;
+#   MANIFEST: the commit, the toolchain, the sizes.
+#
+# Part 1, issue 23's table (about 5 minutes at 16 CPUs):
+#   scripts/paper-tables.sh --bin-dir DIR/bin --big --kernels
+#   jacobi2048-row,lu,matmul-row,fib,quad (1x1 ... 1x16, 2x1 ... 16x1,
+#   2x8, 4x4, 8x2, C MPI 2 ... 16), then rayon on every CPU, round-robin:
+#   matmul (the i-k-j rows in parallel), LU, fib with a cutoff of 25.
+# Part 2, issues 24 and 22 (about 3 minutes):
+#   scripts/transports.sh --bin-dir DIR/mpi --nodes C --kernels jacobi,lu
+#   --sizes 2048 --lu-n 2048 --no-fetch (hyfi over MPI and over TCP beside
+#   C MPI, one table), then scripts/device-stencils.sh --bin-dir DIR/bin
+#   (the diffusion stencil per row and per point against its loop and C
+#   OpenMP 16; Jacobi, LU and matmul on one core against their loops).
+#
+# C is the largest power of two at most the CPUs (--cpus N to choose it
+# for a rehearsal on a smaller machine; --small takes the 2-CPU sizes).
+# Everything at default settings. The figures to quote are the medians
+# each script prints; the CPU model is printed first.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+MAKE="" RUN="" PART="" RUNS=3 CPUS=$(nproc) SMALL=0 KIT_MPI=0
+die() { echo "device-kit.sh: $*" >&2; exit 1; }
+while (($#)); do
+    case $1 in
+    --make) MAKE=${2:?--make needs a directory}; shift 2 ;;
+    --run) RUN=${2:?--run needs the kit directory}; shift 2 ;;
+    --part) PART=${2:?--part needs 1 or 2}; shift 2 ;;
+    --runs) RUNS=${2:?--runs needs a count}; shift 2 ;;
+    --cpus) CPUS=${2:?--cpus needs a count}; shift 2 ;;
+    --small) SMALL=1; shift ;;
+    --kit-mpi) KIT_MPI=1; shift ;;
+    -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option $1 (see --help)" ;;
+    esac
+done
+
+if [[ -n $MAKE ]]; then
+    command -v mpicc >/dev/null || die "--make needs Open MPI's compiler (apt-get install libopenmpi-dev)"
+    command -v gcc >/dev/null || die "--make needs gcc (the C OpenMP baselines)"
+    mkdir -p "$MAKE/bin"
+    KIT=$(cd "$MAKE" && pwd)
+    (cd "$ROOT" && cargo build -q --release --examples) || die "cargo build --release --examples failed"
+    for e in baselines jacobi matmul lu fib quad diffusion; do
+        strip -o "$KIT/bin/$e" "$ROOT/target/release/examples/$e"
+    done
+    for m in jacobi_mpi lu_mpi matmul_mpi; do
+        mpicc -O2 -ffp-contract=off -fopenmp -o "$KIT/bin/$m" "$ROOT/benches/baselines/$m.c"
+    done
+    for c in diffusion jacobi; do
+        gcc -O2 -ffp-contract=off -fopenmp -o "$KIT/bin/${c}_omp" "$ROOT/benches/baselines/$c.c"
+    done
+    # The examples and the bench with the mpi feature, C MPI, Open MPI.
+    "$ROOT/scripts/transports.sh" --make-kit "$KIT/mpi" >&2
+    {
+        echo "commit $(git -C "$ROOT" rev-parse HEAD)$(git -C "$ROOT" diff --quiet || echo ' (with uncommitted changes)')"
+        echo "built $(date -u +%FT%TZ) on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+        echo "$(rustc -V); $(mpicc --showme:version 2>&1 | head -1)"
+        du -sh "$KIT/bin" "$KIT/mpi"
+    } >"$KIT/MANIFEST"
+    cat "$KIT/MANIFEST"
+    exit 0
+fi
+
+[[ -n $RUN ]] || die "--make DIR or --run DIR is needed (see --help)"
+[[ $PART == 1 || $PART == 2 ]] || die "--part 1 or --part 2 is needed"
+KIT=$(cd "$RUN" && pwd)
+[[ -x $KIT/bin/jacobi && -f $KIT/mpi/ompi-root.tgz ]] || die "$KIT is not a kit (make one with --make)"
+C=1
+while ((C * 2 <= CPUS)); do C=$((C * 2)); done
+echo "== device-kit part $PART: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), nproc $(nproc), C=$C, $RUNS rounds"
+cat "$KIT/MANIFEST" 2>/dev/null | head -3
+# The kit's Open MPI, relocated (../shared/device/README.md), unless the
+# machine has its own (--kit-mpi: the kit's all the same).
+if ((KIT_MPI)) || ! command -v mpirun >/dev/null; then
+    tar xzf "$KIT/mpi/ompi-root.tgz" -C /tmp
+    O=/tmp/ompi-root/usr
+    L=$O/lib/x86_64-linux-gnu
+    export OPAL_PREFIX=$O PATH=$O/bin:$PATH
+    export LD_LIBRARY_PATH=$L:$L/openmpi/lib:/tmp/ompi-root/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+# Median of the numbers on stdin.
+median() { awk 'NF' | sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
+
+if [[ $PART == 1 ]]; then
+    big=(--big)
+    ((SMALL)) && big=()
+    "$ROOT/scripts/paper-tables.sh" --bin-dir "$KIT/bin" "${big[@]}" --runs "$RUNS" --cpus "$CPUS" \
+        --kernels jacobi2048-row,lu,matmul-row,fib,quad --no-table3
+    n=2048 fib=44
+    ((SMALL)) && n=512 fib=32
+    echo
+    echo "rayon on $C threads (examples/baselines.rs), $RUNS rounds, medians in seconds:"
+    declare -A T=()
+    for ((r = 1; r <= RUNS; r++)); do
+        for k in "matmul --n $n" "lu --n $n" "fib --n $fib --cutoff 25"; do
+            # shellcheck disable=SC2086
+            t=$("$KIT/bin/baselines" ${k%% *} rayon --threads "$C" ${k#* } | sed -n 's/^time: //p')
+            T[$k]+="$t "
+        done
+    done
+    for k in "matmul --n $n" "lu --n $n" "fib --n $fib --cutoff 25"; do
+        printf '  rayon %-3s %-28s %s\n' "$C" "$k" "$(tr ' ' '\n' <<<"${T[$k]}" | median)"
+    done
+else
+    sizes=(--sizes 2048 --lu-n 2048)
+    ((SMALL)) && sizes=(--sizes 514 --lu-n 256)
+    "$ROOT/scripts/transports.sh" --bin-dir "$KIT/mpi" --nodes "$C" --kernels jacobi,lu \
+        "${sizes[@]}" --no-fetch --runs "$RUNS"
+    echo
+    st=()
+    ((SMALL)) && st=(--n 514 --steps 20)
+    "$ROOT/scripts/device-stencils.sh" --bin-dir "$KIT/bin" --runs "$RUNS" "${st[@]}"
+fi
