@@ -398,10 +398,10 @@ fn writers_that_are_not_homes_send_one_rel_per_phase_on_3_8_64_and_256_nodes() {
     ring_counts(256);
 }
 
-/// One node of a table every node reads, written by its home each round
+/// One node of a table most nodes read, written by its home each round
 /// (a k-means step's centroids): node 0 writes one page in phase W, every
-/// node reads and checks it in phase R. Returns the node's counters over
-/// the last `rounds` rounds.
+/// node but those numbered 3 mod 4 reads and checks it in phase R.
+/// Returns the node's counters over the last `rounds` rounds.
 fn table_node(link: Arc<InProcess>, warm: u64, rounds: u64) -> Result<DsmCounters, String> {
     let (rt, dsm) = start(&link, 1)?;
     let me = rt.node();
@@ -418,7 +418,9 @@ fn table_node(link: Arc<InProcess>, warm: u64, rounds: u64) -> Result<DsmCounter
         writer.pool(0).push(0);
     }
     let mut readers = PoolArray::<usize>::new(&rt, 1);
-    readers.pool(0).push(me);
+    if me % 4 != 3 {
+        readers.pool(0).push(me);
+    }
     let mut prog = Program::new();
     prog.phase(
         writer,
@@ -481,14 +483,17 @@ fn table_counts(nodes: usize) {
         assert_eq!(d.pages_pushed, 0, "node {me} of {nodes}: {d}");
         if me == 0 {
             assert_eq!(d.pushes_gathered, rounds, "node {me} of {nodes}: {d}");
-        } else {
+        } else if me % 4 != 3 {
             assert_eq!(d.pushes_installed, rounds, "node {me} of {nodes}: {d}");
+        } else {
+            // Not in the copy set: the record names the holders.
+            assert_eq!(d.pushes_installed, 0, "node {me} of {nodes}: {d}");
         }
     }
 }
 
 #[test]
-fn a_page_every_node_reads_reaches_them_in_the_all_reduce_on_3_8_64_and_256_nodes() {
+fn a_page_most_nodes_read_reaches_them_in_the_all_reduce_on_3_8_64_and_256_nodes() {
     table_counts(3);
     table_counts(8);
     table_counts(64);

@@ -27,7 +27,8 @@ struct Round {
     bodies: Vec<ReleaseBody>,
     /// Pages written here, as their home, that at least half the other
     /// nodes hold: pushed through the release's all-reduce (see
-    /// [`Gathered`]) instead of in a `REL` to each.
+    /// [`Gathered`]) instead of in a `REL` to each. Each is the holders
+    /// (a bit per node) followed by the page's bytes.
     gathered: Vec<(u64, Vec<u8>)>,
     /// The segment of the last page looked up.
     cache: Option<Arc<Segment>>,
@@ -265,7 +266,7 @@ impl Core {
         // The others' notices: in their `REL`s on two nodes, gathered in the
         // all-reduce on more; and the pages their homes pushed through it.
         notices.extend(their_notices);
-        self.held_here(their_pushes, &mut pushes)?;
+        self.pushed_here(their_pushes, &mut pushes)?;
         // This node's notices and the others': every page some node other
         // than its home wrote in the phase.
         noticed.extend_from_slice(&notices);
@@ -411,7 +412,11 @@ impl Core {
                     .fetch_add(m.copies.iter().count() as u64, Ordering::Relaxed);
                 noticed_home.push(gp);
             } else if self.gathers(m.copies.iter().count()) {
-                let mut bytes = Vec::with_capacity(crate::region::PAGE);
+                let map = self.nodes.div_ceil(8);
+                let mut bytes = vec![0u8; map];
+                for q in m.copies.iter() {
+                    bytes[q / 8] |= 1 << (q % 8);
+                }
                 // SAFETY: as below.
                 unsafe { elem::copy_out(seg.page_ptr(p), &mut bytes) };
                 gathered.push((gp, bytes));
@@ -571,8 +576,13 @@ impl Core {
                 Record::Push {
                     page,
                     writer,
+                    holders,
                     bytes,
-                } => pushed.push((writer, page, bytes.to_vec())),
+                } => {
+                    if holders[self.me / 8] & (1 << (self.me % 8)) != 0 {
+                        pushed.push((writer, page, bytes.to_vec()));
+                    }
+                }
             }
         }
         Ok((g.count(self.me), others, pushed))
@@ -589,9 +599,9 @@ impl Core {
     /// more than two nodes, when at least half the others hold it. Every
     /// node then receives it, in the all-reduce's `log2 N` messages,
     /// where pushes cost the home one message per holder (a page every
-    /// node reads, written each phase: `N − 1` messages a phase); the
-    /// nodes that hold no copy receive at most as many bytes again as the
-    /// holders, and drop them.
+    /// node reads, written each phase: `N − 1` messages a phase). The
+    /// record names the holders, who install it as a push; the others
+    /// receive at most as many bytes again as the holders, and drop them.
     fn gathers(&self, holders: usize) -> bool {
         !self.dense_release() && holders >= 2 && 2 * holders >= self.nodes - 1
     }
@@ -705,23 +715,18 @@ impl Core {
         Ok(invalidated)
     }
 
-    /// 4b. The pages pushed through the all-reduce that this node holds a
-    ///     copy of (valid here: it is in the home's copy set), to install
-    ///     with the pushes its `REL`s brought; every node receives them,
-    ///     and a node without a copy drops them. Each must be homed at its
-    ///     sender.
-    fn held_here(
+    /// 4b. The pages pushed through the all-reduce to this node (it is in
+    ///     the home's copy set), to install with the pushes its `REL`s
+    ///     brought, by the same rules. Each must be homed at its sender.
+    fn pushed_here(
         &self,
         gathered: Vec<(usize, u64, Vec<u8>)>,
         pushes: &mut Vec<(u64, Vec<u8>)>,
     ) -> Result<(), ReleaseError> {
         for (from, gp, bytes) in gathered {
-            let (seg, p) = self
-                .page_homed_at(gp, from, "a gathered push of")
+            self.page_homed_at(gp, from, "a gathered push of")
                 .map_err(ReleaseError::Notice)?;
-            if seg.state[p].load(Ordering::Acquire) != INVALID {
-                pushes.push((gp, bytes));
-            }
+            pushes.push((gp, bytes));
         }
         Ok(())
     }
@@ -843,6 +848,7 @@ impl Core {
 /// nodes and their reductions' lengths, or `NONE`): nodes that name
 /// different reductions get the error on every node, never a hang.
 struct Gathered<'v> {
+    nodes: usize,
     counts: &'v [u8],
     carried: &'v [u8],
     records: &'v [u8],
@@ -869,10 +875,12 @@ enum Record<'v> {
         pages: u32,
         writer: usize,
     },
-    /// Node `writer`, its home, pushes `page` (its bytes).
+    /// Node `writer`, its home, pushes `page` (its bytes) to its holders
+    /// (a bit per node).
     Push {
         page: u64,
         writer: usize,
+        holders: &'v [u8],
         bytes: &'v [u8],
     },
 }
@@ -881,8 +889,11 @@ const HEAD: usize = 24;
 const NONE: u32 = u32::MAX;
 /// A notice record: `N`, first page (u64), pages (u32), writer (u32).
 const NOTICE: usize = 17;
-/// A push record: `P`, page (u64), writer (u32), the page's bytes.
-const PUSHED_PAGE: usize = 13 + crate::region::PAGE;
+/// A push record: `P`, page (u64), writer (u32), the holders (a bit per
+/// node, `⌈N/8⌉` bytes), the page's bytes.
+fn pushed_page(nodes: usize) -> usize {
+    13 + nodes.div_ceil(8) + crate::region::PAGE
+}
 
 fn word(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
@@ -900,7 +911,7 @@ impl<'v> Gathered<'v> {
             HEAD + 4 * sent.len()
                 + carried.len()
                 + NOTICE * notices.len()
-                + PUSHED_PAGE * pushes.len(),
+                + pushed_page(sent.len()) * pushes.len(),
         );
         for w in [me as u32, carried.len() as u32, NONE, 0, NONE, 0] {
             v.extend_from_slice(&w.to_le_bytes());
@@ -992,6 +1003,7 @@ impl<'v> Gathered<'v> {
             });
         }
         Ok(Gathered {
+            nodes,
             counts: &v[HEAD..HEAD + 4 * nodes],
             carried: &v[HEAD + 4 * nodes..end],
             records: &v[end..],
@@ -1007,11 +1019,12 @@ impl<'v> Gathered<'v> {
     /// left are not a record.
     fn records(&self) -> impl Iterator<Item = Result<Record<'v>, usize>> {
         let mut rest = self.records;
+        let (push_len, map) = (pushed_page(self.nodes), self.nodes.div_ceil(8));
         std::iter::from_fn(move || {
             let (&kind, body) = rest.split_first()?;
             let len = match kind {
                 b'N' => NOTICE,
-                b'P' => PUSHED_PAGE,
+                b'P' => push_len,
                 _ => 0,
             };
             if len == 0 || rest.len() < len {
@@ -1030,7 +1043,8 @@ impl<'v> Gathered<'v> {
                 Record::Push {
                     page,
                     writer: word(body, 8) as usize,
-                    bytes: &body[12..len - 1],
+                    holders: &body[12..12 + map],
+                    bytes: &body[12 + map..len - 1],
                 }
             };
             rest = &rest[len..];
