@@ -28,7 +28,7 @@ macro_rules! counters {
                 $(self.$name += o.$name;)*
             }
             fn sub(&self, o: &DsmCounters) -> DsmCounters {
-                DsmCounters { $($name: self.$name - o.$name,)* }
+                DsmCounters { $($name: self.$name.saturating_sub(o.$name),)* }
             }
         }
     };
@@ -102,7 +102,16 @@ impl DsmCounters {
         }
         t
     }
-    pub(crate) fn since(&self, before: &DsmCounters) -> DsmCounters {
+    /// What happened between two snapshots: each of these counters less
+    /// `before`'s (a window of phases, taken in post-phase code).
+    ///
+    /// ```
+    /// use hyfi_dsm::DsmCounters;
+    /// let before = DsmCounters { pages_fetched: 3, ..DsmCounters::default() };
+    /// let after = DsmCounters { pages_fetched: 10, ..DsmCounters::default() };
+    /// assert_eq!(after.since(&before).pages_fetched, 7);
+    /// ```
+    pub fn since(&self, before: &DsmCounters) -> DsmCounters {
         self.sub(before)
     }
     pub(crate) fn accumulate(&mut self, o: &DsmCounters) {

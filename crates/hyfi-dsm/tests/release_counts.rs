@@ -71,17 +71,7 @@ fn node(link: Arc<InProcess>, warm: u64, sweeps: u64) -> Result<(DsmCounters, Ve
     drop(prog);
     let snaps = snaps.into_inner().unwrap();
     let (before, after) = (snaps[0], snaps[1]);
-    let d = DsmCounters {
-        messages_sent: after.messages_sent - before.messages_sent,
-        bytes_sent: after.bytes_sent - before.bytes_sent,
-        pages_fetched: after.pages_fetched - before.pages_fetched,
-        notices_sent: after.notices_sent - before.notices_sent,
-        pages_pushed: after.pages_pushed - before.pages_pushed,
-        pages_served: after.pages_served - before.pages_served,
-        pushes_declined: after.pushes_declined - before.pushes_declined,
-        diffs_sent: after.diffs_sent - before.diffs_sent,
-        ..DsmCounters::default()
-    };
+    let d = after.since(&before);
     let k = ((warm + sweeps) % 2) as usize;
     let me = rt.node();
     let mine = (1 + 2 * me..3 + 2 * me)
@@ -315,19 +305,7 @@ fn ring_node(
     drop(prog);
     let snaps = snaps.into_inner().unwrap();
     let (before, after) = (snaps[0], snaps[1]);
-    let d = DsmCounters {
-        messages_sent: after.messages_sent - before.messages_sent,
-        notices_sent: after.notices_sent - before.notices_sent,
-        invalidations: after.invalidations - before.invalidations,
-        pages_fetched: after.pages_fetched - before.pages_fetched,
-        pages_served: after.pages_served - before.pages_served,
-        diffs_sent: after.diffs_sent - before.diffs_sent,
-        read_faults: after.read_faults - before.read_faults,
-        write_faults: after.write_faults - before.write_faults,
-        requests_deferred: after.requests_deferred - before.requests_deferred,
-        diffs_applied: after.diffs_applied - before.diffs_applied,
-        ..DsmCounters::default()
-    };
+    let d = after.since(&before);
     let k = ((warm + phases) % 2) as usize;
     let rows = if me == 0 {
         (0..nodes * COLS)
@@ -461,14 +439,7 @@ fn table_node(link: Arc<InProcess>, warm: u64, rounds: u64) -> Result<DsmCounter
     }
     let snaps = snaps.into_inner().unwrap();
     let (before, after) = (snaps[0], snaps[1]);
-    Ok(DsmCounters {
-        messages_sent: after.messages_sent - before.messages_sent,
-        pages_pushed: after.pages_pushed - before.pages_pushed,
-        pushes_gathered: after.pushes_gathered - before.pushes_gathered,
-        pushes_installed: after.pushes_installed - before.pushes_installed,
-        pages_fetched: after.pages_fetched - before.pages_fetched,
-        ..DsmCounters::default()
-    })
+    Ok(after.since(&before))
 }
 
 fn table_counts(nodes: usize) {
