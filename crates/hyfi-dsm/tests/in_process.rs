@@ -693,3 +693,93 @@ fn a_page_its_home_and_another_node_write_is_noticed_not_pushed() {
         assert_eq!(installed, 0, "{nodes} nodes: {home}");
     }
 }
+
+/// A phase that writes by columns (node `q` writes column `q` of every
+/// row, a row a page, rows homed in blocks): most pages each node writes
+/// are homed on the other, release after release. The DSM says so once
+/// per node, with what to do (`DsmStats::advice`, printed on standard
+/// error); the results are right all the same. Written by rows instead
+/// (node `q` its own block of rows, column `q` of each), nothing is said.
+fn column_writer_node(
+    link: Arc<InProcess>,
+    rounds: u64,
+    by_columns: bool,
+) -> Result<DsmStats, String> {
+    let (rt, dsm) = start(&link, 1)?;
+    let (me, nodes) = (rt.node(), rt.num_nodes());
+    let (rows, cols) = (64, PAGE / 8);
+    let m = dsm
+        .matrix::<u64>(rows, cols)
+        .placement(Placement::BlockRows(0..rows))
+        .from_fn(|_, _| 0)
+        .map_err(|e| e.to_string())?;
+    let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut one = PoolArray::new(&rt, 1);
+    one.pool(0).push(me);
+    let mut prog = Program::new();
+    prog.phase(
+        one.clone(),
+        |ctx, q| {
+            let mine = if by_columns {
+                0..rows
+            } else {
+                q * rows / nodes..(q + 1) * rows / nodes
+            };
+            for i in mine {
+                m.set(i, q, 1000 * ctx.iteration() + i as u64);
+            }
+        },
+        |_| Control::Continue,
+    );
+    prog.phase(
+        one,
+        |ctx, _| {
+            let k = ctx.iteration();
+            for i in (0..rows).step_by(7) {
+                for q in 0..nodes {
+                    let written = by_columns || i * nodes / rows == q;
+                    let got = if written {
+                        m.get(i, q)
+                    } else {
+                        1000 * k + i as u64
+                    };
+                    if got != 1000 * k + i as u64 {
+                        bad.lock()
+                            .unwrap()
+                            .push(format!("round {k}: ({i}, {q}) read {got}"));
+                    }
+                }
+            }
+        },
+        |post| {
+            if post.iteration() + 1 >= rounds {
+                Control::Done
+            } else {
+                Control::Continue
+            }
+        },
+    );
+    run_checked(&rt, prog, &bad, &dsm)
+}
+
+#[test]
+fn a_phase_that_writes_mostly_pages_homed_elsewhere_is_advised_once() {
+    let st = on_nodes_ok(2, move |l| column_writer_node(l, 5, false));
+    for s in &st {
+        assert_eq!(s.advice, None, "node {}: rows written at home", s.node);
+    }
+    let st = on_nodes_ok(2, move |l| column_writer_node(l, 5, true));
+    for s in &st {
+        let a = s
+            .advice
+            .as_deref()
+            .unwrap_or_else(|| panic!("node {}: no advice after 5 column-writing phases", s.node));
+        assert!(
+            a.contains(&format!(
+                "node {}: phase 0 wrote 32 pages homed on other nodes",
+                s.node
+            )) && a.contains("Placement::BlockRows"),
+            "{a}"
+        );
+    }
+}

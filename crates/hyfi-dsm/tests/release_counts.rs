@@ -72,6 +72,9 @@ fn node(link: Arc<InProcess>, warm: u64, sweeps: u64) -> Result<(DsmCounters, Ve
     let snaps = snaps.into_inner().unwrap();
     let (before, after) = (snaps[0], snaps[1]);
     let d = after.since(&before);
+    if let Some(a) = dsm.stats().advice {
+        return Err(format!("a block-row sweep was advised: {a}"));
+    }
     let k = ((warm + sweeps) % 2) as usize;
     let me = rt.node();
     let mine = (1 + 2 * me..3 + 2 * me)

@@ -28,10 +28,15 @@ use crate::error::{ProtocolError, Violation};
 use crate::region::{Region, PAGE};
 use crate::stats::{AtomicCounters, DsmCounters, DsmStats};
 
-struct PhaseTable {
+pub(super) struct PhaseTable {
     last: DsmCounters,
     per_phase: Vec<DsmCounters>,
     releases: u64,
+    /// Per phase: releases in which this node wrote mostly pages homed
+    /// elsewhere (`Core::advise`).
+    offhome: Vec<u32>,
+    /// What `Core::advise` said, once.
+    advice: Option<String>,
 }
 
 /// A node's DSM.
@@ -117,6 +122,8 @@ impl Core {
                 last: DsmCounters::default(),
                 per_phase: Vec::new(),
                 releases: 0,
+                offhome: Vec::new(),
+                advice: None,
             }),
             epoch,
             live_views: AtomicUsize::new(0),
@@ -308,6 +315,7 @@ impl Core {
             releases: t.releases,
             total: self.totals(),
             per_phase: t.per_phase.clone(),
+            advice: t.advice.clone(),
         }
     }
 }

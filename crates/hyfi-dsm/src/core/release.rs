@@ -71,6 +71,19 @@ pub(super) struct Proto {
     pub(super) noticed: Vec<(u64, u32)>,
 }
 
+/// Pages a node wrote in a phase: all of them, and those homed elsewhere.
+#[derive(Clone, Copy, Debug, Default)]
+struct Written {
+    pages: usize,
+    offhome: usize,
+}
+
+/// A release whose pages written are at least this many homed elsewhere,
+/// and at least half of them, counts towards the advice (`Core::advise`),
+/// given on the third such release of a phase.
+const OFFHOME_PAGES: usize = 16;
+const OFFHOME_RELEASES: u32 = 3;
+
 /// A value the release all-reduces on its way: the reductions its phase
 /// reduces at its end ([`hyfi_core::PhaseEnd::end_phase_reducing`]). On
 /// two nodes each `REL` carries the sender's value (the exchange is the
@@ -170,10 +183,11 @@ impl Core {
     ) -> Result<(), ReleaseError> {
         let t0 = Instant::now();
         let slot = self.slot();
-        let epoch = if self.nodes > 1 {
-            Some(self.release_multi(phase, slot, link, carried)?)
+        let (epoch, written) = if self.nodes > 1 {
+            let (e, w) = self.release_multi(phase, slot, link, carried)?;
+            (Some(e), w)
         } else {
-            None
+            (None, Written::default())
         };
         self.ctr(slot)
             .release_ns
@@ -190,6 +204,7 @@ impl Core {
                 let d = total.since(&t.last);
                 t.per_phase[phase].accumulate(&d);
                 t.last = total;
+                self.advise(&mut t, phase, written);
             }
             t.releases += 1;
         }
@@ -204,15 +219,44 @@ impl Core {
         Ok(())
     }
 
+    /// Counts a release that wrote mostly pages homed elsewhere, and says
+    /// once per node, on the third, what it costs and what to do.
+    fn advise(&self, t: &mut super::PhaseTable, phase: usize, w: Written) {
+        if w.offhome < OFFHOME_PAGES || 2 * w.offhome < w.pages {
+            return;
+        }
+        if t.offhome.len() <= phase {
+            t.offhome.resize(phase + 1, 0);
+        }
+        t.offhome[phase] += 1;
+        if t.offhome[phase] < OFFHOME_RELEASES || t.advice.is_some() {
+            return;
+        }
+        let advice = format!(
+            "hyfi-dsm: node {}: phase {phase} wrote {} pages homed on other nodes (of the {} \
+             pages it wrote) in its last release, and mostly such pages in {OFFHOME_RELEASES} \
+             releases so far. Each costs a twin, \
+             a diff to its home and a write notice, and a page several nodes write is fetched \
+             again by each. Place the data where the filaments that write it run (the same \
+             range in Placement::BlockRows as in PoolArray::block, or CyclicRows with \
+             PoolArray::cyclic), or write what this node homes and read the rest; \
+             Dsm::stats counts it (diffs sent, notices).",
+            self.me, w.offhome, w.pages
+        );
+        eprintln!("{advice}");
+        t.advice = Some(advice);
+    }
+
     /// The release on several nodes, up to the next epoch: returns the
-    /// epoch it completed (`release` starts the next, `next_epoch`).
+    /// epoch it completed (`release` starts the next, `next_epoch`), and
+    /// what the node wrote in the phase.
     fn release_multi(
         &self,
         phase: usize,
         slot: usize,
         link: &dyn hyfi_core::NodeLink,
         mut carried: Option<Carried<'_>>,
-    ) -> Result<u64, ReleaseError> {
+    ) -> Result<(u64, Written), ReleaseError> {
         // The node's phase work is done: no request of it is in flight.
         while self
             .outstanding
@@ -244,6 +288,17 @@ impl Core {
         let mut dirty = std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|e| e.into_inner()));
         dirty.sort_unstable();
         dirty.dedup();
+        let mut cache = None;
+        let written = Written {
+            pages: dirty.len(),
+            offhome: dirty
+                .iter()
+                .filter(|&&gp| {
+                    self.find_cached(gp, &mut cache)
+                        .is_some_and(|(seg, p)| seg.homes[p] as usize != self.me)
+                })
+                .count(),
+        };
         let mut r = Round {
             epoch,
             slot,
@@ -277,7 +332,7 @@ impl Core {
         let invalidated = self.invalidate_noticed(&notices, &mut r)?;
         self.install_pushes(notices, pushes, invalidated, &mut r);
         self.settle_fresh();
-        Ok(epoch)
+        Ok((epoch, written))
     }
 
     /// Waits until every broadcast this node expects in this epoch came
