@@ -190,6 +190,9 @@ impl fmt::Display for DsmStats {
         for (k, c) in self.per_phase.iter().enumerate() {
             writeln!(f, "dsm node {} phase {k}: {c}", self.node)?;
         }
+        if let Some(a) = &self.advice {
+            writeln!(f, "dsm node {} advice: {a}", self.node)?;
+        }
         Ok(())
     }
 }

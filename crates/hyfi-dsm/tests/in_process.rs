@@ -781,5 +781,11 @@ fn a_phase_that_writes_mostly_pages_homed_elsewhere_is_advised_once() {
             )) && a.contains("Placement::BlockRows"),
             "{a}"
         );
+        // And in the report (what SIGUSR1 prints on a cluster).
+        let report = s.to_string();
+        assert!(
+            report.contains(&format!("dsm node {} advice: hyfi-dsm", s.node)),
+            "{report}"
+        );
     }
 }
