@@ -146,7 +146,7 @@ fn combining<C: Channel>(
     combine: &mut dyn FnMut(&mut Vec<u8>, &[u8]),
 ) -> Result<(), C::Error> {
     let (r, n) = (ch.rank(), ch.nodes());
-    let check = |from: usize, got: &[u8], value: &[u8]| match same_size {
+    let sized = |from: usize, got: &[u8], value: &[u8]| match same_size {
         true => check(ch, from, got, value),
         false => Ok(()),
     };
@@ -156,7 +156,7 @@ fn combining<C: Channel>(
             let partner = r ^ m;
             ch.send(partner, seq, Dir::Up, value)?;
             let mut d = ch.recv(partner, seq, Dir::Up)?;
-            check(partner, &d, value)?;
+            sized(partner, &d, value)?;
             if r < partner {
                 combine(value, &d);
             } else {
@@ -176,7 +176,7 @@ fn combining<C: Channel>(
         let child = r + mask;
         if child < n {
             let d = ch.recv(child, seq, Dir::Up)?;
-            check(child, &d, value)?;
+            sized(child, &d, value)?;
             combine(value, &d);
         }
         mask <<= 1;
@@ -184,7 +184,7 @@ fn combining<C: Channel>(
     if r != 0 {
         let parent = r & (r - 1); // r minus its lowest set bit
         let d = ch.recv(parent, seq, Dir::Down)?;
-        check(parent, &d, value)?;
+        sized(parent, &d, value)?;
         *value = d;
     }
     // Children of r: r + m for every power of two m below r's lowest set

@@ -65,6 +65,10 @@ impl Bits {
         self.0[w] |= b;
         new
     }
+    /// How many members.
+    pub(super) fn len(&self) -> usize {
+        self.0.iter().map(|w| w.count_ones() as usize).sum()
+    }
     pub(super) fn is_empty(&self) -> bool {
         self.0.iter().all(|&w| w == 0)
     }

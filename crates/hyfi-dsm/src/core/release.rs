@@ -25,6 +25,8 @@ struct Round {
     declined: Vec<u64>,
     /// What goes to each node.
     bodies: Vec<ReleaseBody>,
+    /// How many of `dirty` are homed elsewhere (`Core::advise`).
+    offhome: usize,
     /// Pages written here, as their home, that at least half the other
     /// nodes hold: pushed through the release's all-reduce (see
     /// [`Gathered`]) instead of in a `REL` to each. Each is the holders
@@ -288,35 +290,25 @@ impl Core {
         let mut dirty = std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|e| e.into_inner()));
         dirty.sort_unstable();
         dirty.dedup();
-        let mut cache = None;
-        let written = Written {
-            pages: dirty.len(),
-            offhome: dirty
-                .iter()
-                .filter(|&&gp| {
-                    self.find_cached(gp, &mut cache)
-                        .is_some_and(|(seg, p)| seg.homes[p] as usize != self.me)
-                })
-                .count(),
-        };
+
         let mut r = Round {
             epoch,
             slot,
             dirty,
             declined: Vec::new(),
             bodies: (0..self.nodes).map(|_| ReleaseBody::default()).collect(),
+            offhome: 0,
             gathered: Vec::new(),
             cache: None,
         };
         self.decline_unused(&mut r);
         let noticed_home = self.diffs_and_pushes(&mut r);
         let (sent, mut noticed) = self.send_releases(&mut r, &noticed_home, carried.as_ref());
-        let gathered = std::mem::take(&mut r.gathered);
         let (expected, their_notices, their_pushes) =
-            self.count_releases(phase, link, &sent, &noticed, &gathered, carried.as_mut())?;
+            self.count_releases(phase, link, &sent, &noticed, &r.gathered, carried.as_mut())?;
         self.ctr(slot)
             .pushes_gathered
-            .fetch_add(gathered.len() as u64, Ordering::Relaxed);
+            .fetch_add(r.gathered.len() as u64, Ordering::Relaxed);
         let (mut notices, mut pushes, others) = self.await_releases(epoch, expected)?;
         // The others' notices: in their `REL`s on two nodes, gathered in the
         // all-reduce on more; and the pages their homes pushed through it.
@@ -332,6 +324,10 @@ impl Core {
         let invalidated = self.invalidate_noticed(&notices, &mut r)?;
         self.install_pushes(notices, pushes, invalidated, &mut r);
         self.settle_fresh();
+        let written = Written {
+            pages: r.dirty.len(),
+            offhome: r.offhome,
+        };
         Ok((epoch, written))
     }
 
@@ -412,6 +408,7 @@ impl Core {
     fn diffs_and_pushes(&self, r: &mut Round) -> Vec<u64> {
         let Round {
             bodies,
+            offhome,
             gathered,
             cache,
             dirty,
@@ -427,6 +424,7 @@ impl Core {
             let home = seg.homes[p] as usize;
             let mut m = seg.lock(p);
             if home != self.me {
+                *offhome += 1;
                 let twin = m
                     .twin
                     .take()
@@ -464,9 +462,9 @@ impl Core {
                 // dropped.)
                 self.ctr(*slot)
                     .pushes_withheld
-                    .fetch_add(m.copies.iter().count() as u64, Ordering::Relaxed);
+                    .fetch_add(m.copies.len() as u64, Ordering::Relaxed);
                 noticed_home.push(gp);
-            } else if self.gathers(m.copies.iter().count()) {
+            } else if self.gathers(m.copies.len()) {
                 let map = self.nodes.div_ceil(8);
                 let mut bytes = vec![0u8; map];
                 for q in m.copies.iter() {
