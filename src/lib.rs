@@ -97,7 +97,9 @@
 // its group here; a name only another layer uses goes in `layers` below.
 
 // --- Starting a node ---
-pub use hyfi_core::{Config, Runtime, DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
+pub use hyfi_core::{
+    Config, Runtime, DEFAULT_CHUNKS, DEFAULT_STACK_SIZE, MAX_CHUNKS, MAX_STACK_SIZE, MIN_STACK_SIZE,
+};
 
 /// Starts this node's part of the job, configured from the `HYFI_*`
 /// variables (see [`init_with`]).

@@ -6,6 +6,7 @@
 //! | `HYFI_PIN`        | pin server thread *p* to the *p*-th CPU   | `1`                |
 //! | `HYFI_STACK_SIZE` | filthread stack size (`512K`, `4M`, ...)  | `1M`               |
 //! | `HYFI_PRUNE`      | pruning of fork-join filaments            | `1`                |
+//! | `HYFI_CHUNKS`     | chunks each pool is cut into, which idle processors of the node take from the back ([`Config::chunks`]) | `8` (`1` on one processor) |
 //! | `HYFI_TRACE`      | record a timeline into this file ([`crate::trace`]) | off      |
 //! | `HYFI_TRACE_EVENTS` | events a trace keeps per node, at most  | 1048576 (about 56 MiB) |
 //!
@@ -20,6 +21,11 @@ pub const MIN_STACK_SIZE: usize = 64 * 1024;
 /// Largest filthread stack accepted (bytes); stacks are reserved lazily, so
 /// only touched pages cost memory.
 pub const MAX_STACK_SIZE: usize = 1 << 30;
+/// Chunks a pool is cut into on a node of several processors, unless
+/// [`Config::chunks`] says otherwise.
+pub const DEFAULT_CHUNKS: usize = 8;
+/// Most chunks a pool may be cut into.
+pub const MAX_CHUNKS: usize = 4096;
 /// Default filthread stack size (bytes).
 pub const DEFAULT_STACK_SIZE: usize = 1 << 20;
 
@@ -39,6 +45,7 @@ pub struct Config {
     cpu_share: Option<(usize, usize)>,
     stack_size: usize,
     prune: bool,
+    chunks: Option<usize>,
     trace: Option<std::path::PathBuf>,
     trace_events: u64,
 }
@@ -60,6 +67,7 @@ impl Config {
             cpu_share: None,
             stack_size: DEFAULT_STACK_SIZE,
             prune: true,
+            chunks: None,
             trace: None,
             trace_events: crate::trace::DEFAULT_CAP,
         }
@@ -96,6 +104,20 @@ impl Config {
                 value: v.clone(),
                 expected: "1/0, true/false, yes/no or on/off",
             })?;
+        }
+        if let Some(v) = get("HYFI_CHUNKS") {
+            cfg.chunks = Some(
+                v.trim()
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_CHUNKS).contains(n))
+                    .ok_or(Error::BadEnv {
+                        var: "HYFI_CHUNKS",
+                        value: v.clone(),
+                        expected:
+                            "a whole number of chunks per pool, from 1 (no balancing) to 4096",
+                    })?,
+            );
         }
         if let Some(v) = get("HYFI_STACK_SIZE") {
             cfg.stack_size = parse_size(&v).ok_or(Error::BadEnv {
@@ -154,6 +176,46 @@ impl Config {
     pub fn prune(mut self, on: bool) -> Self {
         self.prune = on;
         self
+    }
+
+    /// Cuts each pool of an iterative phase into `n` chunks (at most; a
+    /// pool of fewer rows gets one per row), fixed by the pool alone.
+    /// Each processor runs its own pools' chunks from the front, and a
+    /// processor that has none left takes chunks from the back of the
+    /// pool with the most left on another processor of the node: a phase
+    /// whose filaments cost unequal amounts, or whose processors are
+    /// slowed unequally (a shared or virtual CPU), ends when its work
+    /// does, not when the slowest static block does. Results stay
+    /// bit-identical from run to run however the chunks were shared out:
+    /// each chunk folds into its own copy of every reduction, and the
+    /// copies are combined in pool and chunk order (see
+    /// [`Reduction`](crate::Reduction)). `1` turns the balancing off (one
+    /// chunk per pool, as the paper's pools). A phase declared with
+    /// [`Program::phase_with`](crate::Program::phase_with) calls its `bind`
+    /// once per chunk's segment.
+    ///
+    /// Default: [`DEFAULT_CHUNKS`] on a node of several processors, `1` on
+    /// one (nobody to share with); `HYFI_CHUNKS` sets it.
+    ///
+    /// # Panics
+    /// If `n` is 0 or above [`MAX_CHUNKS`].
+    pub fn chunks(mut self, n: usize) -> Self {
+        assert!(
+            (1..=MAX_CHUNKS).contains(&n),
+            "hyfi: Config::chunks takes 1 (no balancing) to {MAX_CHUNKS}, got {n}"
+        );
+        self.chunks = Some(n);
+        self
+    }
+
+    /// Chunks per pool on a node of `procs` processors (see
+    /// [`Config::chunks`]).
+    pub fn get_chunks(&self, procs: usize) -> usize {
+        match self.chunks {
+            Some(n) => n,
+            None if procs > 1 => DEFAULT_CHUNKS,
+            None => 1,
+        }
     }
 
     /// Records a timeline of every processor of the node into `path` (see

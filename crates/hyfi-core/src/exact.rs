@@ -364,11 +364,9 @@ impl ExactSum {
     /// pool's copy, and it is merged into that copy when dropped.
     #[inline]
     pub fn local<'r>(&'r self, ctx: &Ctx) -> ExactLocal<'r> {
-        let (proc, pool) = self.r.owner(ctx);
         ExactLocal {
             s: self,
-            proc,
-            pool,
+            at: self.r.owner(ctx),
             acc: ExactAccumulator::new(),
             _not_send: std::marker::PhantomData,
         }
@@ -380,8 +378,7 @@ impl ExactSum {
 /// merges into.
 pub struct ExactLocal<'r> {
     s: &'r ExactSum,
-    proc: usize,
-    pool: usize,
+    at: crate::phase::CopyAt,
     acc: ExactAccumulator,
     _not_send: std::marker::PhantomData<*const ()>,
 }
@@ -400,10 +397,11 @@ impl ExactLocal<'_> {
 
 impl Drop for ExactLocal<'_> {
     fn drop(&mut self) {
-        let c = self.s.r.copy_of(self.proc, self.pool);
-        // SAFETY: `c` is the copy of the pool and processor that made this
+        let c = self.s.r.copy_of(self.at);
+        // SAFETY: `c` is the copy of the chunk whose filthread made this
         // accumulator through its Ctx; being !Send, it is dropped on that
-        // server thread, and `merge` runs no user code.
+        // filthread's server thread while the chunk runs, so no other
+        // thread touches the copy, and `merge` runs no user code.
         unsafe { (*c).merge(&self.acc) }
     }
 }

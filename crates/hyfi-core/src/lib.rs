@@ -117,7 +117,10 @@ pub use remote::steal;
 /// `#[derive(Clone, Copy, hyfi::bytemuck::Pod, hyfi::bytemuck::Zeroable)]`
 /// and `#[bytemuck(crate = "hyfi::bytemuck")]`.
 pub use bytemuck;
-pub use config::{parse_size, Config, DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
+pub use config::{
+    parse_size, Config, DEFAULT_CHUNKS, DEFAULT_STACK_SIZE, MAX_CHUNKS, MAX_STACK_SIZE,
+    MIN_STACK_SIZE,
+};
 pub use error::Error;
 pub use exact::{ExactAccumulator, ExactLocal, ExactSum};
 pub use fork::Pruned;

@@ -95,33 +95,40 @@ impl<I: Index> Pool<I> {
         self.len = 0;
     }
 
-    /// Runs `f` on every filament, in order. The loop is monomorphised over
-    /// `f`, so a small filament is inlined into it.
-    #[inline]
-    pub(crate) fn for_each(&self, mut f: impl FnMut(I)) {
-        for s in &self.segs {
-            s.each(&mut f);
-        }
+    /// The pool's segments, in order.
+    pub(crate) fn segs(&self) -> &[Seg] {
+        &self.segs
     }
+}
 
-    /// Runs, for each segment: `bind(span)`, then `f(index, &mut bound)` on
-    /// each of its filaments, in order; the bound value is dropped at the
-    /// segment's end. Monomorphised over both closures, and `f` called from
-    /// one loop nest ([`Seg::each`]), so the filament is inlined into the
-    /// loop and what `bind` returned lives in registers: `v` is a local of
-    /// this loop whose address never leaves it (measured: with `&mut v`
-    /// passed to an out-of-line loop, per-point Jacobi kept its accumulator
-    /// and views on the stack and ran 2-3x slower).
-    #[inline]
-    pub(crate) fn for_each_segment<V>(
-        &self,
-        mut bind: impl FnMut(&Span) -> V,
-        mut f: impl FnMut(I, &mut V),
-    ) {
-        for s in &self.segs {
-            let mut v = bind(&s.span());
-            s.each(|i| f(i, &mut v));
-        }
+/// Runs `f` on every filament of segments `segs` (a pool's, or a
+/// chunk's), in order. The loop is monomorphised over `f`, so a small
+/// filament is inlined into it.
+#[inline]
+pub(crate) fn each_filament<I: Index>(segs: &[Seg], mut f: impl FnMut(I)) {
+    for s in segs {
+        s.each(&mut f);
+    }
+}
+
+/// Runs, for each of segments `segs` (a pool's, or a chunk's):
+/// `bind(span)`, then `f(index, &mut bound)` on each of its filaments, in
+/// order; the bound value is dropped at the segment's end. Monomorphised
+/// over both closures, and `f` called from one loop nest ([`Seg::each`]),
+/// so the filament is inlined into the loop and what `bind` returned lives
+/// in registers: `v` is a local of this loop whose address never leaves it
+/// (measured: with `&mut v` passed to an out-of-line loop, per-point
+/// Jacobi kept its accumulator and views on the stack and ran 2-3x
+/// slower).
+#[inline]
+pub(crate) fn each_segment<I: Index, V>(
+    segs: &[Seg],
+    mut bind: impl FnMut(&Span) -> V,
+    mut f: impl FnMut(I, &mut V),
+) {
+    for s in segs {
+        let mut v = bind(&s.span());
+        s.each(|i| f(i, &mut v));
     }
 }
 
@@ -183,6 +190,8 @@ pub struct PoolArray<I: Index> {
     per_proc: usize,
     node: usize,
     nodes: usize,
+    /// Chunks per pool for within-node balancing (`Config::chunks`).
+    chunks: usize,
     pools: Vec<Pool<I>>,
 }
 
@@ -195,6 +204,7 @@ impl<I: Index> PoolArray<I> {
             per_proc,
             node: rt.node(),
             nodes: rt.num_nodes(),
+            chunks: rt.shared.cfg.get_chunks(rt.procs()),
             pools: (0..rt.procs() * per_proc)
                 .map(|_| Pool::default())
                 .collect(),
@@ -217,8 +227,14 @@ impl<I: Index> PoolArray<I> {
         &mut self.pools[proc * self.per_proc + k]
     }
 
-    pub(crate) fn get(&self, proc: usize, k: usize) -> &Pool<I> {
-        &self.pools[proc * self.per_proc + k]
+    /// Every pool, processor by processor, each in pool order.
+    pub(crate) fn all(&self) -> &[Pool<I>] {
+        &self.pools
+    }
+
+    /// Chunks each pool is cut into, at most (`Config::chunks`).
+    pub(crate) fn chunks(&self) -> usize {
+        self.chunks
     }
 
     /// Processors the array was made for.
@@ -356,7 +372,7 @@ mod tests {
 
     fn collect<I: Index>(p: &Pool<I>) -> Vec<I> {
         let mut v = Vec::new();
-        p.for_each(|i| v.push(i));
+        each_filament(p.segs(), |i| v.push(i));
         v
     }
 
@@ -448,11 +464,12 @@ mod tests {
         p.push_red_black(3..5, 0..10, 1);
         let mut spans = Vec::new();
         let mut seen = Vec::new();
-        p.for_each_segment(
+        each_segment(
+            p.segs(),
             |s| {
                 spans.push((s.rows(), s.cols(), s.col_step(), s.len()));
             },
-            |ij, _| seen.push(ij),
+            |ij: (usize, usize), _| seen.push(ij),
         );
         assert_eq!(spans, vec![(3..4, 0..9, 2, 5), (4..5, 1..10, 2, 5)]);
         assert_eq!(seen, collect(&p));
@@ -476,9 +493,10 @@ mod tests {
         b.push_box(2..6, 1..4, 0..5);
         assert_eq!(collect(&b), want);
         let mut spans = Vec::new();
-        b.for_each_segment(
+        each_segment(
+            b.segs(),
             |s| spans.push((s.rows(), s.cols(), s.depth(), s.len())),
-            |_, _| {},
+            |_: (usize, usize, usize), _| {},
         );
         assert_eq!(spans, vec![(2..6, 1..4, 0..5, 60)]);
         // Irregular 3-D pushes are all kept, in order.

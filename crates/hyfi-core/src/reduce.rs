@@ -5,10 +5,12 @@
 //! ([`Local`], [`LocalWith`]) and the built-in operators ([`Op`], [`Arith`]).
 
 use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
 
 use crate::error::Error;
+use crate::phase::CopyAt;
 use crate::sched::Ctx;
 
 /// A reduction variable of plain-data type `T` (paper §3.4): private
@@ -87,21 +89,57 @@ pub struct Reduction<T> {
     pub(crate) reduced_at_end: std::sync::atomic::AtomicBool,
 }
 
-/// One processor's private copies: pool 0's (also fork-join's) inline,
-/// the other pools' made on first use. Each of those is boxed, so its
-/// address stays put while the list grows: a [`Local`] of one pool keeps
-/// a pointer to its copy while another pool of the processor runs.
+/// One processor's private copies: slot 0's (pool 0's first chunk, also
+/// fork-join's) inline, the other slots' (one per chunk of each of the
+/// processor's pools, see `phase/share.rs`) made on first use. Those live
+/// in buckets that never move, bucket `b` holding slots `2^b .. 2^(b+1)`,
+/// each bucket made whole by whoever first needs one of its slots and
+/// published with a compare-and-swap: the processor that owns the pool
+/// and another that took one of its chunks may both make slots at once,
+/// and a [`Local`] of one chunk keeps a pointer to its slot while other
+/// chunks run.
 struct ProcCopies<T> {
     first: UnsafeCell<T>,
-    more: UnsafeCell<Vec<Box<CachePadded<UnsafeCell<T>>>>>,
+    buckets: [AtomicPtr<Slot<T>>; BUCKETS],
+    /// One past the highest slot ever handed out: the slots a reduce
+    /// combines (those below it never touched hold the start value, as
+    /// they would have had they been made).
+    used: AtomicUsize,
 }
 
-// SAFETY: processor `p`'s copies are accessed only by server thread `p`
-// (through a Ctx, whose processor index and runtime are checked), or by
-// post-phase code and the Runtime while every server thread is quiescent
-// at a barrier or idle between programs; `base` is written only then, and
-// read by server threads only while no one writes it. T: Send lets the
-// value move between those threads.
+type Slot<T> = CachePadded<UnsafeCell<T>>;
+
+/// Slots `1..2^BUCKETS`: more than a processor's pools times chunks can be.
+const BUCKETS: usize = usize::BITS as usize - 1;
+
+/// The bucket of slot `k` (≥ 1) and its place in it.
+#[inline(always)]
+fn bucket_of(k: usize) -> (usize, usize) {
+    let b = (usize::BITS - 1 - k.leading_zeros()) as usize;
+    (b, k - (1 << b))
+}
+
+impl<T> Drop for ProcCopies<T> {
+    fn drop(&mut self) {
+        for (b, p) in self.buckets.iter_mut().enumerate() {
+            let p = *p.get_mut();
+            if !p.is_null() {
+                // SAFETY: made by `Box::into_raw` of a boxed slice of
+                // `1 << b` slots in `slot_made`, and owned here alone.
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, 1 << b)) });
+            }
+        }
+    }
+}
+
+// SAFETY: a copy slot is accessed only by the filthread running the chunk
+// that owns it (`CopyAt`, set from the chunk a processor took with a
+// compare-and-swap, so one at a time; a chunk's filthread stays on one
+// server thread), or by post-phase code and the Runtime while every server
+// thread is quiescent at a barrier or idle between programs; `base` is
+// written only then, and read by server threads only while no one writes
+// it. Slots are made with atomics (`slot_made`). T: Send lets the value
+// move between those threads.
 unsafe impl<T: Send> Sync for Reduction<T> {}
 unsafe impl<T: Send> Send for Reduction<T> {}
 
@@ -113,7 +151,8 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
                 .map(|_| {
                     CachePadded::new(ProcCopies {
                         first: UnsafeCell::new(init),
-                        more: UnsafeCell::new(Vec::new()),
+                        buckets: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
+                        used: AtomicUsize::new(1),
                     })
                 })
                 .collect(),
@@ -123,9 +162,9 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
     }
 
     /// Combines every copy of the node's `procs` processors with
-    /// `combine`: processor by processor, each in pool order (a fixed
-    /// order, so the result does not depend on how the pools
-    /// interleaved).
+    /// `combine`: processor by processor, each in slot order (pool, then
+    /// chunk: a fixed order, so the result depends neither on how the
+    /// chunks interleaved nor on which processor ran them).
     ///
     /// # Safety
     /// No server thread may be accessing the copies.
@@ -154,40 +193,83 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         }
     }
 
-    /// The running pool's copy on this processor.
+    /// The running chunk's copy.
     #[inline(always)]
     fn slot(&self, ctx: &Ctx) -> *mut T {
         if ctx.rt_id != self.rt {
             foreign();
         }
+        let at = ctx.copy.get();
         // SAFETY: the runtime that made this reduction has exactly
-        // `copies.len()` processors, and ctx belongs to it (checked above),
-        // so ctx.proc() < copies.len().
-        let pc = unsafe { self.copies.get_unchecked(ctx.proc()) };
-        match ctx.pool.get() {
+        // `copies.len()` processors, and ctx belongs to it (checked above);
+        // `at.proc` is one of them (a processor index of that runtime).
+        let pc = unsafe { self.copies.get_unchecked(at.proc) };
+        match at.slot {
             0 => pc.first.get(),
-            k => self.pool_slot(pc, k),
+            k => self.slot_made(pc, k),
         }
     }
 
-    /// Pool `k`'s copy (`k` ≥ 1), made on its first use from `base`.
-    /// Out of line and cold, so the fast paths that inline `slot` stay small.
-    #[cold]
+    /// Slot `k`'s copy (`k` ≥ 1), its bucket made on first use from
+    /// `base`. Out of line, so the fast paths that inline `slot` stay
+    /// small.
     #[inline(never)]
-    fn pool_slot(&self, pc: &ProcCopies<T>, k: usize) -> *mut T {
-        // SAFETY: `pc` is the calling server thread's own list (see the
-        // Sync impl), and no reference into it outlives this call; `base`
-        // is not written while filaments run.
-        let more = unsafe { &mut *pc.more.get() };
-        while more.len() < k {
-            more.push(Box::new(CachePadded::new(UnsafeCell::new(unsafe {
-                *self.base.get()
-            }))));
+    fn slot_made(&self, pc: &ProcCopies<T>, k: usize) -> *mut T {
+        let (b, i) = bucket_of(k);
+        let mut p = pc.buckets[b].load(Ordering::Acquire);
+        if p.is_null() {
+            p = self.make_bucket(pc, b);
         }
-        more[k - 1].get()
+        if pc.used.load(Ordering::Relaxed) <= k {
+            pc.used.fetch_max(k + 1, Ordering::Relaxed);
+        }
+        // SAFETY: bucket `b` holds `1 << b` slots and `i < 1 << b`.
+        unsafe { (*p.add(i)).get() }
     }
 
-    /// This pool's copy, for reductions that update it in place (exact
+    #[cold]
+    fn make_bucket(&self, pc: &ProcCopies<T>, b: usize) -> *mut Slot<T> {
+        // SAFETY: `base` is not written while filaments run.
+        let v = unsafe { *self.base.get() };
+        let fresh: Box<[Slot<T>]> = (0..1usize << b)
+            .map(|_| CachePadded::new(UnsafeCell::new(v)))
+            .collect();
+        let fresh = Box::into_raw(fresh) as *mut Slot<T>;
+        match pc.buckets[b].compare_exchange(
+            std::ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => fresh,
+            Err(won) => {
+                // SAFETY: ours, never published.
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(fresh, 1 << b)) });
+                won
+            }
+        }
+    }
+
+    /// Calls `f` with every slot of `pc` below its `used` mark, in order
+    /// (a slot whose bucket was never made holds `base`).
+    ///
+    /// # Safety
+    /// No server thread may be accessing the copies.
+    unsafe fn each_slot(&self, pc: &ProcCopies<T>, mut f: impl FnMut(*mut T)) {
+        f(pc.first.get());
+        let mut base = *self.base.get();
+        for k in 1..pc.used.load(Ordering::Relaxed) {
+            let (b, i) = bucket_of(k);
+            let p = pc.buckets[b].load(Ordering::Acquire);
+            if p.is_null() {
+                f(&mut base);
+            } else {
+                f((*p.add(i)).get());
+            }
+        }
+    }
+
+    /// This chunk's copy, for reductions that update it in place (exact
     /// sums). Valid while the calling filthread neither suspends nor
     /// returns to its pool loop.
     #[inline(always)]
@@ -195,34 +277,38 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         self.slot(ctx)
     }
 
-    /// The processor and pool whose copy `ctx` uses, for accumulators
-    /// that find the copy later with [`Reduction::copy_of`].
+    /// Where the copy `ctx` uses is, for accumulators that find it later
+    /// with [`Reduction::copy_of`].
     #[inline]
-    pub(crate) fn owner(&self, ctx: &Ctx) -> (usize, usize) {
+    pub(crate) fn owner(&self, ctx: &Ctx) -> CopyAt {
         if ctx.rt_id != self.rt {
             foreign();
         }
-        (ctx.proc(), ctx.pool.get())
+        ctx.copy.get()
     }
 
-    /// The copy of processor `proc`'s pool `pool`, made if need be. Only
-    /// that processor's server thread may call it, as [`Local`]'s drop does.
-    pub(crate) fn copy_of(&self, proc: usize, pool: usize) -> *mut T {
-        let pc = &self.copies[proc];
-        match pool {
+    /// The copy at `at`, made if need be. Only the filthread running the
+    /// chunk that owns it may call it, as [`Local`]'s drop does.
+    pub(crate) fn copy_of(&self, at: CopyAt) -> *mut T {
+        let pc = &self.copies[at.proc];
+        match at.slot {
             0 => pc.first.get(),
-            k => self.pool_slot(pc, k),
+            k => self.slot_made(pc, k),
         }
     }
 
-    /// This pool's copy (`filGetVal`; in fork-join, this processor's).
+    /// This chunk's copy (`filGetVal`; in fork-join, this processor's):
+    /// after a reduce or a [`PostPhase::set`](crate::PostPhase::set), the
+    /// value it wrote; while a phase runs, that value and what the
+    /// chunk's filaments folded so far (a pool is cut into chunks, each
+    /// with its own copy: [`Config::chunks`](crate::Config::chunks)).
     #[inline(always)]
     pub fn get(&self, ctx: &Ctx) -> T {
-        // SAFETY: see the Sync impl: only this server thread touches its copy now.
+        // SAFETY: see the Sync impl: only this chunk's filthread touches its copy now.
         unsafe { *self.slot(ctx) }
     }
 
-    /// Sets this pool's copy (in fork-join, this processor's).
+    /// Sets this chunk's copy (in fork-join, this processor's).
     #[inline(always)]
     pub fn set(&self, ctx: &Ctx, v: T) {
         // SAFETY: as in `get`.
@@ -321,8 +407,7 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         }
         Local {
             r: self,
-            proc: ctx.proc(),
-            pool: ctx.pool.get(),
+            at: ctx.copy.get(),
             acc: T::identity(op),
             op,
             _not_send: std::marker::PhantomData,
@@ -385,24 +470,19 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         }
         LocalWith {
             r: self,
-            proc: ctx.proc(),
-            pool: ctx.pool.get(),
+            at: ctx.copy.get(),
             acc: identity,
             combine,
             _not_send: std::marker::PhantomData,
         }
     }
 
-    /// Calls `f` with every copy of processor `p`, in pool order.
+    /// Calls `f` with every copy of processor `p`, in slot order.
     ///
     /// # Safety
     /// No server thread may be accessing the copies.
     pub(crate) unsafe fn for_each_copy(&self, p: usize, mut f: impl FnMut(T)) {
-        let pc = &self.copies[p];
-        f(*pc.first.get());
-        for c in (*pc.more.get()).iter() {
-            f(*c.get());
-        }
+        self.each_slot(&self.copies[p], |c| f(*c));
     }
 
     /// Processor `p`'s first copy (pool 0's, fork-join's).
@@ -420,10 +500,7 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
     pub(crate) unsafe fn write_all(&self, v: T) {
         *self.base.get() = v;
         for pc in self.copies.iter() {
-            *pc.first.get() = v;
-            for c in (*pc.more.get()).iter() {
-                *c.get() = v;
-            }
+            self.each_slot(pc, |c| *c = v);
         }
     }
 }
@@ -462,8 +539,7 @@ pub struct Local<'r, T: Arith> {
     // where `op` is a constant and `acc` a register (measured: finding the
     // copy here made Jacobi's per-point filaments 2× slower on one core).
     r: &'r Reduction<T>,
-    proc: usize,
-    pool: usize,
+    at: CopyAt,
     acc: T,
     op: Op,
     _not_send: std::marker::PhantomData<*const ()>,
@@ -484,11 +560,13 @@ impl<T: Arith> Local<'_, T> {
 
 impl<T: Arith> Drop for Local<'_, T> {
     fn drop(&mut self) {
-        let slot = self.r.copy_of(self.proc, self.pool);
-        // SAFETY: `slot` is the copy of the pool and processor that made
-        // the accumulator (through its Ctx), and the accumulator, being
-        // !Send, is dropped on that server thread; no user code runs
-        // between the read and the write.
+        let slot = self.r.copy_of(self.at);
+        // SAFETY: `slot` is the copy of the chunk whose filthread made the
+        // accumulator (through its Ctx), and the accumulator, being !Send,
+        // is dropped on that filthread's server thread while the chunk
+        // runs (it lives in the chunk's bound values), so no other thread
+        // touches the slot; no user code runs between the read and the
+        // write.
         unsafe { *slot = self.op.apply(*slot, self.acc) }
     }
 }
@@ -499,8 +577,7 @@ impl<T: Arith> Drop for Local<'_, T> {
 pub struct LocalWith<'r, T: bytemuck::Pod + Send + Sync, F: Fn(T, T) -> T> {
     // As in `Local`: the copy is found at the drop.
     r: &'r Reduction<T>,
-    proc: usize,
-    pool: usize,
+    at: CopyAt,
     acc: T,
     combine: F,
     _not_send: std::marker::PhantomData<*const ()>,
@@ -521,15 +598,15 @@ impl<T: bytemuck::Pod + Send + Sync, F: Fn(T, T) -> T> LocalWith<'_, T, F> {
 
 impl<T: bytemuck::Pod + Send + Sync, F: Fn(T, T) -> T> Drop for LocalWith<'_, T, F> {
     fn drop(&mut self) {
-        let slot = self.r.copy_of(self.proc, self.pool);
+        let slot = self.r.copy_of(self.at);
         // `combine` is user code run between the read and the write: it
         // must not suspend, or another filthread of this processor could
         // write the copy meanwhile (fork-join) and lose an update. The
         // accumulator is dropped on its server thread (it is !Send), whose
         // Ctx the thread-local finds.
         let _no_wait = crate::sched::try_current_ctx().map(NoSuspend::enter);
-        // SAFETY: `slot` is the copy of the pool and processor that made
-        // the accumulator (as in `Local`'s drop); the value is read out
+        // SAFETY: `slot` is the copy of the chunk whose filthread made the
+        // accumulator (as in `Local`'s drop); the value is read out
         // before `combine` runs, so no reference into the copy is alive
         // while user code runs.
         unsafe {

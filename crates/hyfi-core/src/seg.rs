@@ -169,6 +169,31 @@ impl Seg {
         false
     }
 
+    /// Number of rows that hold filaments (every `step`-th of `rows`).
+    pub(super) fn row_count(&self) -> usize {
+        self.rows.clone().step_by(self.step).len()
+    }
+
+    /// The segment's rows `a..b` (counted among the rows that hold
+    /// filaments), with its columns and depths: running the pieces
+    /// `0..m`, `m..n` in turn runs the segment.
+    pub(super) fn sub_rows(&self, a: usize, b: usize) -> Seg {
+        debug_assert!(a <= b && b <= self.row_count());
+        let start = self.rows.start + a * self.step;
+        let end = if b == a {
+            start
+        } else {
+            self.rows.start + (b - 1) * self.step + 1
+        };
+        Seg {
+            rows: start..end,
+            step: self.step,
+            cols: self.cols.clone(),
+            col_step: self.col_step,
+            depth: self.depth.clone(),
+        }
+    }
+
     /// The segment as [`Span`]: rows tight, from the first to one past the
     /// last row a filament has (a strided range may end past it).
     pub(super) fn span(&self) -> Span {
@@ -197,7 +222,7 @@ impl Seg {
     /// filament was called per point from the out-of-line copy (the
     /// inliner declines a large callee with two callers), and red-black
     /// SOR ran ~2.6x its loop. Inlined here into a loop over segments whose
-    /// bound values are locals (`Pool::for_each_segment`), the filament's
+    /// bound values are locals (`pool::each_segment`), the filament's
     /// views and accumulators stay in registers.
     ///
     /// Columns (rows of a 1-D segment) run in unit-stride runs

@@ -29,6 +29,9 @@ pub struct ProcStats {
     pub idle_ns: u64,
     /// Phases executed.
     pub phases: u64,
+    /// Chunks of iterative phases this processor took from other
+    /// processors' pools ([`Config::chunks`](crate::Config::chunks)).
+    pub chunks_stolen: u64,
 }
 
 impl ProcStats {
@@ -43,6 +46,7 @@ impl ProcStats {
         self.stacks_mapped += o.stacks_mapped;
         self.idle_ns += o.idle_ns;
         self.phases += o.phases;
+        self.chunks_stolen += o.chunks_stolen;
     }
 }
 
@@ -99,7 +103,7 @@ impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "node {:>2} proc | {:>12} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7} {:>10} {:>7}",
+            "node {:>2} proc | {:>12} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7} {:>10} {:>7} {:>7}",
             self.node,
             "filaments",
             "pruned",
@@ -110,12 +114,13 @@ impl fmt::Display for Stats {
             "filthreads",
             "stacks",
             "idle ms",
-            "phases"
+            "phases",
+            "chunks"
         )?;
         for (p, s) in self.procs.iter().enumerate() {
             writeln!(
                 f,
-                "        {:>4} | {:>12} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7} {:>10.2} {:>7}",
+                "        {:>4} | {:>12} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7} {:>10.2} {:>7} {:>7}",
                 p,
                 s.filaments,
                 s.pruned,
@@ -126,7 +131,8 @@ impl fmt::Display for Stats {
                 s.filthreads,
                 s.stacks_mapped,
                 s.idle_ns as f64 / 1e6,
-                s.phases
+                s.phases,
+                s.chunks_stolen
             )?;
         }
         let r = &self.remote;

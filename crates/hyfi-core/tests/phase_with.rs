@@ -12,9 +12,18 @@ fn rt(procs: usize) -> Runtime {
 }
 
 #[test]
-fn bind_runs_once_per_segment_and_every_filament_sees_its_segment() {
-    for (procs, pools) in [(1, 1), (2, 1), (2, 3), (3, 2)] {
-        let rt = rt(procs);
+fn bind_runs_once_per_chunk_segment_and_every_filament_sees_its_segment() {
+    for (procs, pools, chunks) in [
+        (1, 1, 1),
+        (2, 1, 1),
+        (2, 3, 1),
+        (3, 2, 1),
+        (1, 1, 8),
+        (2, 1, 8),
+        (2, 3, 4),
+        (3, 2, 3),
+    ] {
+        let rt = Runtime::new(Config::new().procs(procs).pin(false).chunks(chunks)).unwrap();
         let (rows, cols) = (3..40, 2..9);
         let spans = Mutex::new(Vec::new());
         let seen = Mutex::new(BTreeMap::new());
@@ -41,11 +50,19 @@ fn bind_runs_once_per_segment_and_every_filament_sees_its_segment() {
             .flat_map(|i| cols.clone().map(move |j| ((i, j), 1)))
             .collect();
         assert_eq!(seen, want, "{procs}×{pools}: every filament exactly once");
-        // Blocks of rows: one segment per non-empty pool, covering the rows
-        // without overlap.
+        // Blocks of rows: one segment per non-empty pool, each cut into
+        // `chunks` pieces (one per row in a pool of fewer rows), covering
+        // the rows without overlap.
         let mut spans = spans.into_inner().unwrap();
         spans.sort_by_key(|s| s.rows().start);
-        assert_eq!(spans.len(), (procs * pools).min(rows.len()));
+        let mut pieces = 0;
+        for p in 0..procs {
+            for k in 0..pools {
+                let b = hyfi_core::block(hyfi_core::block(rows.clone(), procs, p), pools, k);
+                pieces += b.len().min(chunks);
+            }
+        }
+        assert_eq!(spans.len(), pieces, "{procs}×{pools} cut in {chunks}");
         let covered: Vec<usize> = spans.iter().flat_map(|s| s.rows()).collect();
         assert_eq!(covered, rows.clone().collect::<Vec<_>>());
         assert!(spans.iter().all(|s| s.cols() == cols && s.step() == 1));
@@ -54,7 +71,8 @@ fn bind_runs_once_per_segment_and_every_filament_sees_its_segment() {
 
 #[test]
 fn strided_spans_are_tight_and_halos_are_clipped() {
-    let rt = rt(2);
+    // One chunk per pool: each pool's strided segment whole.
+    let rt = Runtime::new(Config::new().procs(2).pin(false).chunks(1)).unwrap();
     let spans = Mutex::new(Vec::new());
     let mut prog = Program::new();
     prog.phase_with(
@@ -75,6 +93,39 @@ fn strided_spans_are_tight_and_halos_are_clipped() {
     assert_eq!(spans[0].rows_with_halo(1, 10), 0..10);
     assert_eq!(spans[1].rows_with_halo(3, 10), 0..10);
     assert_eq!(spans[1].rows_with_halo(1, 100), 1..10);
+    drop(rt);
+
+    // Cut in chunks of two rows: processor 0's 1, 3, 5, 7, 9 in (1, 3),
+    // (5, 7), (9); the pieces keep the stride.
+    let rt = Runtime::new(Config::new().procs(2).pin(false).chunks(3)).unwrap();
+    let spans = Mutex::new(Vec::new());
+    let mut prog = Program::new();
+    prog.phase_with(
+        PoolArray::cyclic(&rt, 1..10),
+        |_, span| spans.lock().unwrap().push(span.clone()),
+        |_, _, _| {},
+        |_| Control::Done,
+    );
+    rt.start(&mut prog).unwrap();
+    drop(prog);
+    let mut spans: Vec<_> = spans
+        .into_inner()
+        .unwrap()
+        .iter()
+        .map(|s| (s.rows(), s.step(), s.len()))
+        .collect();
+    spans.sort_by_key(|s| s.0.start);
+    assert_eq!(
+        spans,
+        [
+            (1..4, 2, 2),
+            (2..5, 2, 2),
+            (5..8, 2, 2),
+            (6..7, 2, 1),
+            (8..9, 2, 1),
+            (9..10, 2, 1)
+        ]
+    );
 }
 
 #[test]

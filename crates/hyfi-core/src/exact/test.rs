@@ -382,8 +382,10 @@ fn local_accumulators_and_unreset_sums_match_reduction_semantics() {
             Control::Done
         },
     );
-    // Every copy (2 procs × 3 pools) starts from the first total.
-    let copies = 2 * 3;
+    // Every copy (2 procs × 3 pools × the chunks of each, every pool being
+    // large enough to be cut into the default number) starts from the
+    // first total.
+    let copies = 2 * 3 * crate::DEFAULT_CHUNKS;
     rt.start(&mut prog).unwrap();
     drop(prog);
     let mut want = ExactAccumulator::new();

@@ -66,6 +66,10 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
                 trace::span(Kind::Barrier, t, [cur as u64, 0, 0, 0]);
             }
             run.arrived.store(0, Ordering::SeqCst);
+            // Every processor is done with this phase's chunks: make them
+            // available to its next execution (published by the `gen`
+            // store below).
+            body.shares().fill();
             let next = post_phase(ctx, run, cur, phases[cur], phases.len());
             // The next phase is a new access epoch (no filament runs now;
             // the SeqCst `gen` store below publishes it to the others).
@@ -185,7 +189,9 @@ fn node_step(ctx: &Ctx, cur: usize, phase: RunPhase) -> Result<(), crate::LinkEr
     Ok(())
 }
 
-/// Iterative mode: runs every pool of this processor for one phase.
+/// Iterative mode: runs this processor's share of one phase: the chunks
+/// of its own pools, then chunks taken from the back of other processors'
+/// pools until none is left (see `share.rs`).
 fn run_phase(
     sched: &mut Sched,
     ctx: &Ctx,
@@ -193,27 +199,46 @@ fn run_phase(
     run: &'static ProgramRun,
     phase: usize,
 ) {
-    let pools = body.pools_of(ctx.proc);
-    let mut next = 0;
+    let shares = body.shares();
+    let balance = ctx.multi;
     loop {
         sched.drain_wakeups(ctx);
         if let Some(ft) = sched.pop_ready() {
             sched.run(ctx, ft);
             continue;
         }
-        if next < pools && !run.aborted() {
-            let k = next;
-            next += 1;
-            sched.spawn(ctx, move |ctx| {
-                ctx.pool.set(k);
-                if let Err(p) = catch_unwind(AssertUnwindSafe(|| body.run_pool(ctx, k))) {
-                    run.fail_panic(ctx.proc, format!("phase {phase} filament"), p);
-                }
-            });
-            continue;
+        if !run.aborted() {
+            if let Some(first) = shares.take(ctx.proc, balance) {
+                // One filthread runs chunks until none is left or it
+                // suspends; then the next chunk starts on another, so a
+                // chunk waiting for a page overlaps the rest.
+                sched.spawn(ctx, move |ctx| {
+                    let mut t = first;
+                    loop {
+                        if t.stolen {
+                            ctx.stats
+                                .chunks_stolen
+                                .set(ctx.stats.chunks_stolen.get() + 1);
+                        }
+                        ctx.copy.set(shares.copy_at(t));
+                        if let Err(p) = catch_unwind(AssertUnwindSafe(|| body.run_chunk(ctx, t))) {
+                            run.fail_panic(ctx.proc, format!("phase {phase} filament"), p);
+                            return;
+                        }
+                        match shares.take(ctx.proc, balance) {
+                            Some(next) if !run.aborted() => t = next,
+                            _ => return,
+                        }
+                    }
+                });
+                continue;
+            }
         }
         if sched.none_suspended() {
-            ctx.pool.set(0);
+            ctx.copy.set(crate::phase::CopyAt {
+                proc: ctx.proc,
+                slot: 0,
+            });
             return;
         }
         sched.idle_wait(ctx, || false);

@@ -45,7 +45,7 @@ use std::sync::Mutex;
 
 use crate::error::Error;
 use crate::exact::{ExactAccumulator, ExactSum};
-use crate::pool::{Index, PoolArray, Span};
+use crate::pool::{each_filament, each_segment, Index, PoolArray, Span};
 use crate::reduce::{Arith, Op, Reduction};
 use crate::sched::Ctx;
 use at_end::AtEndList;
@@ -53,9 +53,11 @@ use at_end::AtEndList;
 mod at_end;
 mod barrier;
 mod post;
+mod share;
 mod state;
 
 pub use post::PostPhase;
+pub(crate) use share::{CopyAt, Shares, Taken};
 pub(crate) use state::{ProgramRun, DONE};
 
 /// What post-phase code decides.
@@ -70,13 +72,16 @@ pub enum Control {
 /// A phase with its types erased, as the server threads see it.
 pub(crate) trait PhaseBody: Sync {
     fn procs(&self) -> usize;
-    fn pools_of(&self, proc: usize) -> usize;
-    fn run_pool(&self, ctx: &Ctx, k: usize);
+    /// The pools cut into chunks, and who runs which (`share.rs`).
+    fn shares(&self) -> &Shares;
+    /// Runs chunk `t`'s filaments, in order.
+    fn run_chunk(&self, ctx: &Ctx, t: Taken);
     fn post(&self, post: &mut PostPhase<'_>) -> Control;
 }
 
 struct PhaseImpl<'a, I: Index, F> {
     pools: PoolArray<I>,
+    shares: Shares,
     filament: F,
     // Boxed so that PhaseImpl itself holds no UnsafeCell: `&self` in
     // `run_pool` is then `noalias readonly`, which lets the compiler keep
@@ -98,14 +103,14 @@ where
     fn procs(&self) -> usize {
         self.pools.procs()
     }
-    fn pools_of(&self, _proc: usize) -> usize {
-        self.pools.pools_per_proc()
+    fn shares(&self) -> &Shares {
+        &self.shares
     }
-    fn run_pool(&self, ctx: &Ctx, k: usize) {
-        let pool = self.pools.get(ctx.proc(), k);
+    fn run_chunk(&self, ctx: &Ctx, t: Taken) {
         let f = &self.filament;
-        pool.for_each(|i| f(ctx, i));
-        ctx.count_filaments(pool.len() as u64);
+        let segs = self.shares.segs(t);
+        each_filament(segs, |i| f(ctx, i));
+        ctx.count_filaments(segs.iter().map(|s| s.len() as u64).sum());
     }
     fn post(&self, post: &mut PostPhase<'_>) -> Control {
         let mut g = self.post.lock().unwrap_or_else(|e| e.into_inner());
@@ -116,6 +121,7 @@ where
 /// A phase whose filaments see, per pool segment, what `bind` returned.
 struct BoundPhaseImpl<'a, I: Index, B, F> {
     pools: PoolArray<I>,
+    shares: Shares,
     bind: B,
     filament: F,
     post: Post<'a>,
@@ -130,14 +136,14 @@ where
     fn procs(&self) -> usize {
         self.pools.procs()
     }
-    fn pools_of(&self, _proc: usize) -> usize {
-        self.pools.pools_per_proc()
+    fn shares(&self) -> &Shares {
+        &self.shares
     }
-    fn run_pool(&self, ctx: &Ctx, k: usize) {
-        let pool = self.pools.get(ctx.proc(), k);
+    fn run_chunk(&self, ctx: &Ctx, t: Taken) {
         let (bind, f) = (&self.bind, &self.filament);
-        pool.for_each_segment(|span| bind(ctx, span), |i, v| f(ctx, i, v));
-        ctx.count_filaments(pool.len() as u64);
+        let segs = self.shares.segs(t);
+        each_segment(segs, |span| bind(ctx, span), |i, v| f(ctx, i, v));
+        ctx.count_filaments(segs.iter().map(|s| s.len() as u64).sum());
     }
     fn post(&self, post: &mut PostPhase<'_>) -> Control {
         let mut g = self.post.lock().unwrap_or_else(|e| e.into_inner());
@@ -229,6 +235,7 @@ impl<'a> Program<'a> {
         G: FnMut(&mut PostPhase<'_>) -> Control + Send + 'a,
     {
         self.phases.push(Phase::new(Box::new(PhaseImpl {
+            shares: Shares::new(&pools),
             pools,
             filament,
             post: Box::new(Mutex::new(post)),
@@ -285,6 +292,7 @@ impl<'a> Program<'a> {
         V: 'a,
     {
         self.phases.push(Phase::new(Box::new(BoundPhaseImpl {
+            shares: Shares::new(&pools),
             pools,
             bind,
             filament,

@@ -96,6 +96,10 @@ impl Runtime {
             self.fork_join_release()?;
         }
         let n = phases.len();
+        // A run that ended in an error may have left chunks untaken.
+        for (body, _) in &phases {
+            body.shares().fill();
+        }
         let run = ProgramRun {
             // SAFETY: lifetime erasure. The bodies borrow from `program`,
             // which outlives this call, and `dispatch` returns only after

@@ -169,7 +169,7 @@ fn suspend_current(ctx: &Ctx) {
     let y = ctx.yielder.get();
     let id = ctx.current.get();
     let bounds = ctx.bounds.get();
-    let pool = ctx.pool.get();
+    let copy = ctx.copy.get();
     // SAFETY: `y` was set by this filthread's own body from the Yielder that
     // corosensei handed it; the filthread is running, so it is alive, and
     // it is only used on this OS thread (filthreads never migrate).
@@ -179,7 +179,7 @@ fn suspend_current(ctx: &Ctx) {
     // segment, so restore exactly what was current at the suspension.
     ctx.yielder.set(y);
     ctx.current.set(id);
-    ctx.pool.set(pool);
+    ctx.copy.set(copy);
     ctx.set_bounds(bounds);
     enter_guard(bounds.guard);
 }

@@ -93,11 +93,13 @@ pub struct Ctx {
     pub(crate) deque: Worker<JobRef>,
     pub(crate) yielder: Cell<*const Yld>,
     pub(crate) current: Cell<u64>,
-    /// The pool (its index on this processor) whose filthread runs now; 0
-    /// in fork-join mode. Reductions keep one private copy per pool, so
-    /// the order in which pools interleave (when one waits for a page)
-    /// cannot change a result; see `reduce`.
-    pub(crate) pool: Cell<usize>,
+    /// Where the running filament's reduction copies are: the chunk's
+    /// (its pool's processor and slot) in iterative mode, this
+    /// processor's slot 0 in fork-join mode. Reductions keep one private
+    /// copy per chunk of a pool, so neither the order in which chunks
+    /// interleave (when one waits for a page) nor which processor runs
+    /// them can change a result; see `reduce` and `phase/share.rs`.
+    pub(crate) copy: Cell<crate::phase::CopyAt>,
     /// Set while a [`Reduction::update`](crate::Reduction::update) closure
     /// runs: suspending then could let another filthread update the same
     /// copy, and one of the two updates would be lost.
@@ -130,6 +132,7 @@ pub(crate) struct LocalStats {
     pub(crate) filthreads: Cell<u64>,
     pub(crate) idle_ns: Cell<u64>,
     pub(crate) phases: Cell<u64>,
+    pub(crate) chunks_stolen: Cell<u64>,
 }
 
 impl LocalStats {
@@ -144,6 +147,7 @@ impl LocalStats {
             filthreads: self.filthreads.take(),
             idle_ns: self.idle_ns.take(),
             phases: self.phases.take(),
+            chunks_stolen: self.chunks_stolen.take(),
             stacks_mapped: 0,
         }
     }
@@ -161,7 +165,7 @@ impl Ctx {
             deque,
             yielder: Cell::new(std::ptr::null()),
             current: Cell::new(0),
-            pool: Cell::new(0),
+            copy: Cell::new(crate::phase::CopyAt { proc, slot: 0 }),
             in_update: Cell::new(false),
             phase: Cell::new(u64::MAX),
             iteration: Cell::new(0),

@@ -119,9 +119,13 @@ impl Sched {
             }
             Ran::Finished(stack) => ctx.stacks.borrow_mut().give(stack),
         }
-        // The pool is the filthread's: it set it, and no other filthread
-        // ran on this processor meanwhile.
-        let pool = if self.fork_join { 0 } else { ctx.pool.get() };
+        // The chunk's copy slot is the filthread's: it set it, and no
+        // other filthread ran on this processor meanwhile.
+        let pool = if self.fork_join {
+            0
+        } else {
+            ctx.copy.get().slot
+        };
         let ran = ctx.stats.filaments.get() - f0;
         crate::trace::span(
             crate::trace::Kind::Segment,
