@@ -488,6 +488,14 @@ mod tests {
         assert!(!c.get_pin());
         assert_eq!(c.get_stack_size(), 512 * 1024);
         assert!(!c.get_prune());
+        // Chunks: the default depends on the processors; the variable wins.
+        assert_eq!((c.get_chunks(1), c.get_chunks(4)), (1, DEFAULT_CHUNKS));
+        let c = Config::from_lookup(env(&[("HYFI_CHUNKS", "3")])).unwrap();
+        assert_eq!((c.get_chunks(1), c.get_chunks(4)), (3, 3));
+        for bad in ["0", "x", "4097"] {
+            let e = Config::from_lookup(env(&[("HYFI_CHUNKS", bad)])).unwrap_err();
+            assert!(e.to_string().contains("HYFI_CHUNKS"), "{e}");
+        }
     }
 
     #[test]

@@ -49,6 +49,26 @@ pub fn in_filthread() -> bool {
     crate::sched::try_current_ctx().is_some_and(|c| !c.yielder.get().is_null())
 }
 
+/// What the caller runs, as a number unique on the node among what may
+/// run at the same time (0 off the server threads): in an iterative phase
+/// the chunk (its pool's processor and its copy slot: the same whichever
+/// processor and filthread run it, see [`Config::chunks`](crate::Config::chunks)),
+/// elsewhere the filthread. For layers that must tell accesses that may
+/// race apart from accesses that run one after the other (the DSM's
+/// footprint claims): two chunks may run at once on two processors, or
+/// one after the other on one filthread, depending on timing; one chunk
+/// never runs on two.
+pub fn current_work() -> u64 {
+    match crate::sched::try_current_ctx() {
+        None => 0,
+        Some(c) if c.phase.get() != u64::MAX => {
+            let at = c.copy.get();
+            1 << 63 | (at.proc as u64 + 1) << 40 | at.slot as u64
+        }
+        Some(c) => (c.proc as u64 + 1) << 40 | crate::trace::filthread(),
+    }
+}
+
 /// The processor (server thread index on this node) the caller runs on, or
 /// `None` off the server threads. For layers that keep per-processor
 /// counters on their slow paths (the DSM's outstanding requests).

@@ -242,7 +242,7 @@ impl Segment {
                 // Read through the checked accessors first: not clean.
                 CHECKED => e << SHIFT | WRITTEN,
                 VIEWS | PLAIN => {
-                    let ft = crate::plain::filthread();
+                    let ft = hyfi_core::filthread::current_work();
                     return match self.plain.claim_view(span.clone(), ft, site, mode == PLAIN) {
                         crate::plain::Outcome::Plain => true,
                         crate::plain::Outcome::Atomic { clean: true } => false,
@@ -279,7 +279,7 @@ impl Segment {
     fn checked_in_plain_epoch(&self, what: &str, e: usize, n: usize) {
         if self
             .plain
-            .checked_access(e..e + n.max(1), crate::plain::filthread())
+            .checked_access(e..e + n.max(1), hyfi_core::filthread::current_work())
         {
             crate::plain::conflict(self.seq, what, e);
         }

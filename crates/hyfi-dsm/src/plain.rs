@@ -59,21 +59,26 @@
 //!     assert_eq!(p, k > 0);
 //! }
 //! assert_eq!(b.get(3, 5), 16.0);
+//! // One view per chunk: each processor's 8 rows cut in 8 chunks
+//! // (`Config::chunks`), 16 views an execution.
 //! let st = dsm.stats().total;
-//! assert_eq!((st.atomic_views, st.plain_views), (2, 4));
+//! assert_eq!((st.atomic_views, st.plain_views), (16, 32));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! **Soundness on the node.** In a `PLAIN` epoch, every view's footprint is
-//! recorded as a claim (its elements, and the filthread that took it).
-//! Claims never overlap another filthread's (a view that would is refused
-//! with a panic), and a checked access — which in a `PLAIN` epoch always
-//! takes its slow path — into another filthread's claim panics too: it
-//! would race with plain stores, and the previous execution of the phase
-//! showed no such access, so the program's access pattern changed between
-//! iterations. The message names the array and element and the remedy
-//! (`HYFI_PLAIN_STORES=0`). Accesses of the same filthread are ordered by
-//! the thread itself; bytes outside every claim (padding, edge rows no
+//! recorded as a claim (its elements, and the chunk of the phase that took
+//! it: `hyfi_core::filthread::current_work`). Claims never overlap another
+//! chunk's (a view that would is refused with a panic), and a checked
+//! access — which in a `PLAIN` epoch always takes its slow path — into
+//! another chunk's claim panics too: it would race with plain stores, and
+//! the previous execution of the phase showed no such access, so the
+//! program's access pattern changed between iterations. The message names
+//! the array and element and the remedy (`HYFI_PLAIN_STORES=0`). Claims
+//! are the chunk's, not the filthread's: two chunks may run one after the
+//! other on one filthread or at once on two processors, as timing and
+//! within-node balancing decide, and the verdict must not depend on which.
+//! Accesses of one chunk are ordered by the thread that runs it; bytes outside every claim (padding, edge rows no
 //! view covers) are accessed atomically as before. Claims last to the end
 //! of the access epoch, when the runtime calls the DSM with no filament
 //! running: the epoch's outcome is recorded and the word reset.
@@ -140,7 +145,8 @@ pub(crate) fn enabled() -> bool {
 struct Claim {
     /// Elements from the first of its first row to the last of its last.
     span: Range<usize>,
-    /// The filthread that took it.
+    /// What took it: the chunk of an iterative phase, or the filthread
+    /// (`hyfi_core::filthread::current_work`).
     ft: u64,
 }
 
@@ -192,7 +198,7 @@ pub(crate) enum Outcome {
     /// The view stores atomically; `clean` says whether the epoch stays
     /// clean (no overlap).
     Atomic { clean: bool },
-    /// The span overlaps a claim of another filthread in a `PLAIN` epoch.
+    /// The span overlaps a claim of another chunk or filthread in a `PLAIN` epoch.
     Conflict,
 }
 
@@ -208,7 +214,7 @@ impl PlainState {
         t.history.iter().any(|&(s, c)| same(s, site) && c)
     }
 
-    /// Records a write view of `span` taken by filthread `ft` at `site`,
+    /// Records a write view of `span` taken by chunk or filthread `ft` at `site`,
     /// in an epoch whose word is `PLAIN` (`plain`) or `VIEWS`.
     pub(crate) fn claim_view(
         &self,
@@ -239,7 +245,7 @@ impl PlainState {
         }
     }
 
-    /// A checked access of elements `span` by filthread `ft` in a `PLAIN`
+    /// A checked access of elements `span` by chunk or filthread `ft` in a `PLAIN`
     /// epoch: marks the epoch not clean; true if it falls inside another
     /// filthread's claim (a race with its plain stores).
     pub(crate) fn checked_access(&self, span: Range<usize>, ft: u64) -> bool {

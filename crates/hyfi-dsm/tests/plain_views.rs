@@ -29,6 +29,22 @@ fn smooth_row(old: &ReadRows<'_, f64>, new: &WriteRows<'_, f64>, i: usize, n: us
     new.set(i, n - 1, row[n - 1]);
 }
 
+/// The segments a phase binds per execution over `rows` rows in blocks
+/// on one node of `procs` processors with `pools` pools each: every pool
+/// cut into `Config::chunks` chunks (the default: one per row in a pool of
+/// fewer rows, one chunk on one processor).
+fn pieces(rows: usize, procs: usize, pools: usize) -> u64 {
+    let chunks = Config::new().get_chunks(procs);
+    let mut n = 0;
+    for p in 0..procs {
+        for k in 0..pools {
+            let b = hyfi_core::block(hyfi_core::block(0..rows, procs, p), pools, k);
+            n += b.len().min(chunks) as u64;
+        }
+    }
+    n
+}
+
 /// A post-phase that ends the program after `executions` of its phase.
 fn until(executions: u64) -> impl FnMut(&mut hyfi_core::PostPhase<'_>) -> Control {
     move |post| {
@@ -119,7 +135,7 @@ fn disjoint_views_store_plainly_from_the_phases_second_execution() {
     let steps = 6;
     let (got, st, seen) = smoothing(2, 2, steps, 0, false);
     assert_eq!(got, smoothing_sequential(steps));
-    let segments = 4;
+    let segments = pieces(24, 2, 2);
     // The first execution of the phase that writes a grid has no history:
     // atomic. Every later one writes each grid through disjoint views
     // only, and the grid's last step with this call site was clean: plain.
@@ -137,7 +153,12 @@ fn overlapping_views_store_atomically() {
     let (got, st, seen) = smoothing(2, 2, steps, 1, false);
     assert_eq!(got, smoothing_sequential(steps));
     assert_eq!(st.total.plain_views, 0, "{}", st.total);
-    assert_eq!(st.total.atomic_views, 4 * steps, "{}", st.total);
+    assert_eq!(
+        st.total.atomic_views,
+        pieces(24, 2, 2) * steps,
+        "{}",
+        st.total
+    );
     assert!(seen.iter().all(|&(_, p)| !p));
 }
 
@@ -358,9 +379,11 @@ fn footprints_that_overlap_on_one_node_keep_that_node_atomic() {
         assert_eq!(grid, &want);
     }
     let (n0, n1) = (&out[0].1.total, &out[1].1.total);
-    assert_eq!(n0.plain_views, 2 * (steps - 2), "{n0}");
+    // Each node's 12 rows on its two processors.
+    let segments = pieces(12, 2, 1);
+    assert_eq!(n0.plain_views, segments * (steps - 2), "{n0}");
     assert_eq!(n1.plain_views, 0, "{n1}");
-    assert_eq!(n1.atomic_views, 2 * steps, "{n1}");
+    assert_eq!(n1.atomic_views, segments * steps, "{n1}");
 }
 
 fn mix(mut z: u64) -> u64 {
