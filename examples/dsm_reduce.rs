@@ -9,8 +9,10 @@
 //! homed elsewhere, while the other pools of its processor run) and folds
 //! them into the sum. Every node prints the reduced sum's bits and the bits
 //! of the same sum computed sequentially in the order the reduce promises
-//! (each pool's elements in order, then pools, processors, and nodes in
-//! the node layer's tree order).
+//! (each chunk's elements in order, then the chunks of a pool, pools,
+//! processors, and nodes in the node layer's tree order: a pool is cut
+//! into `Config::chunks` chunks, each folding into its own copy whichever
+//! processor of the node runs it).
 //!
 //! ```text
 //! cargo run --release --example dsm_reduce -- --nodes 2 --procs 2 --pools 8
@@ -48,15 +50,29 @@ fn value(i: usize) -> f64 {
     }
 }
 
-/// The sum in the reduce's order, for `nodes × procs × pools` slots.
-fn fixed_order(len: usize, nodes: usize, procs: usize, pools: usize) -> f64 {
+/// The sum in the reduce's order, for `nodes × procs × pools` slots, each
+/// pool cut into `chunks` chunks.
+fn fixed_order(len: usize, nodes: usize, procs: usize, pools: usize, chunks: usize) -> f64 {
     let slots = nodes * procs * pools;
-    let slot_sum = |s: usize| (s..len).step_by(slots).fold(0.0, |a, i| a + value(i));
+    // Pool `s`'s elements, one per row, cut where the runtime cuts them:
+    // chunk `c` of `n` ends at element ⌈m · (c + 1) / n⌉.
+    let chunk_sums = |s: usize| {
+        let e: Vec<usize> = (s..len).step_by(slots).collect();
+        let (m, n) = (e.len(), chunks.min(e.len()).max(1));
+        (0..n)
+            .map(|c| {
+                e[(m * c).div_ceil(n)..(m * (c + 1)).div_ceil(n)]
+                    .iter()
+                    .fold(0.0, |a, &i| a + value(i))
+            })
+            .collect::<Vec<f64>>()
+    };
     let node_sum = |n: usize| {
         let mut acc: Option<f64> = None;
         for s in n * procs * pools..(n + 1) * procs * pools {
-            let v = slot_sum(s);
-            acc = Some(acc.map_or(v, |a| a + v));
+            for v in chunk_sums(s) {
+                acc = Some(acc.map_or(v, |a| a + v));
+            }
         }
         acc.unwrap_or(0.0)
     };
@@ -110,7 +126,7 @@ fn main() {
     );
     common::or_exit("dsm_reduce", rt.start(&mut prog));
     drop(prog);
-    let want = fixed_order(len, nodes, procs, pools);
+    let want = fixed_order(len, nodes, procs, pools, rt.chunks());
     let naive = (0..len).fold(0.0, |a, i| a + value(i));
     println!(
         "dsm_reduce: nodes={nodes} procs={procs} pools={pools} sum={sum:e} sum_bits={:016x} want_bits={:016x} naive={naive:e} suspensions={}",

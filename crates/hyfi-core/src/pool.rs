@@ -204,7 +204,7 @@ impl<I: Index> PoolArray<I> {
             per_proc,
             node: rt.node(),
             nodes: rt.num_nodes(),
-            chunks: rt.shared.cfg.get_chunks(rt.procs()),
+            chunks: rt.chunks(),
             pools: (0..rt.procs() * per_proc)
                 .map(|_| Pool::default())
                 .collect(),

@@ -159,6 +159,11 @@ impl Runtime {
     pub fn procs(&self) -> usize {
         self.shared.procs
     }
+    /// Chunks each pool of an iterative phase is cut into, at most, for
+    /// within-node balancing ([`Config::chunks`]).
+    pub fn chunks(&self) -> usize {
+        self.shared.cfg.get_chunks(self.shared.procs)
+    }
     /// Processors on each node (`filNumProcessorsPerNode`); the same as [`Runtime::procs`].
     pub fn procs_per_node(&self) -> usize {
         self.shared.procs

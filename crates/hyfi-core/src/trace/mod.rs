@@ -66,9 +66,11 @@ pub const DEFAULT_CAP: u64 = 1 << 20;
 pub enum Kind {
     /// A phase on one processor: `[phase, iteration, 0, 0]`.
     Phase,
-    /// A filthread's run: `[pool, filaments, filthread, flags]`; flags bit
-    /// 0: it was resumed (not started), bit 1: it suspended (did not end),
-    /// bit 2: fork-join mode (no pool).
+    /// A filthread's run: `[copy slot, filaments, filthread, flags]` (the
+    /// slot of the chunk it ran last: pool `k`'s chunk `c` is
+    /// `k · chunks + c`, see `Config::chunks`); flags bit 0: it was
+    /// resumed (not started), bit 1: it suspended (did not end), bit 2:
+    /// fork-join mode (no pool).
     Segment,
     /// Waiting for pages: `[allocation, first page, pages | home << 32,
     /// filthread]`.
