@@ -17,23 +17,27 @@ use crate::sched::Ctx;
 /// copies combined by post-phase code with
 /// [`PostPhase::reduce`](crate::PostPhase::reduce).
 ///
-/// The paper keeps one private copy per processor. Here each *pool* of a
-/// processor has its own copy (pool 0's is the processor's, and fork-join
-/// filaments use it): the pools of a processor interleave whenever one
-/// waits for a shared page, in an order that depends on when pages arrive,
-/// so with one copy per processor a floating-point sum would come out
-/// differently from run to run. Filaments read and write their pool's
-/// copy through the [`Ctx`] they are given, with no synchronization: a
-/// copy belongs to one filthread at a time, and copies sit on separate
-/// cache lines.
+/// The paper keeps one private copy per processor. Here each *chunk* of a
+/// pool has its own copy (a pool is cut into chunks,
+/// [`Config::chunks`](crate::Config::chunks), which the node's processors
+/// share out while the phase runs; processor 0's first chunk's copy is
+/// also the one fork-join filaments use): the chunks of a processor
+/// interleave whenever one waits for a shared page, in an order that
+/// depends on when pages arrive, and which processor runs a chunk depends
+/// on timing, so with one copy per processor a floating-point sum would
+/// come out differently from run to run. Filaments read and write their
+/// chunk's copy through the [`Ctx`] they are given, with no
+/// synchronization: a copy belongs to one filthread at a time, and copies
+/// sit on separate cache lines.
 ///
 /// A reduce combines the copies in a fixed order — on each processor in
-/// pool order, then the processors of the node in order, then the nodes
-/// in the node layer's fixed tree order — and writes the result back into
-/// every copy. A given configuration (nodes, processors, pools and what
-/// each pool holds) therefore reproduces its result bit for bit, whatever
-/// the order in which pages arrive. A pool's copy starts from the
-/// variable's `init` (or from the value a reduce or
+/// pool order and within a pool in chunk order, then the processors of the
+/// node in order, then the nodes in the node layer's fixed tree order —
+/// and writes the result back into every copy. A given configuration
+/// (nodes, processors, pools, chunks, and what each pool holds) therefore
+/// reproduces its result bit for bit, whatever the order in which pages
+/// arrive and whichever processor ran each chunk. A chunk's copy starts
+/// from the variable's `init` (or from the value a reduce or
 /// [`PostPhase::set`](crate::PostPhase::set) last wrote to every copy), so
 /// start a sum from 0 and reset it with `set` after each reduce.
 ///
