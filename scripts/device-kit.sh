@@ -11,7 +11,7 @@
 #
 # --make builds, into DIR (put DIR in .git/info/exclude and carry it):
 #   bin/   the default build's examples, stripped (baselines, jacobi,
-#          matmul, lu, fib, quad, diffusion), the C MPI baselines
+#          matmul, lu, fib, quad, diffusion, mandelbrot), the C MPI baselines
 #          (jacobi_mpi, lu_mpi, matmul_mpi) and the C OpenMP ones
 #          (jacobi_omp, diffusion_omp);
 #   mpi/   scripts/transports.sh's kit: jacobi and lu built with
@@ -23,7 +23,9 @@
 #   scripts/paper-tables.sh --bin-dir DIR/bin --big --kernels
 #   jacobi2048-row,lu,matmul-row,fib,quad (1x1 ... 1x16, 2x1 ... 16x1,
 #   2x8, 4x4, 8x2, C MPI 2 ... 16), then rayon on every CPU, round-robin:
-#   matmul (the i-k-j rows in parallel), LU, fib with a cutoff of 25.
+#   matmul (the i-k-j rows in parallel), LU, fib with a cutoff of 25;
+#   then mandelbrot on 1xC (unequal rows) against rayon, with the default
+#   chunks and with HYFI_CHUNKS=1.
 # Part 2, issues 24 and 22 (about 3 minutes):
 #   scripts/transports.sh --bin-dir DIR/mpi --nodes C --kernels jacobi,lu
 #   --sizes 2048 --lu-n 2048 --no-fetch (hyfi over MPI and over TCP beside
@@ -59,7 +61,7 @@ if [[ -n $MAKE ]]; then
     mkdir -p "$MAKE/bin"
     KIT=$(cd "$MAKE" && pwd)
     (cd "$ROOT" && cargo build -q --release --examples) || die "cargo build --release --examples failed"
-    for e in baselines jacobi matmul lu fib quad diffusion; do
+    for e in baselines jacobi matmul lu fib quad diffusion mandelbrot; do
         strip -o "$KIT/bin/$e" "$ROOT/target/release/examples/$e"
     done
     for m in jacobi_mpi lu_mpi matmul_mpi; do
@@ -119,6 +121,24 @@ if [[ $PART == 1 ]]; then
     done
     for k in "matmul --n $n" "lu --n $n" "fib --n $fib --cutoff 25"; do
         printf '  rayon %-3s %-28s %s\n' "$C" "$k" "$(tr ' ' '\n' <<<"${T[$k]}" | median)"
+    done
+    # Within-node balancing (issue 23 item 5): unequal rows on 1xC, the
+    # default chunks against one chunk per pool, each against rayon on C
+    # threads in the same process.
+    echo
+    echo "mandelbrot $n, 1x$C, hyfi time / rayon time in the same process, $RUNS rounds, medians:"
+    declare -A M=()
+    for ((r = 1; r <= RUNS; r++)); do
+        for ch in default 1; do
+            env=()
+            [[ $ch == 1 ]] && env=(HYFI_CHUNKS=1)
+            m=$(env "${env[@]}" "$KIT/bin/mandelbrot" --n "$n" --reps 2 --procs "$C" |
+                sed -n 's/^ratio .*hyfi\/rayon: \([0-9.]*\).*/\1/p')
+            M[$ch]+="$m "
+        done
+    done
+    for ch in default 1; do
+        printf '  chunks %-8s hyfi/rayon %s\n' "$ch" "$(tr ' ' '\n' <<<"${M[$ch]}" | median)"
     done
 else
     sizes=(--sizes 2048 --lu-n 2048)

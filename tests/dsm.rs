@@ -266,6 +266,30 @@ fn diffusion_gives_the_same_bits_on_every_configuration() {
     }
 }
 
+/// Rows of very unequal cost, shared out within each node (chunks taken
+/// from the back of the busier processor's pool): every count and every
+/// execution's reduced sum equal the sequential ones on every
+/// configuration, with the default chunks and with three.
+#[test]
+fn mandelbrot_counts_are_the_sequential_ones_on_every_configuration() {
+    for chunks in [None, Some("3")] {
+        for (nodes, procs) in CONFIGS {
+            let what = format!("mandelbrot on {nodes}x{procs}, HYFI_CHUNKS {chunks:?}");
+            let mut cmd = on(
+                &bins().mandelbrot,
+                nodes,
+                procs,
+                &["--n", "96", "--max-iter", "300", "--reps", "3"],
+            );
+            if let Some(c) = chunks {
+                cmd.env("HYFI_CHUNKS", c);
+            }
+            let out = run_ok(&what, cmd, nodes);
+            all_say(&what, &out, "OK: every count and the sum of each execution");
+        }
+    }
+}
+
 #[test]
 fn lu_and_matmul_match_sequential_on_every_configuration() {
     for (nodes, procs) in CONFIGS {

@@ -36,6 +36,7 @@ pub struct Bins {
     pub exact_sum: PathBuf,
     pub sor: PathBuf,
     pub diffusion: PathBuf,
+    pub mandelbrot: PathBuf,
 }
 
 /// Runs `cargo build --quiet ARGS` for this workspace with this test's
@@ -114,6 +115,8 @@ pub fn bins() -> &'static Bins {
             "sor",
             "--example",
             "diffusion",
+            "--example",
+            "mandelbrot",
             "--bin",
             "hyfi-run",
             "-p",
@@ -138,6 +141,7 @@ pub fn bins() -> &'static Bins {
             exact_sum: ex("exact_sum"),
             sor: ex("sor"),
             diffusion: ex("diffusion"),
+            mandelbrot: ex("mandelbrot"),
         };
         for exe in [
             &bins.montecarlo,
@@ -154,6 +158,8 @@ pub fn bins() -> &'static Bins {
             &bins.faults,
             &bins.exact_sum,
             &bins.sor,
+            &bins.diffusion,
+            &bins.mandelbrot,
         ] {
             assert!(
                 exe.exists(),

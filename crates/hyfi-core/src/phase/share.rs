@@ -207,7 +207,7 @@ fn cut(segs: &[Seg], n: usize, out: &mut Vec<Seg>, chunks: &mut Vec<Range<usize>
     let (mut j, mut done, mut start) = (1, 0usize, out.len());
     for s in segs {
         let rc = s.row_count();
-        if rc == 0 || s.len() == 0 {
+        if rc == 0 || s.is_empty() {
             continue;
         }
         let per_row = s.len() / rc;
