@@ -274,7 +274,8 @@ fn unit_runs(range: &Range<usize>, step: usize, mut f: impl FnMut(usize)) {
     }
 }
 
-/// The filaments of one pool segment, as a phase declared with
+/// The filaments of one pool segment (of the chunk a processor runs:
+/// [`Config::chunks`](crate::Config::chunks)), as a phase declared with
 /// [`Program::phase_with`](crate::Program::phase_with) sees them before it
 /// runs them: rows `rows()` (every `step()`-th) × columns `cols()` (every
 /// `col_step()`-th) × depths `depth()`. For a 1-D pool the rows are the

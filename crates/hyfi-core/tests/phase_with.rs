@@ -69,10 +69,10 @@ fn bind_runs_once_per_chunk_segment_and_every_filament_sees_its_segment() {
     }
 }
 
-#[test]
-fn strided_spans_are_tight_and_halos_are_clipped() {
-    // One chunk per pool: each pool's strided segment whole.
-    let rt = Runtime::new(Config::new().procs(2).pin(false).chunks(1)).unwrap();
+/// The spans `bind` sees for `1..10` dealt cyclically over 2 processors,
+/// each pool cut into at most `chunks` chunks, in row order.
+fn cyclic_spans(chunks: usize) -> Vec<Span> {
+    let rt = Runtime::new(Config::new().procs(2).pin(false).chunks(chunks)).unwrap();
     let spans = Mutex::new(Vec::new());
     let mut prog = Program::new();
     prog.phase_with(
@@ -85,6 +85,13 @@ fn strided_spans_are_tight_and_halos_are_clipped() {
     drop(prog);
     let mut spans = spans.into_inner().unwrap();
     spans.sort_by_key(|s| s.rows().start);
+    spans
+}
+
+#[test]
+fn strided_spans_are_tight_and_halos_are_clipped() {
+    // One chunk per pool: each pool's strided segment whole.
+    let spans = cyclic_spans(1);
     // Processor 0: 1, 3, 5, 7, 9; processor 1: 2, 4, 6, 8.
     assert_eq!(spans[0].rows(), 1..10);
     assert_eq!(spans[1].rows(), 2..9);
@@ -93,30 +100,15 @@ fn strided_spans_are_tight_and_halos_are_clipped() {
     assert_eq!(spans[0].rows_with_halo(1, 10), 0..10);
     assert_eq!(spans[1].rows_with_halo(3, 10), 0..10);
     assert_eq!(spans[1].rows_with_halo(1, 100), 1..10);
-    drop(rt);
 
     // Cut in chunks of two rows: processor 0's 1, 3, 5, 7, 9 in (1, 3),
     // (5, 7), (9); the pieces keep the stride.
-    let rt = Runtime::new(Config::new().procs(2).pin(false).chunks(3)).unwrap();
-    let spans = Mutex::new(Vec::new());
-    let mut prog = Program::new();
-    prog.phase_with(
-        PoolArray::cyclic(&rt, 1..10),
-        |_, span| spans.lock().unwrap().push(span.clone()),
-        |_, _, _| {},
-        |_| Control::Done,
-    );
-    rt.start(&mut prog).unwrap();
-    drop(prog);
-    let mut spans: Vec<_> = spans
-        .into_inner()
-        .unwrap()
+    let pieces: Vec<_> = cyclic_spans(3)
         .iter()
         .map(|s| (s.rows(), s.step(), s.len()))
         .collect();
-    spans.sort_by_key(|s| s.0.start);
     assert_eq!(
-        spans,
+        pieces,
         [
             (1..4, 2, 2),
             (2..5, 2, 2),

@@ -245,7 +245,10 @@ impl<'a> Program<'a> {
 
     /// Appends a phase with a declared footprint: before the filaments of
     /// each pool segment run, `bind(ctx, span)` is called once with the
-    /// segment's [`Span`] and returns what they work with: views of the
+    /// segment's [`Span`] (a pool is cut into chunks for within-node
+    /// balancing, [`Config::chunks`](crate::Config::chunks), and a segment
+    /// here is a chunk's piece of a pool's segment: its rows run on one
+    /// processor, in order) and returns what they work with: views of the
     /// shared arrays the segment reads and writes (validated and, on
     /// several nodes, fetched once for the whole segment), segment-local
     /// reduction accumulators ([`Reduction::local`](crate::Reduction::local)), anything else. Each
