@@ -108,9 +108,8 @@ where
     }
     fn run_chunk(&self, ctx: &Ctx, t: Taken) {
         let f = &self.filament;
-        let segs = self.shares.segs(t);
-        each_filament(segs, |i| f(ctx, i));
-        ctx.count_filaments(segs.iter().map(|s| s.len() as u64).sum());
+        each_filament(self.shares.segs(t), |i| f(ctx, i));
+        ctx.count_filaments(self.shares.filaments(t));
     }
     fn post(&self, post: &mut PostPhase<'_>) -> Control {
         let mut g = self.post.lock().unwrap_or_else(|e| e.into_inner());
@@ -141,9 +140,12 @@ where
     }
     fn run_chunk(&self, ctx: &Ctx, t: Taken) {
         let (bind, f) = (&self.bind, &self.filament);
-        let segs = self.shares.segs(t);
-        each_segment(segs, |span| bind(ctx, span), |i, v| f(ctx, i, v));
-        ctx.count_filaments(segs.iter().map(|s| s.len() as u64).sum());
+        each_segment(
+            self.shares.segs(t),
+            |span| bind(ctx, span),
+            |i, v| f(ctx, i, v),
+        );
+        ctx.count_filaments(self.shares.filaments(t));
     }
     fn post(&self, post: &mut PostPhase<'_>) -> Control {
         let mut g = self.post.lock().unwrap_or_else(|e| e.into_inner());

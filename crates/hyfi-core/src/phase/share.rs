@@ -66,6 +66,9 @@ pub(crate) struct Shares {
     segs: Vec<Seg>,
     /// Chunk `c` of pool `q` is `segs[chunks[first[q] + c]]`.
     chunks: Vec<Range<usize>>,
+    /// Filaments per chunk, in the order of `chunks`: counted once here,
+    /// not at each run (a red-black pool has a segment per row).
+    lens: Vec<u64>,
     /// Where pool `q`'s chunks start in `chunks` (one more entry than
     /// pools: the end).
     first: Vec<usize>,
@@ -83,6 +86,7 @@ impl Shares {
             width,
             segs: Vec::new(),
             chunks: Vec::new(),
+            lens: Vec::new(),
             first: vec![0],
             cursors: Box::new([]),
         };
@@ -90,6 +94,11 @@ impl Shares {
             cut(p.segs(), width, &mut s.segs, &mut s.chunks);
             s.first.push(s.chunks.len());
         }
+        s.lens = s
+            .chunks
+            .iter()
+            .map(|c| s.segs[c.clone()].iter().map(|g| g.len() as u64).sum())
+            .collect();
         s.cursors = (0..pools.all().len())
             .map(|_| CachePadded::new(AtomicU64::new(0)))
             .collect();
@@ -112,6 +121,11 @@ impl Shares {
     /// The segments of chunk `t`.
     pub(crate) fn segs(&self, t: Taken) -> &[Seg] {
         &self.segs[self.chunks[self.first[t.pool] + t.chunk].clone()]
+    }
+
+    /// Filaments in chunk `t`.
+    pub(crate) fn filaments(&self, t: Taken) -> u64 {
+        self.lens[self.first[t.pool] + t.chunk]
     }
 
     /// Where chunk `t` folds its reductions.
