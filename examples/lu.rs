@@ -55,6 +55,7 @@ use bytemuck::{Pod, Zeroable};
 use clap::Parser;
 use hyfi::{Control, Dsm, Placement, PoolArray, Program, Progress, Runtime};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{RwLock, RwLockWriteGuard};
 
 /// LU decomposition with partial pivoting with hyfi's iterative filaments.
 #[derive(Parser, Debug, Clone)]
@@ -160,6 +161,12 @@ pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, Box<dyn std::error:
 /// Not chosen as a pivot yet.
 const FREE: usize = usize::MAX;
 
+/// The pivot row to write: only post-phase code (and the set-up before the
+/// first step) writes it, while no filament reads it.
+fn write_lock(r: &RwLock<Vec<f64>>) -> RwLockWriteGuard<'_, Vec<f64>> {
+    r.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The factorization of `a0` (`n × n`, row-major) with iterative filaments
 /// on `rt`, the matrix in a new DSM of `rt`.
 pub fn factor_hyfi(
@@ -187,9 +194,12 @@ pub fn factor_dsm(
         .from_fn(|i, j| a0[i * n + j])?;
     let pivot = rt.reduction(NO_PIVOT);
     // Node-local and the same on every node: the step at which each row was
-    // chosen as pivot (FREE if not yet), and the current pivot row.
+    // chosen as pivot (FREE if not yet), and (below) the current pivot row.
     let step_of: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(FREE)).collect();
-    let piv = AtomicUsize::new(0);
+    // The current pivot row, copied once per step and node by post-phase
+    // code (the release brought it here). The filaments cannot read it
+    // through a read view: they write other rows of `a` in the phase.
+    let pivot_row = RwLock::new(vec![0.0f64; n]);
     let mut perm: Vec<usize> = Vec::with_capacity(n);
     let mut singular_at = None;
 
@@ -215,27 +225,26 @@ pub fn factor_dsm(
     } else {
         let p = first.row as usize;
         step_of[p].store(0, Relaxed);
-        piv.store(p, Relaxed);
         perm.push(p);
+        write_lock(&pivot_row).copy_from_slice(&a0[p * n..(p + 1) * n]);
     }
 
     let factor = n > 0 && singular_at.is_none();
     let mut prog = Program::new();
-    // One phase per step k: elimination with pivot row `piv`, then each
+    // One phase per step k: elimination with the pivot row, then each
     // updated row offers its candidacy for step k + 1. Each pool segment
-    // copies the pivot row's tail once (the one row a step moves between
-    // nodes); each filament updates its row's tail in place in one pass.
+    // reads the pivot row that post-phase code copied (the one row a step
+    // moves between nodes); each filament updates its row's tail in place
+    // in one pass.
     prog.phase_with(
         PoolArray::cyclic(rt, 0..n),
         |ctx, _span| {
-            let k = ctx.iteration() as usize;
-            let mut pivot_tail = vec![0.0f64; n - k];
-            a.row(ctx, piv.load(Relaxed))
-                .copy_range_to(k, &mut pivot_tail);
-            (k, pivot_tail)
+            let row = pivot_row.read().unwrap_or_else(|e| e.into_inner());
+            (ctx.iteration() as usize, row)
         },
-        |ctx, i, (k, rp)| {
+        |ctx, i, (k, row)| {
             let k = *k;
+            let rp = &row[k..];
             if step_of[i].load(Relaxed) == FREE {
                 let row = a.row_mut(ctx, i);
                 // The multiplier goes where the eliminated entry was.
@@ -272,8 +281,8 @@ pub fn factor_dsm(
             }
             let p = p.row as usize;
             step_of[p].store(done, Relaxed);
-            piv.store(p, Relaxed);
             perm.push(p);
+            a.read_row(p, &mut write_lock(&pivot_row));
             Control::Continue
         },
     );
