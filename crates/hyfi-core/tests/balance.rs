@@ -89,6 +89,36 @@ fn an_idle_processor_takes_chunks_from_a_busy_ones_pool() {
     assert_eq!(total.unwrap().to_bits(), chunked_sum(n, 8).to_bits());
 }
 
+/// With one chunk per pool (`Config::chunks(1)`) pools stay on their
+/// processors, as the paper's: processor 1 has no pool and runs nothing,
+/// though processor 0's first pool waits long enough for it to take the
+/// second.
+#[test]
+fn one_chunk_per_pool_keeps_pools_on_their_processors() {
+    let rt = Runtime::new(Config::new().procs(2).pin(false).chunks(1)).unwrap();
+    let on_one = AtomicU64::new(0);
+    let mut pools = PoolArray::<usize>::new(&rt, 2);
+    pools.pool_k(0, 0).push_range(0..4);
+    pools.pool_k(0, 1).push_range(4..8);
+    let mut prog = Program::new();
+    prog.phase(
+        pools,
+        |ctx, i| {
+            if ctx.proc() == 1 {
+                on_one.fetch_add(1, Ordering::SeqCst);
+            }
+            if i == 0 {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        },
+        |_| Control::Done,
+    );
+    rt.start(&mut prog).unwrap();
+    drop(prog);
+    assert_eq!(on_one.load(Ordering::SeqCst), 0);
+    assert_eq!(rt.stats().total().chunks_stolen, 0);
+}
+
 /// Filaments of very unequal cost, on three processors with two pools
 /// each, over many executions of the phase: which processor runs which
 /// chunk changes from one execution to the next (a processor that gets a

@@ -200,7 +200,7 @@ fn run_phase(
     phase: usize,
 ) {
     let shares = body.shares();
-    let balance = ctx.multi;
+    let balance = ctx.multi && shares.balanced();
     loop {
         sched.drain_wakeups(ctx);
         if let Some(ft) = sched.pop_ready() {

@@ -106,6 +106,13 @@ impl Shares {
         s
     }
 
+    /// Whether chunks may be taken from other processors' pools: not
+    /// when each pool is one chunk (`Config::chunks(1)`: the paper's
+    /// static pools).
+    pub(crate) fn balanced(&self) -> bool {
+        self.width > 1
+    }
+
     fn len(&self, q: usize) -> usize {
         self.first[q + 1] - self.first[q]
     }
