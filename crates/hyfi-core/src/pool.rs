@@ -103,8 +103,7 @@ impl<I: Index> Pool<I> {
 
 /// Runs `f` on every filament of segments `segs` (a pool's, or a
 /// chunk's), in order. The loop is monomorphised over `f`, so a small
-/// filament is inlined into it; and it is always inlined into its caller
-/// (a phase's `run_chunk`), as `each_segment` is.
+/// filament is inlined into it; `#[inline(always)]`, as `each_segment`.
 #[inline(always)]
 pub(crate) fn each_filament<I: Index>(segs: &[Seg], mut f: impl FnMut(I)) {
     for s in segs {
@@ -120,9 +119,10 @@ pub(crate) fn each_filament<I: Index>(segs: &[Seg], mut f: impl FnMut(I)) {
 /// in registers: `v` is a local of this loop whose address never leaves it
 /// (measured: with `&mut v` passed to an out-of-line loop, per-point
 /// Jacobi kept its accumulator and views on the stack and ran 2-3x
-/// slower). Always inlined into the phase's `run_chunk`: left to
-/// `#[inline]`, LLVM kept it out of line there and red-black SOR on 1×1
-/// ran 15 % slower (the same loop, scheduled worse; BENCHMARKS.md).
+/// slower). `#[inline(always)]`: with `#[inline]` only, red-black SOR on
+/// 1×1 ran 15 % slower in the phase's `run_chunk` (the hot loop held the
+/// same operations in other registers and order; why LLVM chose so was
+/// not pinned down; BENCHMARKS.md).
 #[inline(always)]
 pub(crate) fn each_segment<I: Index, V>(
     segs: &[Seg],
