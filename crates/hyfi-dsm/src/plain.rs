@@ -91,6 +91,7 @@
 //! [`DsmVec::write_range`]: crate::DsmVec::write_range
 //! [`WriteRows::plain_stores`]: crate::WriteRows::plain_stores
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::panic::Location;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -150,11 +151,60 @@ struct Claim {
     ft: u64,
 }
 
+/// An array's claims in one epoch, ordered by their first element, and
+/// found by overlap in `O(log n)` while they are pairwise disjoint (the
+/// clean case: every chunk of a phase claims its own rows; a node of 16
+/// processors with 8 chunks each makes 128 claims per array and phase,
+/// and a list searched whole for each made that quadratic, under the
+/// array's lock).
+#[derive(Default)]
+struct Claims {
+    /// By (first element, order of arrival): claims may share a start.
+    by_start: BTreeMap<(usize, usize), Claim>,
+    /// Some two claims overlap: a query looks at every claim.
+    overlapping: bool,
+}
+
+impl Claims {
+    /// Whether some claim overlapping `span` satisfies `f`.
+    fn any_hit(&self, span: &Range<usize>, mut f: impl FnMut(&Claim) -> bool) -> bool {
+        let hits = |c: &Claim| c.span.start < span.end && span.start < c.span.end;
+        if self.overlapping {
+            return self.by_start.values().any(|c| hits(c) && f(c));
+        }
+        // Pairwise disjoint claims sorted by start are sorted by end too:
+        // the ones overlapping `span` are the last ones starting before its
+        // end, back to the first that ends at or before its start.
+        for c in self.by_start.range(..(span.end, 0)).rev().map(|(_, c)| c) {
+            if c.span.end <= span.start {
+                return false;
+            }
+            if hits(c) && f(c) {
+                return true;
+            }
+        }
+        false
+    }
+
+    fn push(&mut self, c: Claim) {
+        if !self.overlapping && self.any_hit(&c.span, |_| true) {
+            self.overlapping = true;
+        }
+        let n = self.by_start.len();
+        self.by_start.insert((c.span.start, n), c);
+    }
+
+    fn clear(&mut self) {
+        self.by_start.clear();
+        self.overlapping = false;
+    }
+}
+
 /// An array's claims in the current access epoch, and what its views'
 /// call sites did last time.
 #[derive(Default)]
 struct Table {
-    claims: Vec<Claim>,
+    claims: Claims,
     /// Checked accesses in a `PLAIN` epoch: a view taken after one must
     /// not cover it either (the access and the view's stores would not be
     /// ordered).
@@ -228,7 +278,7 @@ impl PlainState {
             t.sites.push(site);
         }
         let hits = |c: &Claim| c.span.start < span.end && span.start < c.span.end;
-        let overlap = t.claims.iter().any(|c| hits(c) && (!plain || c.ft != ft));
+        let overlap = t.claims.any_hit(&span, |c| !plain || c.ft != ft);
         let after_checked = t.checked.iter().any(|c| hits(c) && c.ft != ft)
             || t.checked_rest
                 .as_ref()
@@ -251,10 +301,7 @@ impl PlainState {
     pub(crate) fn checked_access(&self, span: Range<usize>, ft: u64) -> bool {
         let mut t = self.lock();
         t.unclean = true;
-        let hit = t
-            .claims
-            .iter()
-            .any(|c| c.ft != ft && c.span.start < span.end && span.start < c.span.end);
+        let hit = t.claims.any_hit(&span, |c| c.ft != ft);
         if !hit {
             if t.checked.len() < MAX_CHECKED {
                 t.checked.push(Claim { span, ft });
