@@ -14,6 +14,16 @@ use hyfi_core::{Config, Control, Op, PoolArray, Program, Runtime};
 /// fails (a bound, so a broken balancer is a red test, not a hang).
 const PATIENCE: Duration = Duration::from_secs(60);
 
+/// Waits (in a filament, blocking its processor) until `flag` is set;
+/// fails with `what` after [`PATIENCE`].
+fn wait_for(flag: &AtomicBool, what: &str) {
+    let t0 = Instant::now();
+    while !flag.load(Ordering::SeqCst) {
+        assert!(t0.elapsed() < PATIENCE, "{what} in {PATIENCE:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn value(i: usize) -> f64 {
     1.0 / (i as f64 + 1.0) + (i % 7) as f64 * 1e-3
 }
@@ -58,14 +68,10 @@ fn an_idle_processor_takes_chunks_from_a_busy_ones_pool() {
                 other_ran.store(true, Ordering::SeqCst);
             }
             if i == 0 {
-                let t0 = Instant::now();
-                while !other_ran.load(Ordering::SeqCst) {
-                    assert!(
-                        t0.elapsed() < PATIENCE,
-                        "processor 1 took no chunk of processor 0's pool in {PATIENCE:?}"
-                    );
-                    std::thread::sleep(Duration::from_millis(1));
-                }
+                wait_for(
+                    &other_ran,
+                    "processor 1 took no chunk of processor 0's pool",
+                );
             }
             ran[i].fetch_add(1, Ordering::SeqCst);
             sum.fold(ctx, Op::Sum, value(i));
@@ -161,14 +167,7 @@ fn sums_keep_their_bits_however_the_chunks_are_shared_out() {
                     taken.store(true, Ordering::SeqCst);
                 }
                 if i == 0 && procs > 1 {
-                    let t0 = Instant::now();
-                    while !taken.load(Ordering::SeqCst) {
-                        assert!(
-                            t0.elapsed() < PATIENCE,
-                            "no chunk was taken in {PATIENCE:?}"
-                        );
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
+                    wait_for(&taken, "no chunk was taken");
                 }
                 spin(i, ctx.iteration());
                 acc.fold(value(i));
