@@ -210,13 +210,28 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         let pc = unsafe { self.copies.get_unchecked(at.proc) };
         match at.slot {
             0 => pc.first.get(),
-            k => self.slot_made(pc, k),
+            k => self.slot_k(pc, k),
         }
     }
 
+    /// Slot `k`'s copy (`k` ≥ 1): a load of its bucket, inline, since a
+    /// filament that folds per call (`fold`, `update`) in any chunk but a
+    /// processor's first comes here every time.
+    #[inline(always)]
+    fn slot_k(&self, pc: &ProcCopies<T>, k: usize) -> *mut T {
+        let (b, i) = bucket_of(k);
+        let p = pc.buckets[b].load(Ordering::Acquire);
+        if p.is_null() || pc.used.load(Ordering::Relaxed) <= k {
+            return self.slot_made(pc, k);
+        }
+        // SAFETY: bucket `b` holds `1 << b` slots and `i < 1 << b`.
+        unsafe { (*p.add(i)).get() }
+    }
+
     /// Slot `k`'s copy (`k` ≥ 1), its bucket made on first use from
-    /// `base`. Out of line, so the fast paths that inline `slot` stay
-    /// small.
+    /// `base`, and `used` raised past it. Out of line: a segment-local
+    /// accumulator's drop calls it in the segment loop (inlined there, a
+    /// larger drop made LLVM schedule red-black SOR's loop 2× slower).
     #[inline(never)]
     fn slot_made(&self, pc: &ProcCopies<T>, k: usize) -> *mut T {
         let (b, i) = bucket_of(k);
@@ -297,6 +312,7 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         let pc = &self.copies[at.proc];
         match at.slot {
             0 => pc.first.get(),
+            // Out of line: an accumulator's drop runs in a segment's loop.
             k => self.slot_made(pc, k),
         }
     }

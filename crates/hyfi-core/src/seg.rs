@@ -119,9 +119,7 @@ impl Seg {
     }
 
     pub(super) fn len(&self) -> usize {
-        self.rows.clone().step_by(self.step).len()
-            * self.cols.clone().step_by(self.col_step).len()
-            * self.depth.len()
+        self.row_count() * self.cols.clone().step_by(self.col_step).len() * self.depth.len()
     }
 
     fn one_row(&self) -> bool {
@@ -197,7 +195,7 @@ impl Seg {
     /// The segment as [`Span`]: rows tight, from the first to one past the
     /// last row a filament has (a strided range may end past it).
     pub(super) fn span(&self) -> Span {
-        let n = self.rows.clone().step_by(self.step).len();
+        let n = self.row_count();
         let end = if n == 0 {
             self.rows.start
         } else {

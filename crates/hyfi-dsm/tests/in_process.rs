@@ -7,7 +7,7 @@
 //! workspace's `tests/dsm.rs`).
 
 mod common;
-use common::{on_nodes_ok, start};
+use common::{on_nodes_ok, start, until};
 use std::sync::{Arc, Mutex, RwLock};
 
 use hyfi_core::link::InProcess;
@@ -302,13 +302,7 @@ fn push_node(link: Arc<InProcess>, rounds: u64) -> Result<DsmStats, String> {
                 }
             }
         },
-        |post| {
-            if post.iteration() + 1 >= rounds {
-                Control::Done
-            } else {
-                Control::Continue
-            }
-        },
+        until(rounds),
     );
     run_checked(&rt, prog, &bad, &dsm)
 }
@@ -382,13 +376,7 @@ fn false_sharing_node(link: Arc<InProcess>, rounds: u64) -> Result<DsmStats, Str
                     .push(format!("round {}: first element {got}", ctx.iteration()));
             }
         },
-        |post| {
-            if post.iteration() + 1 >= rounds {
-                Control::Done
-            } else {
-                Control::Continue
-            }
-        },
+        until(rounds),
     );
     run_checked(&rt, prog, &bad, &dsm)
 }
@@ -667,13 +655,7 @@ fn both_write_node(
                     .push(format!("node {node}, round {k}: read {got:?}"));
             }
         },
-        |post| {
-            if post.iteration() + 1 >= rounds {
-                Control::Done
-            } else {
-                Control::Continue
-            }
-        },
+        until(rounds),
     );
     run_checked(&rt, prog, &bad, &dsm)
 }
@@ -751,13 +733,7 @@ fn column_writer_node(
                 }
             }
         },
-        |post| {
-            if post.iteration() + 1 >= rounds {
-                Control::Done
-            } else {
-                Control::Continue
-            }
-        },
+        until(rounds),
     );
     run_checked(&rt, prog, &bad, &dsm)
 }

@@ -6,7 +6,7 @@
 //! `atomic_views`, `requests_waited_plain`), never timings.
 
 mod common;
-use common::{on_nodes, start};
+use common::{on_nodes, start, until};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -43,17 +43,6 @@ fn pieces(rows: usize, procs: usize, pools: usize) -> u64 {
         }
     }
     n
-}
-
-/// A post-phase that ends the program after `executions` of its phase.
-fn until(executions: u64) -> impl FnMut(&mut hyfi_core::PostPhase<'_>) -> Control {
-    move |post| {
-        if post.iteration() + 1 >= executions {
-            Control::Done
-        } else {
-            Control::Continue
-        }
-    }
 }
 
 /// `steps` smoothing steps of an `rows × n` grid (rows independent), on

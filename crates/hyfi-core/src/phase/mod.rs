@@ -41,6 +41,7 @@
 //! the others at the phase barrier, and (processor 0) run the post-phase
 //! code. The protocol is in this directory's `README.md`.
 
+use std::marker::PhantomData;
 use std::sync::Mutex;
 
 use crate::error::Error;
@@ -80,8 +81,9 @@ pub(crate) trait PhaseBody: Sync {
 }
 
 struct PhaseImpl<'a, I: Index, F> {
-    pools: PoolArray<I>,
+    /// The pools, cut into chunks (the pools themselves are not kept).
     shares: Shares,
+    _index: PhantomData<fn(I)>,
     filament: F,
     // Boxed so that PhaseImpl itself holds no UnsafeCell: `&self` in
     // `run_pool` is then `noalias readonly`, which lets the compiler keep
@@ -101,7 +103,7 @@ where
     F: Fn(&Ctx, I) + Sync,
 {
     fn procs(&self) -> usize {
-        self.pools.procs()
+        self.shares.procs()
     }
     fn shares(&self) -> &Shares {
         &self.shares
@@ -119,8 +121,8 @@ where
 
 /// A phase whose filaments see, per pool segment, what `bind` returned.
 struct BoundPhaseImpl<'a, I: Index, B, F> {
-    pools: PoolArray<I>,
     shares: Shares,
+    _index: PhantomData<fn(I)>,
     bind: B,
     filament: F,
     post: Post<'a>,
@@ -133,18 +135,15 @@ where
     F: Fn(&Ctx, I, &mut V) + Sync,
 {
     fn procs(&self) -> usize {
-        self.pools.procs()
+        self.shares.procs()
     }
     fn shares(&self) -> &Shares {
         &self.shares
     }
     fn run_chunk(&self, ctx: &Ctx, t: Taken) {
         let (bind, f) = (&self.bind, &self.filament);
-        each_segment(
-            self.shares.segs(t),
-            |span| bind(ctx, span),
-            |i, v| f(ctx, i, v),
-        );
+        let segs = self.shares.segs(t);
+        each_segment(segs, |span| bind(ctx, span), |i, v| f(ctx, i, v));
         ctx.count_filaments(self.shares.filaments(t));
     }
     fn post(&self, post: &mut PostPhase<'_>) -> Control {
@@ -238,7 +237,7 @@ impl<'a> Program<'a> {
     {
         self.phases.push(Phase::new(Box::new(PhaseImpl {
             shares: Shares::new(&pools),
-            pools,
+            _index: PhantomData,
             filament,
             post: Box::new(Mutex::new(post)),
         })));
@@ -298,7 +297,7 @@ impl<'a> Program<'a> {
     {
         self.phases.push(Phase::new(Box::new(BoundPhaseImpl {
             shares: Shares::new(&pools),
-            pools,
+            _index: PhantomData,
             bind,
             filament,
             post: Box::new(Mutex::new(post)),

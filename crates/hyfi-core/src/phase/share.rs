@@ -67,7 +67,8 @@ pub(crate) struct Shares {
     /// Chunk `c` of pool `q` is `segs[chunks[first[q] + c]]`.
     chunks: Vec<Range<usize>>,
     /// Filaments per chunk, in the order of `chunks`: counted once here,
-    /// not at each run (a red-black pool has a segment per row).
+    /// not at each run (a red-black pool has a segment per row; counting
+    /// them at each run cost SOR 514² on 1×2 6 %).
     lens: Vec<u64>,
     /// Where pool `q`'s chunks start in `chunks` (one more entry than
     /// pools: the end).
@@ -133,6 +134,11 @@ impl Shares {
     /// Filaments in chunk `t`.
     pub(crate) fn filaments(&self, t: Taken) -> u64 {
         self.lens[self.first[t.pool] + t.chunk]
+    }
+
+    /// Processors the pools were made for.
+    pub(crate) fn procs(&self) -> usize {
+        self.cursors.len() / self.per_proc
     }
 
     /// Where chunk `t` folds its reductions.

@@ -7,7 +7,7 @@ use hyfi_core::layer::RuntimeExt;
 use std::sync::Arc;
 
 use hyfi_core::link::InProcess;
-use hyfi_core::{Config, NodeLink, Runtime};
+use hyfi_core::{Config, Control, NodeLink, PostPhase, Runtime};
 use hyfi_dsm::Dsm;
 
 /// One in-process node: a runtime of `procs` processors over `link`, and
@@ -77,5 +77,16 @@ pub fn larger(a: Top, b: Top) -> Top {
         b
     } else {
         a
+    }
+}
+
+/// A post-phase that ends the program after `executions` of its phase.
+pub fn until(executions: u64) -> impl FnMut(&mut PostPhase<'_>) -> Control {
+    move |post| {
+        if post.iteration() + 1 >= executions {
+            Control::Done
+        } else {
+            Control::Continue
+        }
     }
 }
