@@ -275,8 +275,13 @@ fn the_in_process_link_names_a_lost_and_a_stopped_node() {
 enum Transport {
     /// hyfi's embedded launcher (`--nodes N`): local processes over TCP
     /// on loopback, ports chosen by the launcher; its output prefixes each
-    /// node's lines with `[node i] ` and ends with its verdict.
+    /// node's lines with `[node i] ` and ends with its verdict. Nodes of
+    /// one host pair up shared-memory lanes by default: frames go through
+    /// rings, the sockets carry bells and say when a peer is gone.
     Tcp,
+    /// [`Transport::Tcp`] with `HYFI_LANES=0`: every frame through the
+    /// sockets.
+    TcpNoLanes,
     /// `mpirun -np N --tag-output` with `HYFI_TRANSPORT=mpi` (a build with
     /// the `mpi` feature): each line prefixed `[job,rank]<stdout>:`, and
     /// mpirun's own verdict in its own words.
@@ -387,8 +392,11 @@ fn run_job(
     let exe = exe();
     let t0 = Instant::now();
     match transport {
-        Transport::Tcp => {
+        Transport::Tcp | Transport::TcpNoLanes => {
             let mut cmd = command(exe);
+            if let Transport::TcpNoLanes = transport {
+                cmd.env("HYFI_LANES", "0");
+            }
             cmd.args(args)
                 .args(["--nodes", &nodes.to_string(), "--procs", &procs.to_string()])
                 .envs(env.iter().copied());
@@ -429,6 +437,11 @@ fn run_job(
 #[test]
 fn tcp_passes_the_suite() {
     passes_the_suite(Transport::Tcp);
+}
+
+#[test]
+fn tcp_without_lanes_passes_the_suite() {
+    passes_the_suite(Transport::TcpNoLanes);
 }
 
 #[cfg(feature = "mpi")]
@@ -542,6 +555,13 @@ fn survivors_named(ran: &Ran, victim: usize, how: &str, within: Duration) {
 fn tcp_survivors_name_a_lost_node() {
     let _one = serial();
     let ran = run_job(Transport::Tcp, 3, 1, &["lose", "--victim", "1"], &[]);
+    survivors_named(&ran, 1, "lost", LOST_WITHIN);
+}
+
+#[test]
+fn tcp_without_lanes_survivors_name_a_lost_node() {
+    let _one = serial();
+    let ran = run_job(Transport::TcpNoLanes, 3, 1, &["lose", "--victim", "1"], &[]);
     survivors_named(&ran, 1, "lost", LOST_WITHIN);
 }
 

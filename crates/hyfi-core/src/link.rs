@@ -139,6 +139,86 @@ pub fn set_idle_progress(progress: fn() -> bool) -> bool {
     false
 }
 
+/// A transport's polling bracket: `begin` and `end`.
+type Bracket = (fn(), fn());
+
+/// Transports' polling brackets: see [`set_idle_polling`].
+static IDLE_POLLING: [std::sync::OnceLock<Bracket>; 4] =
+    [const { std::sync::OnceLock::new() }; 4];
+
+/// Tells a transport when an idle thread starts and stops polling its
+/// progress function in a loop (`begin` when it starts, `end` when it
+/// stops, on the same thread; never nested per thread).
+///
+/// A transport whose senders ring a sleeping reader (a byte on a socket,
+/// a syscall on both sides) may skip the bell while one of the receiving
+/// node's threads is known to be polling: the TCP transport's
+/// shared-memory lanes count the polling threads in shared memory, and a
+/// thread that stops reads what came meanwhile (`end`). Setting the same
+/// pair twice does nothing; false if every slot (four) is taken.
+pub fn set_idle_polling(begin: fn(), end: fn()) -> bool {
+    for slot in &IDLE_POLLING {
+        match slot.get() {
+            Some(&(b, e)) if b as usize == begin as usize && e as usize == end as usize => {
+                return true
+            }
+            Some(_) => {}
+            None => {
+                if slot.set((begin, end)).is_ok() {
+                    return true;
+                }
+                if slot
+                    .get()
+                    .is_some_and(|&(b, _)| b as usize == begin as usize)
+                {
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
+thread_local! {
+    /// Whether this thread is inside a [`Polling`] bracket already.
+    static POLLING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// An idle thread's polling loop, for [`set_idle_polling`]: `begin` on
+/// creation, `end` on drop (the outermost bracket of a thread only).
+pub(crate) struct Polling {
+    outer: bool,
+}
+
+impl Polling {
+    pub(crate) fn start() -> Polling {
+        let outer = !POLLING.with(|p| p.replace(true));
+        if outer {
+            for slot in &IDLE_POLLING {
+                match slot.get() {
+                    Some(&(begin, _)) => begin(),
+                    None => break,
+                }
+            }
+        }
+        Polling { outer }
+    }
+}
+
+impl Drop for Polling {
+    fn drop(&mut self) {
+        if self.outer {
+            for slot in &IDLE_POLLING {
+                match slot.get() {
+                    Some(&(_, end)) => end(),
+                    None => break,
+                }
+            }
+            POLLING.with(|p| p.set(false));
+        }
+    }
+}
+
 /// Runs the transports' progress functions once ([`set_idle_progress`]):
 /// a layer calls it before it blocks on what its peers send (the DSM
 /// before it sleeps on a release). A transport may hold small messages

@@ -88,6 +88,8 @@ pub fn poll_own_cpu(ready: impl FnMut() -> bool) -> bool {
 /// Polls `ready` by yielding the CPU for up to `span`; true if it became ready.
 fn poll_yielding(mut ready: impl FnMut() -> bool, span: Duration) -> bool {
     let until = Instant::now() + span;
+    // The transport may skip waking this node while it polls.
+    let _polling = crate::link::Polling::start();
     loop {
         // A thread with nothing to do drives the transport's progress where
         // it has one (MPI: see `link::set_idle_progress`).

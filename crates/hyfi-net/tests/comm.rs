@@ -86,6 +86,27 @@ fn comms_with_hooks(hooks: impl Iterator<Item = FailureHook>) -> Vec<Arc<Comm>> 
     hs.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
+/// [`comms`] with shared-memory lanes on or off (not `HYFI_LANES`: tests
+/// share the environment), and how many links of each node have one.
+fn comms_lanes(n: usize, lanes: bool) -> Vec<(Arc<Comm>, usize)> {
+    let hs: Vec<_> = specs(n)
+        .into_iter()
+        .map(|spec| {
+            std::thread::spawn(move || {
+                let links =
+                    hyfi_net::tcp::mesh::connect_with(&spec, Duration::from_secs(20), lanes)
+                        .unwrap();
+                let count = links.lanes.count();
+                let hook: FailureHook =
+                    Box::new(|why: &hyfi_net::cause::Cause| eprintln!("comm test: {why}"));
+                let c = Comm::start(links, hook, hyfi_net::DEFAULT_HEARTBEAT).unwrap();
+                (Arc::new(c), count)
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 /// [`finish`] for bare communication threads.
 fn close(cs: Vec<Arc<Comm>>) {
     let hs: Vec<_> = cs
@@ -254,14 +275,33 @@ fn a_runtime_over_four_nodes_reduces_across_all_of_them() {
 /// senders must not block (the rest waits in the backlogs, which the loops
 /// write out as the sockets drain), and every frame must arrive whole, in
 /// order, across however many partial reads and writes it took.
+///
+/// Over both kinds of link: nodes of one host pair up shared-memory lanes
+/// (the 3 MiB frames are larger than a lane's ring, so they stream through
+/// it in pieces and both rings fill: the backlog waits for the reader's
+/// bell), and with lanes off every frame goes through the socket.
 #[test]
 fn bursts_of_every_frame_size_arrive_whole_and_in_order() {
+    for lanes in [true, false] {
+        let cs = comms_lanes(2, lanes);
+        for (c, count) in &cs {
+            assert_eq!(
+                *count,
+                usize::from(lanes),
+                "node {}'s links with a lane (lanes {lanes})",
+                c.rank()
+            );
+        }
+        bursts(cs.into_iter().map(|(c, _)| c).collect());
+    }
+}
+
+fn bursts(cs: Vec<Arc<Comm>>) {
     use hyfi_net::tcp::comm::Dir;
     use hyfi_net::tcp::wire::Msg;
     const SIZES: [usize; 7] = [0, 1, 15, 4096, 65_537, 300_000, 3 << 20];
     const FRAMES: u64 = 60;
     let byte = |i: u64, j: usize| (i as usize * 31 + j * 7) as u8;
-    let cs = comms(2);
     let hs: Vec<_> = cs
         .iter()
         .map(|c| {

@@ -367,6 +367,7 @@ impl Channel for Collectives {
             }
         }
         let spin_until = Instant::now() + SPIN;
+        let polling = super::Polling::start();
         loop {
             let seen = self.generation.load(Ordering::Acquire);
             if let Some(r) = self.take(&mut self.lock(), key) {
@@ -381,6 +382,7 @@ impl Channel for Collectives {
                 break;
             }
         }
+        drop(polling);
         let mut m = self.lock();
         loop {
             if let Some(r) = self.take(&mut m, key) {

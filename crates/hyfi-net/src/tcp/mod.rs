@@ -28,6 +28,7 @@
 mod cluster;
 pub mod collective;
 pub mod comm;
+pub mod lane;
 pub mod mesh;
 mod refusal;
 pub mod rendezvous;

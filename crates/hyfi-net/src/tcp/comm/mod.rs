@@ -94,7 +94,7 @@ impl Comm {
     /// Starts the communication thread over an established mesh. A peer
     /// that sends nothing (not even a heartbeat) for `heartbeat` is lost.
     pub fn start(
-        links: Links,
+        mut links: Links,
         on_failure: FailureHook,
         heartbeat: Duration,
     ) -> Result<Comm, NetError> {
@@ -106,13 +106,13 @@ impl Comm {
         stats.refused.store(links.refused, Ordering::Relaxed);
         let on_failure: Arc<FailureHook> = Arc::new(on_failure);
         let mut txs = Vec::with_capacity(nodes);
-        for p in &links.peers {
+        for (peer, p) in links.peers.iter().enumerate() {
             txs.push(match p {
-                Some(sock) => {
-                    Some(PeerTx::new(sock.try_clone().map_err(|e| {
-                        NetError::io("cloning a link for writing", e)
-                    })?))
-                }
+                Some(sock) => Some(PeerTx::new(
+                    sock.try_clone()
+                        .map_err(|e| NetError::io("cloning a link for writing", e))?,
+                    links.lanes.tx[peer].take(),
+                )),
                 None => None,
             });
         }

@@ -22,6 +22,7 @@ use super::tx::{Sender, Waker};
 use super::FailureHook;
 use crate::cause::{Cause, CauseKind};
 use crate::since_start;
+use crate::tcp::lane::{LaneRx, Probe, Sleeper};
 
 /// What the communication thread shares with the failure path: the node's
 /// sending side (and through it the inbox) and its failure hook.
@@ -94,13 +95,33 @@ struct Link {
     said_bye: bool,
     /// When bytes last came.
     heard: Instant,
+    /// The link's shared-memory lane, if its peer is on this host: frames
+    /// come through its ring, and the socket carries only bells and says
+    /// when the peer is gone (see [`crate::tcp::lane`]).
+    lane: Option<LaneRx>,
 }
 
 impl Link {
     /// [`Link::on_readable`], and the end of the link's reading if it ended
     /// (false then): the node fails unless the peer said `Bye` first.
     fn read(&mut self, node: &Node, now: Instant) -> bool {
-        match self.on_readable(node, now) {
+        let r = self.on_readable(node, now);
+        self.ended(node, r)
+    }
+
+    /// A processor's read: a lane's ring only (no syscall; the loop drains
+    /// the bells and watches the socket), else the socket.
+    fn read_idle(&mut self, node: &Node, now: Instant) -> bool {
+        let r = if self.lane.is_some() {
+            self.on_lane(node, now, false)
+        } else {
+            self.on_readable(node, now)
+        };
+        self.ended(node, r)
+    }
+
+    fn ended(&self, node: &Node, r: Result<(), Ended>) -> bool {
+        match r {
             Ok(()) => true,
             Err(ended) => {
                 if let Ended::Failed(why) = ended {
@@ -124,9 +145,69 @@ impl Link {
         ))
     }
 
+    /// A lane's link: the ring read (up to [`READS_PER_TURN`] reads) and
+    /// every frame completed delivered; with `socket`, its bells drained
+    /// first, and if the socket ended, the ring read to its end before the
+    /// link's end is judged (a peer's last frames, its `Bye`, are in the
+    /// ring when its socket closes). `Err` when the link ends.
+    fn on_lane(&mut self, node: &Node, now: Instant, socket: bool) -> Result<(), Ended> {
+        let Some(lane) = self.lane.as_ref() else {
+            return Ok(());
+        };
+        let closed = if socket {
+            lane.drain_bells().err()
+        } else {
+            None
+        };
+        let mut reads = 0;
+        loop {
+            let Some(lane) = self.lane.as_ref() else {
+                return Ok(());
+            };
+            let read = match self.frame.as_mut() {
+                // A payload's rest goes straight into it.
+                Some(f) if self.lo == self.hi => {
+                    let n = lane.read(&mut f.payload[f.filled..]);
+                    n.inspect(|n| f.filled += n)
+                }
+                _ => {
+                    let n = lane.read(&mut self.buf[self.hi..]);
+                    n.inspect(|n| self.hi += n)
+                }
+            };
+            match read {
+                Err(broken) => return Err(self.protocol(broken.to_string())),
+                Ok(0) => break,
+                Ok(_) => {
+                    self.heard = now;
+                    self.decode(node)?;
+                }
+            }
+            reads += 1;
+            // A peer that is gone wrote all it will: read it all.
+            if reads >= READS_PER_TURN && closed.is_none() {
+                break;
+            }
+        }
+        match closed {
+            None => Ok(()),
+            Some(_) if self.frame.is_some() => {
+                Err(self.lost("in the middle of a frame: early eof".to_string()))
+            }
+            Some(_) if self.said_bye => Err(Ended::Cleanly),
+            Some(e) if e.kind() == ErrorKind::UnexpectedEof => {
+                Err(self.lost("its connection closed".to_string()))
+            }
+            Some(e) => Err(self.lost(e.to_string())),
+        }
+    }
+
     /// Reads what the socket has (up to [`READS_PER_TURN`] reads) and
     /// decodes and delivers every frame completed. `Err` when the link ends.
     fn on_readable(&mut self, node: &Node, now: Instant) -> Result<(), Ended> {
+        if self.lane.is_some() {
+            return self.on_lane(node, now, true);
+        }
         for _ in 0..READS_PER_TURN {
             let (sock, buf) = (&self.sock, &mut self.buf);
             let (read, asked) = match self.frame.as_mut() {
@@ -351,6 +432,11 @@ pub(super) struct Rx {
     reading: Vec<AtomicBool>,
     /// When a processor last passed (`crate::since_start`, ns).
     passed: AtomicU64,
+    /// Per link (as `Reader::links`): whether its lane's ring has bytes,
+    /// if it has a lane (read by the loop without the lock).
+    probes: Vec<Option<Probe>>,
+    /// The loop's `asleep` flag in this node's lane region.
+    sleeper: Sleeper,
 }
 
 /// What the reading thread of the moment holds.
@@ -393,6 +479,13 @@ impl Rx {
         }
     }
 
+    /// [`Rx::read`] for a processor: a lane's ring only.
+    fn read_idle(&self, reader: &mut Reader, i: usize, now: Instant) {
+        if self.reading[i].load(Ordering::Relaxed) && !reader.links[i].read_idle(&self.node, now) {
+            self.reading[i].store(false, Ordering::Relaxed);
+        }
+    }
+
     /// Whether a processor passed within [`POLLED_RECENTLY`].
     fn polled_recently(&self) -> bool {
         since_start().saturating_sub(self.passed.load(Ordering::Relaxed))
@@ -409,6 +502,7 @@ impl Rx {
         // Several transports in one process (tests) each have their own
         // function; the core polls them all.
         hyfi_core::link::set_idle_progress(idle_progress);
+        hyfi_core::link::set_idle_polling(idle_begin, idle_end);
     }
 
     /// The communication thread has ended: no idle processor reads `rx`
@@ -431,7 +525,7 @@ impl Rx {
         };
         let now = Instant::now();
         for i in 0..reader.links.len() {
-            self.read(&mut reader, i, now);
+            self.read_idle(&mut reader, i, now);
         }
         true
     }
@@ -455,6 +549,45 @@ pub(super) fn idle_progress() -> bool {
         return false;
     }
     readers.iter().fold(false, |moved, rx| rx.pass() | moved)
+}
+
+thread_local! {
+    /// The readers whose lanes this thread said it polls (`idle_begin`),
+    /// so that `idle_end` takes back exactly what it gave.
+    static POLLED: std::cell::RefCell<Vec<Arc<Rx>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An idle processor starts polling (see `hyfi_core::link::set_idle_polling`):
+/// on a node that owns its CPUs its passes read the lanes' rings, so their
+/// producers need not ring the communication thread meanwhile.
+fn idle_begin() {
+    if !hyfi_core::sleep::cpus_exclusive() {
+        return;
+    }
+    let readers = READERS.read().unwrap_or_else(|e| e.into_inner());
+    POLLED.with(|p| {
+        let mut p = p.borrow_mut();
+        for rx in readers
+            .iter()
+            .filter(|rx| rx.probes.iter().any(Option::is_some))
+        {
+            rx.sleeper.polling(true);
+            p.push(rx.clone());
+        }
+    });
+}
+
+/// The processor stops polling: what came while producers counted on it is
+/// read now, or, if another thread holds the reader, the communication
+/// thread is woken to read it.
+fn idle_end() {
+    let polled = POLLED.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    for rx in polled {
+        rx.sleeper.polling(false);
+        if rx.probes.iter().flatten().any(Probe::pending) && !rx.pass() {
+            rx.node.sender.waker.wake();
+        }
+    }
 }
 
 /// A connection accepted after setup: a stray (a port scan, a node of
@@ -535,18 +668,21 @@ struct Loop {
 }
 
 /// The communication thread: runs the event loop until [`Waker::stop`].
-pub(super) fn run(links: Links, node: Node, limit: Duration, waker: Arc<Waker>) {
+pub(super) fn run(mut links: Links, node: Node, limit: Duration, waker: Arc<Waker>) {
     let me = links.rank;
     let now = Instant::now();
     let every = (limit / 4).max(Duration::from_millis(10));
     let judge_every = (limit / 50).max(Duration::from_millis(2));
     let listeners = links.listeners;
+    let sleeper = links.lanes.sleeper();
+    let mut lanes = std::mem::take(&mut links.lanes.rx);
     let links: Vec<Link> = links
         .peers
         .into_iter()
         .enumerate()
         .filter_map(|(peer, s)| {
             Some(Link {
+                lane: lanes[peer].take(),
                 me,
                 peer,
                 sock: s?,
@@ -564,6 +700,13 @@ pub(super) fn run(links: Links, node: Node, limit: Duration, waker: Arc<Waker>) 
         fds: links.iter().map(|l| (l.sock.as_raw_fd(), l.peer)).collect(),
         reading: links.iter().map(|_| AtomicBool::new(true)).collect(),
         passed: AtomicU64::new(0),
+        probes: links
+            .iter()
+            // A lane whose probe cannot be made (no descriptor left) is
+            // still read, by the processors and on its bells.
+            .map(|l| l.lane.as_ref().and_then(|l| l.probe().ok()))
+            .collect(),
+        sleeper,
         reader: Mutex::new(Reader { links }),
     });
     let mut l = Loop {
@@ -631,7 +774,13 @@ impl Loop {
                     .as_ref()
                     .is_some_and(|tx| tx.out.load(Ordering::SeqCst))
                 {
-                    events |= libc::POLLOUT;
+                    if self.rx.probes[i].is_some() {
+                        // A lane's backlog: written as far as the ring has
+                        // room; the reader rings when it frees more.
+                        self.flush(peer);
+                    } else {
+                        events |= libc::POLLOUT;
+                    }
                 }
                 // (Never an entry without events: a hung-up socket would
                 // report POLLHUP at every turn.)
@@ -650,17 +799,25 @@ impl Loop {
             for (i, s) in self.strays.iter().enumerate() {
                 add(s.sock.as_raw_fd(), libc::POLLIN, Slot::Stray(i));
             }
-            let timeout = [self.next_beat, self.tick_at, self.listen_after]
+            let mut timeout = [self.next_beat, self.tick_at, self.listen_after]
                 .into_iter()
                 .flatten()
                 .chain(self.strays.iter().map(|s| s.deadline))
                 .min()
                 .map_or(-1, |t| millis_until(t, now));
+            // Lanes: say this thread sleeps, then look at the rings (a
+            // producer publishes, then looks at the flag: one of the two
+            // sees the other; see `crate::tcp::lane`).
+            self.rx.sleeper.set(true);
+            if self.lanes_pending() {
+                timeout = 0;
+            }
             // SAFETY: `fds` is a valid, initialised array of `fds.len()`
             // pollfds, and `poll` writes only their `revents`. Every fd in
             // it is owned by `self` (the waker, links, listeners, strays),
             // none of which is dropped before `poll` returns.
             let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+            self.rx.sleeper.set(false);
             if r < 0 {
                 let e = std::io::Error::last_os_error();
                 if e.kind() != ErrorKind::Interrupted {
@@ -675,6 +832,7 @@ impl Loop {
                     self.on_event(*slot, fd.revents, now);
                 }
             }
+            self.read_lanes(now);
             self.on_time(now);
         }
         // The node is closing: the lines held back in the current window
@@ -683,13 +841,47 @@ impl Loop {
         self.log.flush();
     }
 
+    /// Whether a lane's ring has bytes for this node.
+    fn lanes_pending(&self) -> bool {
+        self.rx.probes.iter().flatten().any(Probe::pending)
+    }
+
+    /// Reads the lanes whose rings have bytes (their sockets may have said
+    /// nothing: a producer rings only while this thread sleeps), unless a
+    /// processor is polling them (see `Rx`).
+    fn read_lanes(&mut self, now: Instant) {
+        for i in 0..self.rx.probes.len() {
+            let Some(p) = &self.rx.probes[i] else {
+                continue;
+            };
+            if !p.pending() || !self.rx.reading[i].load(Ordering::Relaxed) {
+                continue;
+            }
+            if self.rx.polled_recently() {
+                self.deferred = true;
+            } else {
+                let mut reader = self.rx.lock();
+                self.rx.read_idle(&mut reader, i, now);
+            }
+        }
+    }
+
     fn on_event(&mut self, slot: Slot, revents: libc::c_short, now: Instant) {
         let gone = libc::POLLHUP | libc::POLLERR;
         match slot {
             Slot::Wake => self.waker.drain(),
             Slot::Link(i) => {
                 let peer = self.rx.fds[i].1;
-                if revents & (libc::POLLIN | gone) != 0 {
+                let probe = self.rx.probes[i].as_ref();
+                if let (Some(p), true) = (probe, revents & libc::POLLIN != 0) {
+                    // A lane's bells: drained here, the ring read after the
+                    // events (`read_lanes`). A socket that ended is read
+                    // under the lock, ring first, to judge the link's end.
+                    if p.drain_bells().is_err() || revents & gone != 0 {
+                        let mut reader = self.rx.lock();
+                        self.rx.read(&mut reader, i, now);
+                    }
+                } else if revents & (libc::POLLIN | gone) != 0 {
                     // A processor that is polling reads it (see `Rx`);
                     // else this thread, unless one is reading right now.
                     // Left, the bytes make the next `poll` return at once:
@@ -705,7 +897,9 @@ impl Loop {
                     }
                     self.deferred |= !read;
                 }
-                if revents & (libc::POLLOUT | gone) != 0 {
+                // A lane's bell may say its reader freed room in the ring.
+                let lane = probe.is_some();
+                if revents & (libc::POLLOUT | gone) != 0 || (lane && revents & libc::POLLIN != 0) {
                     self.flush(peer);
                 }
             }

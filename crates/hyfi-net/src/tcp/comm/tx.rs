@@ -17,6 +17,7 @@ use crate::tcp::wire::{self, Header, Kind, Msg, HEADER_LEN};
 use super::inbox::Inbox;
 use super::service::service_tag;
 use super::stats::NetStats;
+use crate::tcp::lane::LaneTx;
 
 /// The sending side of one link. Every frame is written without blocking:
 /// what the socket does not take at once waits in `backlog`, in order, and
@@ -37,10 +38,11 @@ pub(super) struct PeerTx {
 }
 
 impl PeerTx {
-    pub(super) fn new(sock: std::net::TcpStream) -> PeerTx {
+    pub(super) fn new(sock: std::net::TcpStream, lane: Option<LaneTx>) -> PeerTx {
         PeerTx {
             st: Mutex::new(TxState {
                 sock: Some(sock),
+                lane,
                 backlog: Default::default(),
                 head_off: 0,
                 controls: 0,
@@ -69,6 +71,10 @@ impl PeerTx {
 pub(super) struct TxState {
     /// `None` once closed.
     pub(super) sock: Option<std::net::TcpStream>,
+    /// The link's shared-memory lane, if its peer is on this host: frames
+    /// go there instead of to `sock`, which then carries only bells (see
+    /// [`crate::tcp::lane`]).
+    pub(super) lane: Option<LaneTx>,
     /// Frames not yet fully written; the first one is written from `head_off`.
     pub(super) backlog: std::collections::VecDeque<Vec<u8>>,
     pub(super) head_off: usize,
@@ -116,15 +122,30 @@ pub(super) fn write_some(s: &mut std::net::TcpStream, buf: &[u8]) -> std::io::Re
 }
 
 impl TxState {
-    /// Writes backlogged frames until the socket would block; `Ok(true)` if
-    /// the backlog is empty afterwards.
+    /// Writes as much of `buf` as the link takes now: its lane's ring if it
+    /// has one, else its socket (open: the caller checked).
+    fn put(
+        sock: &mut std::net::TcpStream,
+        lane: Option<&LaneTx>,
+        buf: &[u8],
+    ) -> std::io::Result<usize> {
+        match lane {
+            Some(lane) => lane
+                .write(buf)
+                .map_err(|b| std::io::Error::new(std::io::ErrorKind::InvalidData, b.to_string())),
+            None => write_some(sock, buf),
+        }
+    }
+
+    /// Writes backlogged frames until the socket (or the lane's ring) would
+    /// block; `Ok(true)` if the backlog is empty afterwards.
     pub(super) fn flush(&mut self) -> std::io::Result<bool> {
         let Some(sock) = self.sock.as_mut() else {
             return Ok(self.backlog.is_empty());
         };
         while let Some(head) = self.backlog.front() {
             let fresh = self.head_off == 0;
-            let n = write_some(sock, &head[self.head_off..])?;
+            let n = TxState::put(sock, self.lane.as_ref(), &head[self.head_off..])?;
             if fresh && n > 0 && self.controls > 0 {
                 // The first queued control frame has started.
                 self.controls -= 1;
@@ -282,7 +303,7 @@ impl Sender {
             return Err(Unsent::Closed);
         };
         if st.backlog.is_empty() {
-            let n = write_some(sock, &frame).map_err(Unsent::Write)?;
+            let n = TxState::put(sock, st.lane.as_ref(), &frame).map_err(Unsent::Write)?;
             if n == frame.len() {
                 return Ok(());
             }

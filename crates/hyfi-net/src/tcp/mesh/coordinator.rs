@@ -112,5 +112,6 @@ pub(super) fn coordinator(
         peers,
         listeners: vec![listener],
         refused: 0,
+        lanes: crate::tcp::lane::Lanes::none(n),
     })
 }

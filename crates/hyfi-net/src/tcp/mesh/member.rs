@@ -304,5 +304,6 @@ pub(super) fn member(
         peers,
         listeners: vec![mesh],
         refused: 0,
+        lanes: crate::tcp::lane::Lanes::none(n),
     })
 }

@@ -60,6 +60,7 @@ use std::time::{Duration, Instant};
 use crate::bootstrap::JobSpec;
 use crate::bootstrap::Token;
 use crate::error::NetError;
+use crate::tcp::lane::{self, Lanes};
 use crate::tcp::refusal::RefusalLog;
 
 /// The established mesh.
@@ -80,6 +81,9 @@ pub struct Links {
     /// Connections refused while the mesh was being set up: the node's
     /// count of refusals starts there.
     pub refused: u64,
+    /// The links that also have a shared-memory lane (nodes on one host):
+    /// see [`crate::tcp::lane`].
+    pub lanes: Lanes,
 }
 
 /// How often setup's loops look again (accepting, retrying).
@@ -91,8 +95,14 @@ pub const HANDSHAKE_WAIT: Duration = Duration::from_secs(3);
 /// among them retries).
 pub const MAX_PENDING: usize = 128;
 
-/// Opens the mesh for `spec`, giving up after `timeout`.
+/// Opens the mesh for `spec`, giving up after `timeout`; links between
+/// nodes of one host get shared-memory lanes unless `HYFI_LANES=0`.
 pub fn connect(spec: &JobSpec, timeout: Duration) -> Result<Links, NetError> {
+    connect_with(spec, timeout, lane::wanted()?)
+}
+
+/// [`connect`], with shared-memory lanes where possible (`lanes`) or none.
+pub fn connect_with(spec: &JobSpec, timeout: Duration, lanes: bool) -> Result<Links, NetError> {
     let deadline = Instant::now() + timeout;
     let log = Arc::new(RefusalLog::new(spec.rank));
     let links = if spec.rank == 0 {
@@ -103,6 +113,7 @@ pub fn connect(spec: &JobSpec, timeout: Duration) -> Result<Links, NetError> {
     log.flush();
     let mut links = links?;
     links.refused = log.total();
+    links.lanes = lane::pair(links.rank, &mut links.peers, lanes, deadline)?;
     Ok(links)
 }
 

@@ -1,0 +1,724 @@
+//! Shared-memory lanes between nodes on one host: a link whose two nodes
+//! can map each other's memory carries its frames through a ring in shared
+//! memory instead of through the kernel's TCP loopback, and keeps its TCP
+//! connection for what the ring cannot say: that the peer died (its
+//! sockets close with it) and that a sleeping reader has something to read
+//! (a *bell*, one byte).
+//!
+//! Why. Between local nodes a TCP round trip is two syscalls a side and
+//! the loopback stack (~7 µs on the 2-vCPU VM spinning), where C MPI's
+//! shared memory takes ~1 µs; LU's steps are latency-bound, and LU 512 on
+//! 2×1 ran at 0.63× C MPI 2's speed over TCP (BENCHMARKS.md, "Transports").
+//!
+//! **The region.** Each node makes one memory file (`memfd_create`, so
+//! nothing is left in `/dev/shm` by a node that dies) holding one ring per
+//! sender rank, each a single-producer single-consumer byte stream: the
+//! producer (the sending node, its writers serialised by the link's lock)
+//! copies bytes in and publishes `tail`; the consumer (whichever thread of
+//! the receiving node holds its reader lock) copies them out and publishes
+//! `head`. The frames in the stream are exactly those the socket would
+//! carry, decoded by the same incremental decoder, so a frame larger than
+//! the ring streams through it in pieces and every header is checked as a
+//! socket's are.
+//!
+//! **Pairing** (during mesh setup, over the link's authenticated socket):
+//! each node offers its region as `(pid, fd, nonce)`; the peer opens
+//! `/proc/<pid>/fd/<fd>` only if that names a memory file called
+//! `hyfi-lane-<nonce>` (a 128-bit random name: a node on another host, or
+//! in another pid namespace, finds no such file), maps it, checks the nonce
+//! in its header too, and answers. A link uses its lane only when both
+//! nodes mapped the other's region; otherwise it stays plain TCP, silently
+//! and correctly. `HYFI_LANES=0` keeps every link on TCP.
+//!
+//! **Bells, and why no wake-up is lost.** A reader that may sleep is the
+//! node's communication thread, in `poll(2)` on the link's socket. Before it
+//! sleeps it sets its region's `asleep` and then looks at every ring; a
+//! producer publishes `tail` and then looks at `asleep`, and rings (a byte
+//! on the socket) if it is set. Both sides order their store before their
+//! load with a sequentially consistent fence, so either the reader sees the
+//! bytes or the producer sees it asleep (Dekker's pattern). A bell already
+//! rung and not yet drained is not rung again (`bell`). The other way, a
+//! producer whose ring is full sets `want_room`, looks at `head` again, and
+//! leaves the rest in the link's backlog; a consumer that frees room and
+//! finds `want_room` set rings the producer, whose loop then writes the
+//! backlog.
+//!
+//! **Trust.** The peer is a node of this job that proved it knows the job's
+//! token; still, every index read from shared memory is checked
+//! (`tail − head` never exceeds the ring), and a ring that breaks that is a
+//! protocol error naming the peer, as garbage on a socket is.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::bootstrap::random_token;
+use crate::error::NetError;
+
+/// Bytes of one ring's data: a power of two.
+const RING: usize = 1 << 20;
+/// A ring's header page (indices and flags), then its data.
+const SLOT: usize = 4096 + RING;
+/// The region's own header page.
+const HEAD: usize = 4096;
+const MAGIC: u64 = u64::from_le_bytes(*b"HYFILANE");
+/// What a node says on each link during pairing: magic, pid, fd, ring size,
+/// nodes, nonce.
+const OFFER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 16;
+
+/// One node's memory file, mapped: its own (the rings it reads) or a
+/// peer's (the one ring it writes there).
+pub struct Region {
+    base: *mut u8,
+    len: usize,
+    /// The memory file; kept open so that peers can open it through
+    /// `/proc` until pairing ends.
+    fd: std::os::fd::OwnedFd,
+    nonce: [u8; 16],
+}
+
+// SAFETY: the mapping is plain shared memory, valid until `drop`; every
+// access to it goes through atomics (indices, flags) or through copies of
+// byte ranges that the ring protocol gives to one side at a time.
+unsafe impl Send for Region {}
+// SAFETY: as for `Send`: shared access is to atomics, and each data range is
+// owned by one thread at a time (the producer's under its link's lock, the
+// consumer's under the node's reader lock).
+unsafe impl Sync for Region {}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len` are the mapping made in `map`, unmapped once;
+        // the rings that point into it hold an `Arc<Region>`, so none is
+        // left.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+fn name_of(nonce: &[u8; 16]) -> String {
+    let hex: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+    format!("hyfi-lane-{hex}")
+}
+
+impl Region {
+    fn size(nodes: usize) -> usize {
+        HEAD + nodes * SLOT
+    }
+
+    /// This node's region, with a ring for each of `nodes` senders (pages
+    /// are touched only where a peer writes, so unused rings cost nothing).
+    fn create(nodes: usize) -> std::io::Result<Region> {
+        let nonce = random_token();
+        let name = std::ffi::CString::new(name_of(&nonce)).expect("no NUL in a hex name");
+        // SAFETY: `name` is a valid C string; the flags are memfd's.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by `memfd_create` and is owned here.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let len = Region::size(nodes);
+        std::fs::File::from(fd.try_clone()?).set_len(len as u64)?;
+        let r = Region::map(fd, len, nonce)?;
+        // SAFETY: the header page is mapped and written only here, before
+        // the region is offered to anyone.
+        unsafe {
+            r.base.cast::<u64>().write(MAGIC);
+            std::ptr::copy_nonoverlapping(nonce.as_ptr(), r.base.add(8), 16);
+        }
+        Ok(r)
+    }
+
+    fn map(fd: std::os::fd::OwnedFd, len: usize, nonce: [u8; 16]) -> std::io::Result<Region> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a shared read-write mapping of a file of at least `len`
+        // bytes (checked by the callers); the result is checked below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Region {
+            base: base.cast(),
+            len,
+            fd,
+            nonce,
+        })
+    }
+
+    /// Opens a peer's region from its offer, or says why not (then the
+    /// link stays on TCP).
+    fn open(pid: u32, fd: u32, nodes: usize, nonce: [u8; 16]) -> Result<Region, String> {
+        let path = format!("/proc/{pid}/fd/{fd}");
+        // Only a memory file of this exact random name is opened: on
+        // another host the path names something else or nothing.
+        let target = std::fs::read_link(&path).map_err(|e| format!("{path}: {e}"))?;
+        let want = format!("/memfd:{} (deleted)", name_of(&nonce));
+        if target.as_os_str() != want.as_str() {
+            return Err(format!("{path} is not the peer's region"));
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("{path}: {e}"))?;
+        let len = Region::size(nodes);
+        let have = file.metadata().map_err(|e| e.to_string())?.len();
+        if have != len as u64 {
+            return Err(format!("{path} has {have} bytes, not {len}"));
+        }
+        let r = Region::map(file.into(), len, nonce).map_err(|e| e.to_string())?;
+        // SAFETY: the header page is mapped; it was written before the
+        // offer was sent and is not written again.
+        let (magic, theirs) = unsafe {
+            let mut n = [0u8; 16];
+            std::ptr::copy_nonoverlapping(r.base.add(8), n.as_mut_ptr(), 16);
+            (r.base.cast::<u64>().read(), n)
+        };
+        if magic != MAGIC || theirs != nonce {
+            return Err(format!("{path}: not a hyfi lane region"));
+        }
+        Ok(r)
+    }
+
+    /// The region's `asleep` flag: its node's communication thread is (about
+    /// to be) in `poll`.
+    fn asleep(&self) -> &AtomicU32 {
+        // SAFETY: offset 64 of the mapped header page, 4-aligned; only
+        // accessed atomically.
+        unsafe { &*self.base.add(64).cast::<AtomicU32>() }
+    }
+
+    /// How many of its node's threads are polling the rings now.
+    fn polling(&self) -> &AtomicU32 {
+        // SAFETY: offset 128 of the mapped header page (a cache line of its
+        // own), 4-aligned; only accessed atomically.
+        unsafe { &*self.base.add(128).cast::<AtomicU32>() }
+    }
+
+    fn slot(&self, sender: usize) -> *mut u8 {
+        debug_assert!(HEAD + (sender + 1) * SLOT <= self.len);
+        // SAFETY: in bounds of the mapping (the region has a slot per node).
+        unsafe { self.base.add(HEAD + sender * SLOT) }
+    }
+}
+
+/// A ring's indices and flags, each on its own cache line.
+struct Indices {
+    tail: *const AtomicU64,
+    head: *const AtomicU64,
+    want_room: *const AtomicU32,
+    bell: *const AtomicU32,
+    data: *mut u8,
+}
+
+impl Indices {
+    fn of(region: &Region, sender: usize) -> Indices {
+        let s = region.slot(sender);
+        // SAFETY: the slot's header page is mapped; the offsets are aligned
+        // for their atomics and on separate cache lines (the producer
+        // writes `tail`, the consumer `head`).
+        unsafe {
+            Indices {
+                tail: s.cast(),
+                head: s.add(128).cast(),
+                want_room: s.add(256).cast(),
+                bell: s.add(384).cast(),
+                data: s.add(4096),
+            }
+        }
+    }
+    fn tail(&self) -> &AtomicU64 {
+        // SAFETY: see `of`; valid while the region (held beside) lives.
+        unsafe { &*self.tail }
+    }
+    fn head(&self) -> &AtomicU64 {
+        // SAFETY: see `of`.
+        unsafe { &*self.head }
+    }
+    fn want_room(&self) -> &AtomicU32 {
+        // SAFETY: see `of`.
+        unsafe { &*self.want_room }
+    }
+    fn bell(&self) -> &AtomicU32 {
+        // SAFETY: see `of`.
+        unsafe { &*self.bell }
+    }
+}
+
+/// The ring's indices say more bytes are in it than it holds: the peer
+/// wrote garbage into shared memory.
+#[derive(Debug)]
+pub struct Broken {
+    /// What the indices claim.
+    pub used: u64,
+}
+
+impl std::fmt::Display for Broken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "its shared-memory ring claims {} bytes in a ring of {RING}",
+            self.used
+        )
+    }
+}
+
+/// The sending half of a lane: the ring this node writes in the peer's
+/// region. Used under the link's lock (one writer at a time).
+pub struct LaneTx {
+    region: Arc<Region>,
+    ix: Indices,
+    /// The link's socket, for bells.
+    sock: TcpStream,
+}
+
+// SAFETY: the raw pointers point into `region`, which the lane keeps alive;
+// see `Region`'s `Send`/`Sync`.
+unsafe impl Send for LaneTx {}
+// SAFETY: as above; writes are serialised by the link's lock.
+unsafe impl Sync for LaneTx {}
+
+impl LaneTx {
+    /// Copies as much of `buf` as the ring has room for, publishes it and
+    /// rings the peer if its reader sleeps. Returns the bytes taken; fewer
+    /// than `buf.len()` means the ring is full and the consumer will ring
+    /// back when it frees room (`want_room`).
+    pub fn write(&self, buf: &[u8]) -> Result<usize, Broken> {
+        let (tail_at, head_at) = (self.ix.tail(), self.ix.head());
+        let tail = tail_at.load(Ordering::Relaxed);
+        let room = |head: u64| -> Result<usize, Broken> {
+            let used = tail.wrapping_sub(head);
+            if used > RING as u64 {
+                return Err(Broken { used });
+            }
+            Ok(RING - used as usize)
+        };
+        let mut free = room(head_at.load(Ordering::Acquire))?;
+        if free < buf.len() {
+            self.ix.want_room().store(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            free = room(head_at.load(Ordering::Acquire))?;
+        }
+        let n = free.min(buf.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let at = (tail as usize) & (RING - 1);
+        let first = n.min(RING - at);
+        // SAFETY: `[at, at + first)` and `[0, n - first)` lie in the ring's
+        // data and in its free part (between `tail` and `head + RING`),
+        // which the consumer does not read until `tail` is published below.
+        unsafe {
+            std::ptr::copy_nonoverlapping(buf.as_ptr(), self.ix.data.add(at), first);
+            std::ptr::copy_nonoverlapping(buf.as_ptr().add(first), self.ix.data, n - first);
+        }
+        tail_at.store(tail.wrapping_add(n as u64), Ordering::Release);
+        // Dekker with the reader's `asleep` then look (see the module docs).
+        fence(Ordering::SeqCst);
+        if self.region.asleep().load(Ordering::Relaxed) != 0
+            && self.region.polling().load(Ordering::Relaxed) == 0
+            && self.ix.bell().swap(1, Ordering::SeqCst) == 0
+        {
+            ring(&self.sock);
+        }
+        Ok(n)
+    }
+}
+
+/// One byte down the link's socket: the peer's `poll` returns. A full socket
+/// (it cannot be: bells are rung once until drained) or a closed one (the
+/// peer is gone, which its socket says to this node's loop) is ignored.
+fn ring(sock: &TcpStream) {
+    let _ = (&*sock).write(&[1]);
+}
+
+/// The receiving half of a lane: the ring the peer writes in this node's
+/// region. Read by whichever thread holds the node's reader lock.
+pub struct LaneRx {
+    /// Keeps the mapping that `ix` points into.
+    _region: Arc<Region>,
+    ix: Indices,
+    /// The producer's rank (the ring's slot).
+    sender: usize,
+    /// The link's socket, for bells to the producer (room freed).
+    sock: TcpStream,
+}
+
+// SAFETY: see `LaneTx`.
+unsafe impl Send for LaneRx {}
+// SAFETY: see `LaneTx`; reads are serialised by the node's reader lock.
+unsafe impl Sync for LaneRx {}
+
+impl LaneRx {
+    /// Whether bytes wait in the ring.
+    pub fn pending(&self) -> bool {
+        self.ix.tail().load(Ordering::Acquire) != self.ix.head().load(Ordering::Relaxed)
+    }
+
+    /// A handle that tells whether bytes wait, for a thread that does not
+    /// hold the reader (the event loop before it sleeps).
+    pub(crate) fn probe(&self) -> std::io::Result<Probe> {
+        Ok(Probe {
+            _region: self._region.clone(),
+            ix: Indices::of(&self._region, self.sender),
+            sock: self.sock.try_clone()?,
+        })
+    }
+
+    /// Copies up to `dst.len()` bytes out of the ring; 0 when it is empty.
+    /// Rings the producer if it waits for room.
+    pub fn read(&self, dst: &mut [u8]) -> Result<usize, Broken> {
+        let head = self.ix.head().load(Ordering::Relaxed);
+        let tail = self.ix.tail().load(Ordering::Acquire);
+        let used = tail.wrapping_sub(head);
+        if used > RING as u64 {
+            return Err(Broken { used });
+        }
+        let n = (used as usize).min(dst.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let at = (head as usize) & (RING - 1);
+        let first = n.min(RING - at);
+        // SAFETY: `[head, head + n)` was published by the producer (`tail`
+        // loaded with acquire) and is not written again until `head` moves
+        // past it below.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ix.data.add(at), dst.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(self.ix.data, dst.as_mut_ptr().add(first), n - first);
+        }
+        self.ix
+            .head()
+            .store(head.wrapping_add(n as u64), Ordering::Release);
+        fence(Ordering::SeqCst);
+        if self.ix.want_room().load(Ordering::Relaxed) != 0
+            && self.ix.want_room().swap(0, Ordering::SeqCst) != 0
+        {
+            ring(&self.sock);
+        }
+        Ok(n)
+    }
+
+    /// Drains the bells from the link's socket (the bell may be rung again
+    /// from now on). `Err` if the socket ended or failed: the peer is gone
+    /// (the ring is read to its end before that is judged).
+    pub fn drain_bells(&self) -> Result<(), std::io::Error> {
+        drain_bells(&self.ix, &self.sock)
+    }
+}
+
+/// Whether a ring has bytes, read without its reader's lock.
+pub(crate) struct Probe {
+    _region: Arc<Region>,
+    ix: Indices,
+    /// The link's socket (a second handle), for bells.
+    sock: TcpStream,
+}
+
+// SAFETY: see `LaneTx`; a probe only loads two atomics.
+unsafe impl Send for Probe {}
+// SAFETY: as above.
+unsafe impl Sync for Probe {}
+
+impl Probe {
+    /// See [`LaneRx::pending`].
+    pub(crate) fn pending(&self) -> bool {
+        self.ix.tail().load(Ordering::Acquire) != self.ix.head().load(Ordering::Acquire)
+    }
+
+    /// [`LaneRx::drain_bells`], without the reader's lock: the bells say
+    /// only "look at the ring", which the loop does after its events.
+    pub(crate) fn drain_bells(&self) -> Result<(), std::io::Error> {
+        drain_bells(&self.ix, &self.sock)
+    }
+}
+
+fn drain_bells(ix: &Indices, sock: &TcpStream) -> Result<(), std::io::Error> {
+    ix.bell().store(0, Ordering::SeqCst);
+    let mut b = [0u8; 64];
+    loop {
+        match (&*sock).read(&mut b) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// This node's side of its lanes: per peer rank, the link's two halves if
+/// it has a lane, and the region its peers write into, whose `asleep` flag
+/// its communication thread sets before it sleeps.
+pub struct Lanes {
+    own: Option<Arc<Region>>,
+    /// Per peer rank: the ring this node writes, if the link has a lane.
+    pub(crate) tx: Vec<Option<LaneTx>>,
+    /// Per peer rank: the ring this node reads, if the link has a lane.
+    pub(crate) rx: Vec<Option<LaneRx>>,
+}
+
+impl Lanes {
+    /// No lanes: every link on TCP.
+    pub fn none(nodes: usize) -> Lanes {
+        Lanes {
+            own: None,
+            tx: (0..nodes).map(|_| None).collect(),
+            rx: (0..nodes).map(|_| None).collect(),
+        }
+    }
+
+    /// How many links have a lane.
+    pub fn count(&self) -> usize {
+        self.rx.iter().flatten().count()
+    }
+
+    /// The handle of the communication thread on its region's `asleep` flag.
+    pub(crate) fn sleeper(&self) -> Sleeper {
+        Sleeper {
+            own: self.own.clone(),
+        }
+    }
+}
+
+/// The communication thread's handle on its region's `asleep` flag.
+#[derive(Clone, Default)]
+pub(crate) struct Sleeper {
+    own: Option<Arc<Region>>,
+}
+
+impl Sleeper {
+    /// A thread of this node starts (`true`) or stops polling the rings:
+    /// producers need not ring while one polls. A thread that stops must
+    /// then look at the rings once more (the producer published, then saw
+    /// it polling: Dekker's pattern again).
+    pub(crate) fn polling(&self, start: bool) {
+        if let Some(own) = &self.own {
+            if start {
+                own.polling().fetch_add(1, Ordering::SeqCst);
+            } else {
+                own.polling().fetch_sub(1, Ordering::SeqCst);
+                fence(Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// The communication thread is going to sleep in `poll` (true) or has
+    /// woken (false). Going to sleep, it must look at every ring afterwards
+    /// ([`LaneRx::pending`]) and not sleep if one has bytes.
+    pub(crate) fn set(&self, asleep: bool) {
+        if let Some(own) = &self.own {
+            own.asleep().store(u32::from(asleep), Ordering::SeqCst);
+        }
+    }
+}
+
+/// Whether lanes are wanted: `HYFI_LANES` unset or not `0`/`off`/`false`.
+pub fn wanted() -> Result<bool, NetError> {
+    match std::env::var("HYFI_LANES") {
+        Err(_) => Ok(true),
+        Ok(v) => match v.trim() {
+            "" | "1" | "on" | "true" => Ok(true),
+            "0" | "off" | "false" => Ok(false),
+            _ => Err(NetError::BadEnv {
+                var: "HYFI_LANES",
+                value: v.clone(),
+                expected: "1 (shared-memory lanes between the nodes of one host, the default) \
+                           or 0 (every link over TCP)",
+            }),
+        },
+    }
+}
+
+fn read_by(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> std::io::Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    s.set_read_timeout(Some(left.max(std::time::Duration::from_millis(1))))?;
+    s.read_exact(buf)
+}
+
+/// Pairs the links of an established mesh (blocking sockets, before the
+/// communication thread starts): every node runs it on every link, in the
+/// same order of messages (offers out, offers in, answers out, answers in),
+/// whatever it wants, so that a node with `HYFI_LANES=0` offers nothing and
+/// answers no. Bounded by `deadline`.
+pub fn pair(
+    me: usize,
+    peers: &mut [Option<TcpStream>],
+    want: bool,
+    deadline: Instant,
+) -> Result<Lanes, NetError> {
+    let nodes = peers.len();
+    let own = if want {
+        match Region::create(nodes) {
+            Ok(r) => Some(Arc::new(r)),
+            Err(e) => {
+                tracing::debug!("node {me}: no shared-memory lanes: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let io = |peer: usize, what: &str, e: std::io::Error| {
+        NetError::io(
+            format!("node {me}: pairing lanes with node {peer}: {what}"),
+            e,
+        )
+    };
+    let mut offer = [0u8; OFFER_LEN];
+    offer[..8].copy_from_slice(&MAGIC.to_le_bytes());
+    if let Some(r) = &own {
+        use std::os::fd::AsRawFd;
+        offer[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+        offer[12..16].copy_from_slice(&(r.fd.as_raw_fd() as u32).to_le_bytes());
+        offer[16..24].copy_from_slice(&(RING as u64).to_le_bytes());
+        offer[24..32].copy_from_slice(&(nodes as u64).to_le_bytes());
+        offer[32..48].copy_from_slice(&r.nonce);
+    }
+    for (peer, s) in peers.iter_mut().enumerate() {
+        if let Some(s) = s {
+            s.write_all(&offer).map_err(|e| io(peer, "offering", e))?;
+        }
+    }
+    let mut theirs: Vec<Option<Arc<Region>>> = (0..nodes).map(|_| None).collect();
+    for (peer, s) in peers.iter_mut().enumerate() {
+        let Some(s) = s else { continue };
+        let mut o = [0u8; OFFER_LEN];
+        read_by(s, &mut o, deadline).map_err(|e| io(peer, "reading its offer", e))?;
+        let word = |r: std::ops::Range<usize>| {
+            let mut b = [0u8; 8];
+            b[..r.len()].copy_from_slice(&o[r]);
+            u64::from_le_bytes(b)
+        };
+        if word(0..8) != MAGIC {
+            return Err(NetError::Protocol {
+                me,
+                from: peer,
+                why: "expected a lane offer during setup".into(),
+            });
+        }
+        let (pid, fd, ring, n) = (word(8..12), word(12..16), word(16..24), word(24..32));
+        if own.is_none() || pid == 0 || ring != RING as u64 || n != nodes as u64 {
+            continue;
+        }
+        let nonce: [u8; 16] = o[32..48].try_into().expect("16 bytes");
+        match Region::open(pid as u32, fd as u32, nodes, nonce) {
+            Ok(r) => theirs[peer] = Some(Arc::new(r)),
+            Err(why) => tracing::debug!("node {me}: no lane to node {peer}: {why}"),
+        }
+    }
+    for (peer, s) in peers.iter_mut().enumerate() {
+        if let Some(s) = s {
+            let yes = u8::from(theirs[peer].is_some());
+            s.write_all(&[yes]).map_err(|e| io(peer, "answering", e))?;
+        }
+    }
+    let mut lanes = Lanes::none(nodes);
+    for (peer, s) in peers.iter_mut().enumerate() {
+        let Some(s) = s else { continue };
+        let mut yes = [0u8; 1];
+        read_by(s, &mut yes, deadline).map_err(|e| io(peer, "reading its answer", e))?;
+        s.set_read_timeout(None)
+            .map_err(|e| io(peer, "set_read_timeout", e))?;
+        let (Some(peer_region), Some(own), 1) = (theirs[peer].take(), own.as_ref(), yes[0]) else {
+            continue;
+        };
+        let tx_sock = s.try_clone().map_err(|e| io(peer, "cloning", e))?;
+        let rx_sock = s.try_clone().map_err(|e| io(peer, "cloning", e))?;
+        lanes.tx[peer] = Some(LaneTx {
+            ix: Indices::of(&peer_region, me),
+            region: peer_region,
+            sock: tx_sock,
+        });
+        lanes.rx[peer] = Some(LaneRx {
+            ix: Indices::of(own, peer),
+            _region: own.clone(),
+            sender: peer,
+            sock: rx_sock,
+        });
+    }
+    lanes.own = own;
+    Ok(lanes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two halves of one ring in one process: what goes in comes out, in
+    /// order, across the wrap, and a full ring takes only what fits.
+    #[test]
+    fn a_ring_carries_a_stream_across_its_wrap() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        a.set_nonblocking(true).unwrap();
+        b.set_nonblocking(true).unwrap();
+        let own = Arc::new(Region::create(2).unwrap());
+        let tx = LaneTx {
+            ix: Indices::of(&own, 1),
+            region: own.clone(),
+            sock: a,
+        };
+        let rx = LaneRx {
+            ix: Indices::of(&own, 1),
+            _region: own.clone(),
+            sender: 1,
+            sock: b,
+        };
+        let msg: Vec<u8> = (0..RING as u32 / 3 + 7)
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        let mut got = Vec::new();
+        let mut out = vec![0u8; 4096 + 3];
+        for _ in 0..10 {
+            let mut off = 0;
+            while off < msg.len() {
+                off += tx.write(&msg[off..]).unwrap();
+                let n = rx.read(&mut out).unwrap();
+                got.extend_from_slice(&out[..n]);
+            }
+            while let Ok(n @ 1..) = rx.read(&mut out) {
+                got.extend_from_slice(&out[..n]);
+            }
+        }
+        assert_eq!(got.len(), msg.len() * 10);
+        for (k, chunk) in got.chunks(msg.len()).enumerate() {
+            assert_eq!(chunk, &msg[..], "copy {k}");
+        }
+        // Full: a ring takes RING bytes and no more until read.
+        let big = vec![5u8; RING + 100];
+        assert_eq!(tx.write(&big).unwrap(), RING);
+        assert_eq!(tx.write(&big).unwrap(), 0);
+        assert!(rx.pending());
+    }
+
+    /// Indices that claim more than the ring holds are garbage, reported.
+    #[test]
+    fn broken_indices_are_an_error_not_a_read_out_of_bounds() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let own = Arc::new(Region::create(2).unwrap());
+        let rx = LaneRx {
+            ix: Indices::of(&own, 0),
+            _region: own.clone(),
+            sender: 0,
+            sock: a,
+        };
+        rx.ix.tail().store(RING as u64 * 3, Ordering::Release);
+        let mut out = [0u8; 16];
+        let e = rx.read(&mut out).unwrap_err();
+        assert!(e.to_string().contains("claims"), "{e}");
+    }
+}
