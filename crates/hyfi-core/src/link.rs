@@ -143,8 +143,7 @@ pub fn set_idle_progress(progress: fn() -> bool) -> bool {
 type Bracket = (fn(), fn());
 
 /// Transports' polling brackets: see [`set_idle_polling`].
-static IDLE_POLLING: [std::sync::OnceLock<Bracket>; 4] =
-    [const { std::sync::OnceLock::new() }; 4];
+static IDLE_POLLING: [std::sync::OnceLock<Bracket>; 4] = [const { std::sync::OnceLock::new() }; 4];
 
 /// Tells a transport when an idle thread starts and stops polling its
 /// progress function in a loop (`begin` when it starts, `end` when it
