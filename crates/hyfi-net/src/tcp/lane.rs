@@ -73,10 +73,6 @@ const OFFER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 16;
 pub struct Region {
     base: *mut u8,
     len: usize,
-    /// The memory file; kept open so that peers can open it through
-    /// `/proc` until pairing ends.
-    fd: std::os::fd::OwnedFd,
-    nonce: [u8; 16],
 }
 
 // SAFETY: the mapping is plain shared memory, valid until `drop`; every
@@ -102,6 +98,14 @@ fn name_of(nonce: &[u8; 16]) -> String {
     format!("hyfi-lane-{hex}")
 }
 
+/// This node's region while it is offered: the memory file stays open
+/// (peers open it through `/proc`) until pairing ends.
+struct Offered {
+    region: Arc<Region>,
+    fd: std::os::fd::OwnedFd,
+    nonce: [u8; 16],
+}
+
 impl Region {
     fn size(nodes: usize) -> usize {
         HEAD + nodes * SLOT
@@ -109,7 +113,7 @@ impl Region {
 
     /// This node's region, with a ring for each of `nodes` senders (pages
     /// are touched only where a peer writes, so unused rings cost nothing).
-    fn create(nodes: usize) -> std::io::Result<Region> {
+    fn create(nodes: usize) -> std::io::Result<Offered> {
         let nonce = random_token();
         let name = std::ffi::CString::new(name_of(&nonce)).expect("no NUL in a hex name");
         // SAFETY: `name` is a valid C string; the flags are memfd's.
@@ -121,17 +125,22 @@ impl Region {
         let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         let len = Region::size(nodes);
         std::fs::File::from(fd.try_clone()?).set_len(len as u64)?;
-        let r = Region::map(fd, len, nonce)?;
+        let r = Region::map(&fd, len)?;
         // SAFETY: the header page is mapped and written only here, before
         // the region is offered to anyone.
         unsafe {
             r.base.cast::<u64>().write(MAGIC);
             std::ptr::copy_nonoverlapping(nonce.as_ptr(), r.base.add(8), 16);
         }
-        Ok(r)
+        Ok(Offered {
+            region: Arc::new(r),
+            fd,
+            nonce,
+        })
     }
 
-    fn map(fd: std::os::fd::OwnedFd, len: usize, nonce: [u8; 16]) -> std::io::Result<Region> {
+    /// Maps `len` bytes of `fd` shared (the mapping outlives the descriptor).
+    fn map(fd: &std::os::fd::OwnedFd, len: usize) -> std::io::Result<Region> {
         use std::os::fd::AsRawFd;
         // SAFETY: a shared read-write mapping of a file of at least `len`
         // bytes (checked by the callers); the result is checked below.
@@ -151,8 +160,6 @@ impl Region {
         Ok(Region {
             base: base.cast(),
             len,
-            fd,
-            nonce,
         })
     }
 
@@ -177,7 +184,7 @@ impl Region {
         if have != len as u64 {
             return Err(format!("{path} has {have} bytes, not {len}"));
         }
-        let r = Region::map(file.into(), len, nonce).map_err(|e| e.to_string())?;
+        let r = Region::map(&file.into(), len).map_err(|e| e.to_string())?;
         // SAFETY: the header page is mapped; it was written before the
         // offer was sent and is not written again.
         let (magic, theirs) = unsafe {
@@ -288,27 +295,37 @@ impl std::fmt::Display for Broken {
     }
 }
 
-/// The sending half of a lane: the ring this node writes in the peer's
-/// region. Used under the link's lock (one writer at a time).
-pub struct LaneTx {
+/// One ring of a lane, seen from either end: the producer writes it (the
+/// ring this node writes in a peer's region, under the link's lock), the
+/// consumer reads it (a ring in this node's region, under the node's reader
+/// lock). The link's socket, which the caller owns, carries the bells.
+pub struct Ring {
+    /// The region the ring lies in (kept mapped while the ring is used).
     region: Arc<Region>,
     ix: Indices,
-    /// The link's socket, for bells.
-    sock: TcpStream,
 }
 
-// SAFETY: the raw pointers point into `region`, which the lane keeps alive;
+// SAFETY: the raw pointers point into `region`, which the ring keeps alive;
 // see `Region`'s `Send`/`Sync`.
-unsafe impl Send for LaneTx {}
-// SAFETY: as above; writes are serialised by the link's lock.
-unsafe impl Sync for LaneTx {}
+unsafe impl Send for Ring {}
+// SAFETY: as above; each end's copies are serialised by its owner's lock,
+// the rest are atomics.
+unsafe impl Sync for Ring {}
 
-impl LaneTx {
-    /// Copies as much of `buf` as the ring has room for, publishes it and
-    /// rings the peer if its reader sleeps. Returns the bytes taken; fewer
-    /// than `buf.len()` means the ring is full and the consumer will ring
-    /// back when it frees room (`want_room`).
-    pub fn write(&self, buf: &[u8]) -> Result<usize, Broken> {
+impl Ring {
+    fn of(region: &Arc<Region>, sender: usize) -> Ring {
+        Ring {
+            region: region.clone(),
+            ix: Indices::of(region, sender),
+        }
+    }
+
+    /// The producer: copies as much of `buf` as the ring has room for,
+    /// publishes it and rings the peer (down `bell`, the link's socket) if
+    /// its reader sleeps. Returns the bytes taken; fewer than `buf.len()`
+    /// means the ring is full and the consumer will ring back when it frees
+    /// room (`want_room`).
+    pub fn write(&self, buf: &[u8], bell: &TcpStream) -> Result<usize, Broken> {
         let (tail_at, head_at) = (self.ix.tail(), self.ix.head());
         let tail = tail_at.load(Ordering::Relaxed);
         let room = |head: u64| -> Result<usize, Broken> {
@@ -344,55 +361,19 @@ impl LaneTx {
             && self.region.polling().load(Ordering::Relaxed) == 0
             && self.ix.bell().swap(1, Ordering::SeqCst) == 0
         {
-            ring(&self.sock);
+            ring(bell);
         }
         Ok(n)
     }
-}
 
-/// One byte down the link's socket: the peer's `poll` returns. A full socket
-/// (it cannot be: bells are rung once until drained) or a closed one (the
-/// peer is gone, which its socket says to this node's loop) is ignored.
-fn ring(sock: &TcpStream) {
-    let _ = (&*sock).write(&[1]);
-}
-
-/// The receiving half of a lane: the ring the peer writes in this node's
-/// region. Read by whichever thread holds the node's reader lock.
-pub struct LaneRx {
-    /// Keeps the mapping that `ix` points into.
-    _region: Arc<Region>,
-    ix: Indices,
-    /// The producer's rank (the ring's slot).
-    sender: usize,
-    /// The link's socket, for bells to the producer (room freed).
-    sock: TcpStream,
-}
-
-// SAFETY: see `LaneTx`.
-unsafe impl Send for LaneRx {}
-// SAFETY: see `LaneTx`; reads are serialised by the node's reader lock.
-unsafe impl Sync for LaneRx {}
-
-impl LaneRx {
-    /// Whether bytes wait in the ring.
+    /// Whether bytes wait in the ring (the consumer's side; any thread).
     pub fn pending(&self) -> bool {
-        self.ix.tail().load(Ordering::Acquire) != self.ix.head().load(Ordering::Relaxed)
+        self.ix.tail().load(Ordering::Acquire) != self.ix.head().load(Ordering::Acquire)
     }
 
-    /// A handle that tells whether bytes wait, for a thread that does not
-    /// hold the reader (the event loop before it sleeps).
-    pub(crate) fn probe(&self) -> std::io::Result<Probe> {
-        Ok(Probe {
-            _region: self._region.clone(),
-            ix: Indices::of(&self._region, self.sender),
-            sock: self.sock.try_clone()?,
-        })
-    }
-
-    /// Copies up to `dst.len()` bytes out of the ring; 0 when it is empty.
-    /// Rings the producer if it waits for room.
-    pub fn read(&self, dst: &mut [u8]) -> Result<usize, Broken> {
+    /// The consumer: copies up to `dst.len()` bytes out of the ring; 0 when
+    /// it is empty. Rings the producer (down `bell`) if it waits for room.
+    pub fn read(&self, dst: &mut [u8], bell: &TcpStream) -> Result<usize, Broken> {
         let head = self.ix.head().load(Ordering::Relaxed);
         let tail = self.ix.tail().load(Ordering::Acquire);
         let used = tail.wrapping_sub(head);
@@ -419,60 +400,38 @@ impl LaneRx {
         if self.ix.want_room().load(Ordering::Relaxed) != 0
             && self.ix.want_room().swap(0, Ordering::SeqCst) != 0
         {
-            ring(&self.sock);
+            ring(bell);
         }
         Ok(n)
     }
 
-    /// Drains the bells from the link's socket (the bell may be rung again
-    /// from now on). `Err` if the socket ended or failed: the peer is gone
-    /// (the ring is read to its end before that is judged).
-    pub fn drain_bells(&self) -> Result<(), std::io::Error> {
-        drain_bells(&self.ix, &self.sock)
-    }
-}
-
-/// Whether a ring has bytes, read without its reader's lock.
-pub(crate) struct Probe {
-    _region: Arc<Region>,
-    ix: Indices,
-    /// The link's socket (a second handle), for bells.
-    sock: TcpStream,
-}
-
-// SAFETY: see `LaneTx`; a probe only loads two atomics.
-unsafe impl Send for Probe {}
-// SAFETY: as above.
-unsafe impl Sync for Probe {}
-
-impl Probe {
-    /// See [`LaneRx::pending`].
-    pub(crate) fn pending(&self) -> bool {
-        self.ix.tail().load(Ordering::Acquire) != self.ix.head().load(Ordering::Acquire)
-    }
-
-    /// [`LaneRx::drain_bells`], without the reader's lock: the bells say
-    /// only "look at the ring", which the loop does after its events.
-    pub(crate) fn drain_bells(&self) -> Result<(), std::io::Error> {
-        drain_bells(&self.ix, &self.sock)
-    }
-}
-
-fn drain_bells(ix: &Indices, sock: &TcpStream) -> Result<(), std::io::Error> {
-    ix.bell().store(0, Ordering::SeqCst);
-    let mut b = [0u8; 64];
-    loop {
-        match (&*sock).read(&mut b) {
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            // A short read took every bell there was (no second read to
-            // hear `EAGAIN`; `poll` is level-triggered).
-            Ok(n) if n < b.len() => return Ok(()),
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
-            Err(e) => return Err(e),
+    /// The consumer: drains the bells from `sock`, the link's socket (the
+    /// bell may be rung again from now on). `Err` if the socket ended or
+    /// failed: the peer is gone (the caller reads the ring to its end before
+    /// it judges that).
+    pub fn drain_bells(&self, sock: &TcpStream) -> Result<(), std::io::Error> {
+        self.ix.bell().store(0, Ordering::SeqCst);
+        let mut b = [0u8; 64];
+        loop {
+            match (&*sock).read(&mut b) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                // A short read took every bell there was (no second read to
+                // hear `EAGAIN`; `poll` is level-triggered).
+                Ok(n) if n < b.len() => return Ok(()),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
+            }
         }
     }
+}
+
+/// One byte down the link's socket: the peer's `poll` returns. A full socket
+/// (it cannot be: bells are rung once until drained) or a closed one (the
+/// peer is gone, which its socket says to this node's loop) is ignored.
+fn ring(sock: &TcpStream) {
+    let _ = (&*sock).write(&[1]);
 }
 
 /// This node's side of its lanes: per peer rank, the link's two halves if
@@ -481,9 +440,10 @@ fn drain_bells(ix: &Indices, sock: &TcpStream) -> Result<(), std::io::Error> {
 pub struct Lanes {
     own: Option<Arc<Region>>,
     /// Per peer rank: the ring this node writes, if the link has a lane.
-    pub(crate) tx: Vec<Option<LaneTx>>,
-    /// Per peer rank: the ring this node reads, if the link has a lane.
-    pub(crate) rx: Vec<Option<LaneRx>>,
+    pub(crate) tx: Vec<Option<Ring>>,
+    /// Per peer rank: the ring this node reads, if the link has a lane
+    /// (shared by its reader and the loop, which looks at it unlocked).
+    pub(crate) rx: Vec<Option<Arc<Ring>>>,
 }
 
 impl Lanes {
@@ -533,7 +493,7 @@ impl Sleeper {
 
     /// The communication thread is going to sleep in `poll` (true) or has
     /// woken (false). Going to sleep, it must look at every ring afterwards
-    /// ([`LaneRx::pending`]) and not sleep if one has bytes.
+    /// ([`Ring::pending`]) and not sleep if one has bytes.
     pub(crate) fn set(&self, asleep: bool) {
         if let Some(own) = &self.own {
             own.asleep().store(u32::from(asleep), Ordering::SeqCst);
@@ -578,7 +538,7 @@ pub fn pair(
     let nodes = peers.len();
     let own = if want {
         match Region::create(nodes) {
-            Ok(r) => Some(Arc::new(r)),
+            Ok(r) => Some(r),
             Err(e) => {
                 tracing::debug!("node {me}: no shared-memory lanes: {e}");
                 None
@@ -652,22 +612,13 @@ pub fn pair(
             continue;
         };
         peer_region.populate(me);
-        own.populate(peer);
-        let tx_sock = s.try_clone().map_err(|e| io(peer, "cloning", e))?;
-        let rx_sock = s.try_clone().map_err(|e| io(peer, "cloning", e))?;
-        lanes.tx[peer] = Some(LaneTx {
-            ix: Indices::of(&peer_region, me),
-            region: peer_region,
-            sock: tx_sock,
-        });
-        lanes.rx[peer] = Some(LaneRx {
-            ix: Indices::of(own, peer),
-            _region: own.clone(),
-            sender: peer,
-            sock: rx_sock,
-        });
+        own.region.populate(peer);
+        lanes.tx[peer] = Some(Ring::of(&peer_region, me));
+        lanes.rx[peer] = Some(Arc::new(Ring::of(&own.region, peer)));
     }
-    lanes.own = own;
+    // Every peer has answered, so has opened the memory file or never
+    // will: it closes here, and the mapping stays.
+    lanes.own = own.map(|o| o.region);
     Ok(lanes)
 }
 
@@ -684,18 +635,9 @@ mod tests {
         let (b, _) = l.accept().unwrap();
         a.set_nonblocking(true).unwrap();
         b.set_nonblocking(true).unwrap();
-        let own = Arc::new(Region::create(2).unwrap());
-        let tx = LaneTx {
-            ix: Indices::of(&own, 1),
-            region: own.clone(),
-            sock: a,
-        };
-        let rx = LaneRx {
-            ix: Indices::of(&own, 1),
-            _region: own.clone(),
-            sender: 1,
-            sock: b,
-        };
+        let own = Region::create(2).unwrap().region;
+        // The two ends of one ring, as a producer and a consumer hold them.
+        let (tx, rx) = (Ring::of(&own, 1), Ring::of(&own, 1));
         let msg: Vec<u8> = (0..RING as u32 / 3 + 7)
             .map(|i| (i * 7 % 251) as u8)
             .collect();
@@ -704,11 +646,11 @@ mod tests {
         for _ in 0..10 {
             let mut off = 0;
             while off < msg.len() {
-                off += tx.write(&msg[off..]).unwrap();
-                let n = rx.read(&mut out).unwrap();
+                off += tx.write(&msg[off..], &a).unwrap();
+                let n = rx.read(&mut out, &b).unwrap();
                 got.extend_from_slice(&out[..n]);
             }
-            while let Ok(n @ 1..) = rx.read(&mut out) {
+            while let Ok(n @ 1..) = rx.read(&mut out, &b) {
                 got.extend_from_slice(&out[..n]);
             }
         }
@@ -718,8 +660,8 @@ mod tests {
         }
         // Full: a ring takes RING bytes and no more until read.
         let big = vec![5u8; RING + 100];
-        assert_eq!(tx.write(&big).unwrap(), RING);
-        assert_eq!(tx.write(&big).unwrap(), 0);
+        assert_eq!(tx.write(&big, &a).unwrap(), RING);
+        assert_eq!(tx.write(&big, &a).unwrap(), 0);
         assert!(rx.pending());
     }
 
@@ -728,16 +670,11 @@ mod tests {
     fn broken_indices_are_an_error_not_a_read_out_of_bounds() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let own = Arc::new(Region::create(2).unwrap());
-        let rx = LaneRx {
-            ix: Indices::of(&own, 0),
-            _region: own.clone(),
-            sender: 0,
-            sock: a,
-        };
+        let own = Region::create(2).unwrap().region;
+        let rx = Ring::of(&own, 0);
         rx.ix.tail().store(RING as u64 * 3, Ordering::Release);
         let mut out = [0u8; 16];
-        let e = rx.read(&mut out).unwrap_err();
+        let e = rx.read(&mut out, &a).unwrap_err();
         assert!(e.to_string().contains("claims"), "{e}");
     }
 }

@@ -22,7 +22,7 @@ use super::tx::{Sender, Waker};
 use super::FailureHook;
 use crate::cause::{Cause, CauseKind};
 use crate::since_start;
-use crate::tcp::lane::{LaneRx, Probe, Sleeper};
+use crate::tcp::lane::{Ring, Sleeper};
 
 /// What the communication thread shares with the failure path: the node's
 /// sending side (and through it the inbox) and its failure hook.
@@ -98,29 +98,21 @@ struct Link {
     /// The link's shared-memory lane, if its peer is on this host: frames
     /// come through its ring, and the socket carries only bells and says
     /// when the peer is gone (see [`crate::tcp::lane`]).
-    lane: Option<LaneRx>,
+    lane: Option<Arc<Ring>>,
 }
 
 impl Link {
-    /// [`Link::on_readable`], and the end of the link's reading if it ended
-    /// (false then): the node fails unless the peer said `Bye` first.
-    fn read(&mut self, node: &Node, now: Instant) -> bool {
-        let r = self.on_readable(node, now);
-        self.ended(node, r)
-    }
-
-    /// A processor's read: a lane's ring only (no syscall; the loop drains
-    /// the bells and watches the socket), else the socket.
-    fn read_idle(&mut self, node: &Node, now: Instant) -> bool {
+    /// Reads the link ([`Link::on_socket`], or [`Link::on_lane`] with its
+    /// socket's bells and end looked at if `socket`: processors read only
+    /// a lane's ring, with no syscall), and says whether its reading goes
+    /// on (false once it ended: the node fails unless the peer said `Bye`
+    /// first).
+    fn read(&mut self, node: &Node, now: Instant, socket: bool) -> bool {
         let r = if self.lane.is_some() {
-            self.on_lane(node, now, false)
+            self.on_lane(node, now, socket)
         } else {
-            self.on_readable(node, now)
+            self.on_socket(node, now)
         };
-        self.ended(node, r)
-    }
-
-    fn ended(&self, node: &Node, r: Result<(), Ended>) -> bool {
         match r {
             Ok(()) => true,
             Err(ended) => {
@@ -151,27 +143,24 @@ impl Link {
     /// link's end is judged (a peer's last frames, its `Bye`, are in the
     /// ring when its socket closes). `Err` when the link ends.
     fn on_lane(&mut self, node: &Node, now: Instant, socket: bool) -> Result<(), Ended> {
-        let Some(lane) = self.lane.as_ref() else {
+        let Some(lane) = self.lane.clone() else {
             return Ok(());
         };
         let closed = if socket {
-            lane.drain_bells().err()
+            lane.drain_bells(&self.sock).err()
         } else {
             None
         };
         let mut reads = 0;
         loop {
-            let Some(lane) = self.lane.as_ref() else {
-                return Ok(());
-            };
             let read = match self.frame.as_mut() {
                 // A payload's rest goes straight into it.
                 Some(f) if self.lo == self.hi => {
-                    let n = lane.read(&mut f.payload[f.filled..]);
+                    let n = lane.read(&mut f.payload[f.filled..], &self.sock);
                     n.inspect(|n| f.filled += n)
                 }
                 _ => {
-                    let n = lane.read(&mut self.buf[self.hi..]);
+                    let n = lane.read(&mut self.buf[self.hi..], &self.sock);
                     n.inspect(|n| self.hi += n)
                 }
             };
@@ -204,10 +193,7 @@ impl Link {
 
     /// Reads what the socket has (up to [`READS_PER_TURN`] reads) and
     /// decodes and delivers every frame completed. `Err` when the link ends.
-    fn on_readable(&mut self, node: &Node, now: Instant) -> Result<(), Ended> {
-        if self.lane.is_some() {
-            return self.on_lane(node, now, true);
-        }
+    fn on_socket(&mut self, node: &Node, now: Instant) -> Result<(), Ended> {
         for _ in 0..READS_PER_TURN {
             let (sock, buf) = (&self.sock, &mut self.buf);
             let (read, asked) = match self.frame.as_mut() {
@@ -432,9 +418,10 @@ pub(super) struct Rx {
     reading: Vec<AtomicBool>,
     /// When a processor last passed (`crate::since_start`, ns).
     passed: AtomicU64,
-    /// Per link (as `Reader::links`): whether its lane's ring has bytes,
-    /// if it has a lane (read by the loop without the lock).
-    probes: Vec<Option<Probe>>,
+    /// Per link (as `Reader::links`): its lane's ring and a second handle
+    /// of its socket, if it has a lane, for the loop to look at the ring
+    /// and drain the bells without the lock.
+    probes: Vec<Option<(Arc<Ring>, TcpStream)>>,
     /// The loop's `asleep` flag in this node's lane region.
     sleeper: Sleeper,
 }
@@ -472,18 +459,18 @@ impl Rx {
         }
     }
 
-    /// Reads link `i` (the reader held), and records it if its reading ended.
-    fn read(&self, reader: &mut Reader, i: usize, now: Instant) {
-        if self.reading[i].load(Ordering::Relaxed) && !reader.links[i].read(&self.node, now) {
+    /// Reads link `i` (the reader held; see [`Link::read`] for `socket`),
+    /// and records it if its reading ended.
+    fn read(&self, reader: &mut Reader, i: usize, now: Instant, socket: bool) {
+        if self.reading[i].load(Ordering::Relaxed) && !reader.links[i].read(&self.node, now, socket)
+        {
             self.reading[i].store(false, Ordering::Relaxed);
         }
     }
 
-    /// [`Rx::read`] for a processor: a lane's ring only.
-    fn read_idle(&self, reader: &mut Reader, i: usize, now: Instant) {
-        if self.reading[i].load(Ordering::Relaxed) && !reader.links[i].read_idle(&self.node, now) {
-            self.reading[i].store(false, Ordering::Relaxed);
-        }
+    /// Whether a lane's ring has bytes for this node.
+    fn lanes_pending(&self) -> bool {
+        self.probes.iter().flatten().any(|(ring, _)| ring.pending())
     }
 
     /// Whether a processor passed within [`POLLED_RECENTLY`].
@@ -525,7 +512,7 @@ impl Rx {
         };
         let now = Instant::now();
         for i in 0..reader.links.len() {
-            self.read_idle(&mut reader, i, now);
+            self.read(&mut reader, i, now, false);
         }
         true
     }
@@ -584,7 +571,7 @@ fn idle_end() {
     let polled = POLLED.with(|p| std::mem::take(&mut *p.borrow_mut()));
     for rx in polled {
         rx.sleeper.polling(false);
-        if rx.probes.iter().flatten().any(Probe::pending) && !rx.pass() {
+        if rx.lanes_pending() && !rx.pass() {
             rx.node.sender.waker.wake();
         }
     }
@@ -702,9 +689,9 @@ pub(super) fn run(mut links: Links, node: Node, limit: Duration, waker: Arc<Wake
         passed: AtomicU64::new(0),
         probes: links
             .iter()
-            // A lane whose probe cannot be made (no descriptor left) is
+            // A lane whose socket cannot be cloned (no descriptor left) is
             // still read, by the processors and on its bells.
-            .map(|l| l.lane.as_ref().and_then(|l| l.probe().ok()))
+            .map(|l| Some((l.lane.clone()?, l.sock.try_clone().ok()?)))
             .collect(),
         sleeper,
         reader: Mutex::new(Reader { links }),
@@ -809,7 +796,7 @@ impl Loop {
             // producer publishes, then looks at the flag: one of the two
             // sees the other; see `crate::tcp::lane`).
             self.rx.sleeper.set(true);
-            if self.lanes_pending() {
+            if self.rx.lanes_pending() {
                 timeout = 0;
             }
             // SAFETY: `fds` is a valid, initialised array of `fds.len()`
@@ -841,27 +828,22 @@ impl Loop {
         self.log.flush();
     }
 
-    /// Whether a lane's ring has bytes for this node.
-    fn lanes_pending(&self) -> bool {
-        self.rx.probes.iter().flatten().any(Probe::pending)
-    }
-
     /// Reads the lanes whose rings have bytes (their sockets may have said
     /// nothing: a producer rings only while this thread sleeps), unless a
     /// processor is polling them (see `Rx`).
     fn read_lanes(&mut self, now: Instant) {
         for i in 0..self.rx.probes.len() {
-            let Some(p) = &self.rx.probes[i] else {
+            let Some((ring, _)) = &self.rx.probes[i] else {
                 continue;
             };
-            if !p.pending() || !self.rx.reading[i].load(Ordering::Relaxed) {
+            if !ring.pending() || !self.rx.reading[i].load(Ordering::Relaxed) {
                 continue;
             }
             if self.rx.polled_recently() {
                 self.deferred = true;
             } else {
                 let mut reader = self.rx.lock();
-                self.rx.read_idle(&mut reader, i, now);
+                self.rx.read(&mut reader, i, now, false);
             }
         }
     }
@@ -873,13 +855,13 @@ impl Loop {
             Slot::Link(i) => {
                 let peer = self.rx.fds[i].1;
                 let probe = self.rx.probes[i].as_ref();
-                if let (Some(p), true) = (probe, revents & libc::POLLIN != 0) {
+                if let (Some((ring, sock)), true) = (probe, revents & libc::POLLIN != 0) {
                     // A lane's bells: drained here, the ring read after the
                     // events (`read_lanes`). A socket that ended is read
                     // under the lock, ring first, to judge the link's end.
-                    if p.drain_bells().is_err() || revents & gone != 0 {
+                    if ring.drain_bells(sock).is_err() || revents & gone != 0 {
                         let mut reader = self.rx.lock();
-                        self.rx.read(&mut reader, i, now);
+                        self.rx.read(&mut reader, i, now, true);
                     }
                 } else if revents & (libc::POLLIN | gone) != 0 {
                     // A processor that is polling reads it (see `Rx`);
@@ -892,7 +874,7 @@ impl Loop {
                         // lets go soon, and yielding and polling again
                         // meanwhile took its CPU.
                         let mut reader = self.rx.lock();
-                        self.rx.read(&mut reader, i, now);
+                        self.rx.read(&mut reader, i, now, true);
                         read = true;
                     }
                     self.deferred |= !read;

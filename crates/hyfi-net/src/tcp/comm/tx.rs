@@ -17,7 +17,7 @@ use crate::tcp::wire::{self, Header, Kind, Msg, HEADER_LEN};
 use super::inbox::Inbox;
 use super::service::service_tag;
 use super::stats::NetStats;
-use crate::tcp::lane::LaneTx;
+use crate::tcp::lane::Ring;
 
 /// The sending side of one link. Every frame is written without blocking:
 /// what the socket does not take at once waits in `backlog`, in order, and
@@ -38,7 +38,7 @@ pub(super) struct PeerTx {
 }
 
 impl PeerTx {
-    pub(super) fn new(sock: std::net::TcpStream, lane: Option<LaneTx>) -> PeerTx {
+    pub(super) fn new(sock: std::net::TcpStream, lane: Option<Ring>) -> PeerTx {
         PeerTx {
             st: Mutex::new(TxState {
                 sock: Some(sock),
@@ -74,7 +74,7 @@ pub(super) struct TxState {
     /// The link's shared-memory lane, if its peer is on this host: frames
     /// go there instead of to `sock`, which then carries only bells (see
     /// [`crate::tcp::lane`]).
-    pub(super) lane: Option<LaneTx>,
+    pub(super) lane: Option<Ring>,
     /// Frames not yet fully written; the first one is written from `head_off`.
     pub(super) backlog: std::collections::VecDeque<Vec<u8>>,
     pub(super) head_off: usize,
@@ -123,15 +123,16 @@ pub(super) fn write_some(s: &mut std::net::TcpStream, buf: &[u8]) -> std::io::Re
 
 impl TxState {
     /// Writes as much of `buf` as the link takes now: its lane's ring if it
-    /// has one, else its socket (open: the caller checked).
+    /// has one (the socket rings the peer), else its socket (open: the
+    /// caller checked).
     fn put(
         sock: &mut std::net::TcpStream,
-        lane: Option<&LaneTx>,
+        lane: Option<&Ring>,
         buf: &[u8],
     ) -> std::io::Result<usize> {
         match lane {
             Some(lane) => lane
-                .write(buf)
+                .write(buf, sock)
                 .map_err(|b| std::io::Error::new(std::io::ErrorKind::InvalidData, b.to_string())),
             None => write_some(sock, buf),
         }
