@@ -28,7 +28,9 @@
 //!    with the result computed locally in the documented order (the
 //!    binomial tree over the ranks, `acc = combine(acc, child)` for the
 //!    children `r+1, r+2, r+4, …`: see `hyfi_core::link::collective`);
-//!    the same through a reduction variable in post-phase code; and
+//!    the same through a reduction variable in post-phase code (some
+//!    rounds with a node whose master computes long, so that the
+//!    others' messages for the phase's end come while it computes); and
 //!    barriers that must hold every node until the last one, delayed on
 //!    purpose, arrives.
 //! 2. **Shared memory**: several rounds of a phase in which random

@@ -26,6 +26,9 @@ const LARGE_WORDS: usize = 1 << 17;
 const LATE: Duration = Duration::from_millis(250);
 /// Barriers with a late node.
 const LATE_ROUNDS: u64 = 2;
+/// How long the late node's master computes in the reduction rounds that
+/// have one (see [`reductions`]).
+const LATE_PHASE: Duration = Duration::from_millis(60);
 
 /// Values whose sums depend on the association: `1e16 + 3.0` rounds, so
 /// `(1e16 + 3) - 1e16` is 4 where `1e16 - 1e16 + 3` is 3. No `-0.0` (a
@@ -230,7 +233,13 @@ pub(super) fn check(rt: &Runtime, seed: u64, s: &mut Summary) -> Result<(), Stri
 }
 
 /// A reduction variable in post-phase code, over every node: processor 0
-/// of each node holds the node's value, the others the sum's zero.
+/// of each node holds the node's value, the others the sum's zero. In
+/// every fourth round one node, chosen by the seed, computes
+/// [`LATE_PHASE`] longer: the others' messages for the phase's end (their
+/// all-reduce pieces, or `REL`s) come while its master computes, which a
+/// transport may leave unread meanwhile
+/// ([`Port::send_for_phase_end`](crate::layers::link::Port::send_for_phase_end)),
+/// and must read when it stops.
 fn reductions(
     rt: &Runtime,
     seed: u64,
@@ -246,7 +255,11 @@ fn reductions(
     prog.phase(
         pools,
         |ctx, _| {
-            let v = value(seed, 1000 + ctx.iteration(), me);
+            let k = ctx.iteration();
+            let v = value(seed, 1000 + k, me);
+            if k % 4 == 1 && n > 1 && (hash(&[seed, CHECK, 3000 + k]) % n as u64) as usize == me {
+                std::thread::sleep(LATE_PHASE);
+            }
             red.update(ctx, |_| v);
         },
         |post| {

@@ -139,24 +139,40 @@ pub fn set_idle_progress(progress: fn() -> bool) -> bool {
     false
 }
 
-/// A transport's polling bracket: `begin` and `end`.
-type Bracket = (fn(), fn());
+/// What a thread of a node attends to, for a transport that skips waking
+/// the node while one of its threads will read what comes (see
+/// [`set_attending`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attending {
+    /// An idle thread polls the transport's progress in a loop: it reads
+    /// whatever comes, at once.
+    Polling,
+    /// The node's master (processor 0) runs its share of a phase. It reads
+    /// what came when it stops, before the phase's end, where the messages
+    /// sent with [`Port::send_for_phase_end`] are waited for: those need
+    /// not wake the node meanwhile. Every other message still must.
+    Computing,
+}
 
-/// Transports' polling brackets: see [`set_idle_polling`].
-static IDLE_POLLING: [std::sync::OnceLock<Bracket>; 4] = [const { std::sync::OnceLock::new() }; 4];
+/// A transport's brackets: `begin` and `end`.
+type Bracket = (fn(Attending), fn(Attending));
 
-/// Tells a transport when an idle thread starts and stops polling its
-/// progress function in a loop (`begin` when it starts, `end` when it
-/// stops, on the same thread; never nested per thread).
+/// Transports' brackets: see [`set_attending`].
+static ATTENDING: [std::sync::OnceLock<Bracket>; 4] = [const { std::sync::OnceLock::new() }; 4];
+
+/// Tells a transport when a thread of the node starts and stops attending
+/// to its messages ([`Attending`]): `begin` when it starts, `end` when it
+/// stops, on the same thread; never nested per thread and kind.
 ///
 /// A transport whose senders ring a sleeping reader (a byte on a socket,
-/// a syscall on both sides) may skip the bell while one of the receiving
-/// node's threads is known to be polling: the TCP transport's
-/// shared-memory lanes count the polling threads in shared memory, and a
-/// thread that stops reads what came meanwhile (`end`). Setting the same
-/// pair twice does nothing; false if every slot (four) is taken.
-pub fn set_idle_polling(begin: fn(), end: fn()) -> bool {
-    for slot in &IDLE_POLLING {
+/// a syscall on both sides, and a thread woken on the receiver's CPUs)
+/// may skip the bell while the receiving node is known to read soon: the
+/// TCP transport's shared-memory lanes count the threads that poll, and
+/// whether the master computes, in shared memory; a thread that stops
+/// reads what came meanwhile (`end`). Setting the same pair twice does
+/// nothing; false if every slot (four) is taken.
+pub fn set_attending(begin: fn(Attending), end: fn(Attending)) -> bool {
+    for slot in &ATTENDING {
         match slot.get() {
             Some(&(b, e)) if b as usize == begin as usize && e as usize == end as usize => {
                 return true
@@ -179,41 +195,80 @@ pub fn set_idle_polling(begin: fn(), end: fn()) -> bool {
 }
 
 thread_local! {
-    /// Whether this thread is inside a [`Polling`] bracket already.
-    static POLLING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The kinds this thread is inside an [`Attend`] bracket of (a bit
+    /// per [`Attending`]).
+    static ATTENDS: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
 }
 
-/// An idle thread's polling loop, for [`set_idle_polling`]: `begin` on
-/// creation, `end` on drop (the outermost bracket of a thread only).
-pub(crate) struct Polling {
+/// A bracket of [`set_attending`]: `begin` on creation, `end` on drop (the
+/// outermost bracket of a thread and kind only).
+pub(crate) struct Attend {
+    kind: Attending,
     outer: bool,
 }
 
-impl Polling {
-    pub(crate) fn start() -> Polling {
-        let outer = !POLLING.with(|p| p.replace(true));
+impl Attend {
+    pub(crate) fn start(kind: Attending) -> Attend {
+        let bit = 1u8 << kind as u8;
+        let outer = ATTENDS.with(|a| {
+            let was = a.get();
+            a.set(was | bit);
+            was & bit == 0
+        });
         if outer {
-            for slot in &IDLE_POLLING {
+            for slot in &ATTENDING {
                 match slot.get() {
-                    Some(&(begin, _)) => begin(),
+                    Some(&(begin, _)) => begin(kind),
                     None => break,
                 }
             }
         }
-        Polling { outer }
+        if kind == Attending::Polling {
+            // It reads from now on: the master's computing may end.
+            waits();
+        }
+        Attend { kind, outer }
     }
 }
 
-impl Drop for Polling {
+thread_local! {
+    /// The master's [`Attending::Computing`] bracket once its share of a
+    /// phase ran (see [`until_wait`]).
+    static COMPUTED: std::cell::RefCell<Option<Attend>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The master's share of a phase ran, and `computing` stays open until it
+/// first waits ([`waits`]): from here to its wait for the other nodes it
+/// only prepares and sends its release, so it still reads, at that wait,
+/// whatever was left for the phase's end, and a `REL` that comes meanwhile
+/// (the other node ended its share at about the same time) need not ring.
+/// Every wait of the master between its share and its release's wait
+/// calls [`waits`] first: the node barrier's, the link's (polling
+/// starts, [`before_wait`]), and the post-phase code (after its node step).
+/// The others (the release's wait for its page replies and broadcasts)
+/// wait for messages that ring anyway.
+pub(crate) fn until_wait(computing: Attend) {
+    COMPUTED.with(|c| *c.borrow_mut() = Some(computing));
+}
+
+/// The thread is about to wait: ends the bracket [`until_wait`] kept open,
+/// if any (reading what came while it was open).
+pub(crate) fn waits() {
+    let kept = COMPUTED.with(|c| c.borrow_mut().take());
+    drop(kept);
+}
+
+impl Drop for Attend {
     fn drop(&mut self) {
         if self.outer {
-            for slot in &IDLE_POLLING {
+            for slot in &ATTENDING {
                 match slot.get() {
-                    Some(&(_, end)) => end(),
+                    Some(&(_, end)) => end(self.kind),
                     None => break,
                 }
             }
-            POLLING.with(|p| p.set(false));
+            let bit = 1u8 << self.kind as u8;
+            ATTENDS.with(|a| a.set(a.get() & !bit));
         }
     }
 }
@@ -224,6 +279,7 @@ impl Drop for Polling {
 /// back until its node sends the peer something else or waits (the TCP
 /// transport's SPMD step messages): this is such a wait.
 pub fn before_wait() {
+    waits();
     idle_progress();
 }
 

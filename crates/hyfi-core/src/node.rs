@@ -366,6 +366,26 @@ pub trait Port: Send + Sync + 'static {
         fill: &mut dyn FnMut(&mut Vec<u8>),
     ) -> Result<usize, LinkError>;
 
+    /// Sends like [`Port::send_with`] a message that the receiving node
+    /// reads only at a phase's end, where its master waits for it: a
+    /// release's `REL`, a collective's piece. A transport that wakes a
+    /// sleeping node for each message may leave this one unread while the
+    /// receiver's master runs its share of a phase
+    /// ([`Attending::Computing`](crate::link::Attending::Computing)): the
+    /// master reads it when it stops, and the wake-up, which would take a
+    /// CPU from the computation, is saved. The default sends it as any
+    /// other.
+    fn send_for_phase_end(
+        &self,
+        to: usize,
+        service: ServiceId,
+        class: Class,
+        len_hint: usize,
+        fill: &mut dyn FnMut(&mut Vec<u8>),
+    ) -> Result<usize, LinkError> {
+        self.send_with(to, service, class, len_hint, fill)
+    }
+
     /// Sends `payload`, built whole by the caller (see [`Port::send_with`]).
     /// A transport that can send the vector itself takes it (no copy: the
     /// page server builds a reply under its locks and hands it over);
@@ -417,6 +437,12 @@ pub struct Traffic {
     pub bulk: ClassTraffic,
     /// Connections refused after set-up (strays), where the link has any.
     pub refused: u64,
+    /// Links to peers that carry their frames through shared memory (the
+    /// TCP transport's lanes between nodes of one host); 0 elsewhere.
+    pub shared_memory_links: u64,
+    /// Times this node woke a peer that slept (a lane's bell: a syscall
+    /// here, a thread woken there); 0 where the transport wakes no one.
+    pub wakes: u64,
 }
 
 impl std::fmt::Display for Traffic {
@@ -434,7 +460,15 @@ impl std::fmt::Display for Traffic {
             b.received,
             b.bytes_received,
             self.refused
-        )
+        )?;
+        if self.shared_memory_links > 0 {
+            write!(
+                f,
+                "; links over shared memory {}, peers woken {} times",
+                self.shared_memory_links, self.wakes
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -89,7 +89,7 @@ pub fn poll_own_cpu(ready: impl FnMut() -> bool) -> bool {
 fn poll_yielding(mut ready: impl FnMut() -> bool, span: Duration) -> bool {
     let until = Instant::now() + span;
     // The transport may skip waking this node while it polls.
-    let _polling = crate::link::Polling::start();
+    let _polling = crate::link::Attend::start(crate::link::Attending::Polling);
     loop {
         // A thread with nothing to do drives the transport's progress where
         // it has one (MPI: see `link::set_idle_progress`).

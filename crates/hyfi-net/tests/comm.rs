@@ -291,6 +291,13 @@ fn bursts_of_every_frame_size_arrive_whole_and_in_order() {
                 "node {}'s links with a lane (lanes {lanes})",
                 c.rank()
             );
+            // What the node's traffic report says of it.
+            assert_eq!(
+                c.sender().stats().snapshot().shared_memory_links,
+                u64::from(lanes),
+                "node {}'s reported shared-memory links",
+                c.rank()
+            );
         }
         bursts(cs.into_iter().map(|(c, _)| c).collect());
     }

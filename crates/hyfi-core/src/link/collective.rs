@@ -338,8 +338,10 @@ impl Channel for Collectives {
     }
     fn send(&self, to: usize, seq: u64, dir: Dir, data: &[u8]) -> Result<(), LinkError> {
         let head = seq << 1 | u64::from(dir == Dir::Down);
+        // Read at the receiver's collective call: no need to wake it while
+        // its master computes.
         self.port
-            .send_with(to, SERVICE, Class::Control, 8 + data.len(), &mut |b| {
+            .send_for_phase_end(to, SERVICE, Class::Control, 8 + data.len(), &mut |b| {
                 b.extend_from_slice(&head.to_le_bytes());
                 b.extend_from_slice(data);
             })
@@ -367,7 +369,7 @@ impl Channel for Collectives {
             }
         }
         let spin_until = Instant::now() + SPIN;
-        let polling = super::Polling::start();
+        let polling = super::Attend::start(super::Attending::Polling);
         loop {
             let seen = self.generation.load(Ordering::Acquire);
             if let Some(r) = self.take(&mut self.lock(), key) {

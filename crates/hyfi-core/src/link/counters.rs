@@ -53,7 +53,7 @@ impl TrafficCounters {
         Traffic {
             control: class(0),
             bulk: class(1),
-            refused: 0,
+            ..Traffic::default()
         }
     }
 }

@@ -46,7 +46,14 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
             }
         }
         let t_phase = trace::on().then(trace::now);
+        // The master reads what came for the phase's end before it waits
+        // (see `link::Attending::Computing` and `link::until_wait`).
+        let computing =
+            (ctx.proc == 0).then(|| crate::link::Attend::start(crate::link::Attending::Computing));
         run_phase(sched, ctx, body, run, cur);
+        if let Some(c) = computing {
+            crate::link::until_wait(c);
+        }
         ctx.stats.phases.set(ctx.stats.phases.get() + 1);
         let t_barrier = t_phase.map(|_| trace::now());
         let next = if ctx.proc == 0 {
@@ -54,6 +61,7 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
             // post-phase code, then release everyone with the decision.
             let parker = ctx.ws().parker();
             if run.arrived.load(Ordering::SeqCst) != p - 1 {
+                crate::link::waits();
                 // Recorded only when it will block: a phase of one processor
                 // (or one whose others are done) pays nothing for the report.
                 let _w = crate::waits::waiting(
@@ -105,6 +113,9 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
         if let Some(t) = t_phase {
             trace::span(Kind::Phase, t, [cur as u64, ctx.iteration.get(), 0, 0]);
         }
+        // Whatever path the phase's end took (an aborted run skips its
+        // node step), the master's computing is over.
+        crate::link::waits();
         gen += 1;
         if next == DONE {
             return;
@@ -128,6 +139,8 @@ fn post_phase(
     // functions (and a layer's payload): a panic there is the program's,
     // reported as post-phase code's would be.
     let ended = catch_unwind(AssertUnwindSafe(|| node_step(ctx, cur, phase)));
+    // A node step that did not wait (one node) kept it open.
+    crate::link::waits();
     if let Some(t) = t {
         trace::span(Kind::Release, t, [cur as u64, 0, 0, 0]);
     }

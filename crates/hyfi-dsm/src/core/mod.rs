@@ -260,11 +260,16 @@ impl Core {
         let Some(port) = &self.port else { return };
         let len = msg.encoded_len();
         let mut msg = Some(msg);
-        let sent = port.send_with(to, crate::SERVICE, M::CLASS, len, &mut |b| {
+        let mut fill = |b: &mut Vec<u8>| {
             if let Some(m) = msg.take() {
                 m.encode(b);
             }
-        });
+        };
+        let sent = if M::FOR_PHASE_END {
+            port.send_for_phase_end(to, crate::SERVICE, M::CLASS, len, &mut fill)
+        } else {
+            port.send_with(to, crate::SERVICE, M::CLASS, len, &mut fill)
+        };
         self.count_sent(slot, sent);
     }
 

@@ -54,6 +54,8 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use hyfi_core::link::Attending;
+
 use crate::bootstrap::random_token;
 use crate::error::NetError;
 
@@ -213,6 +215,15 @@ impl Region {
         unsafe { &*self.base.add(128).cast::<AtomicU32>() }
     }
 
+    /// Whether its node's master is computing its share of a phase (0 or
+    /// 1): it reads the rings when it stops, so messages only its phase's
+    /// end waits for need no bell meanwhile.
+    fn computing(&self) -> &AtomicU32 {
+        // SAFETY: offset 192 of the mapped header page (a cache line of its
+        // own), 4-aligned; only accessed atomically.
+        unsafe { &*self.base.add(192).cast::<AtomicU32>() }
+    }
+
     /// Maps sender `sender`'s ring in this process now (its pages made and
     /// its page-table entries filled), so that the run does not take a
     /// page fault on every page of the ring the first time round (a
@@ -303,6 +314,9 @@ pub struct Ring {
     /// The region the ring lies in (kept mapped while the ring is used).
     region: Arc<Region>,
     ix: Indices,
+    /// Bells this end rang (its node's traffic counter, once the link's
+    /// writer holds it: [`Ring::counting_bells`]).
+    bells: Arc<AtomicU64>,
 }
 
 // SAFETY: the raw pointers point into `region`, which the ring keeps alive;
@@ -317,15 +331,28 @@ impl Ring {
         Ring {
             region: region.clone(),
             ix: Indices::of(region, sender),
+            bells: Arc::default(),
         }
+    }
+
+    /// The producer's end, counting the bells it rings in `bells`.
+    pub fn counting_bells(self, bells: Arc<AtomicU64>) -> Ring {
+        Ring { bells, ..self }
     }
 
     /// The producer: copies as much of `buf` as the ring has room for,
     /// publishes it and rings the peer (down `bell`, the link's socket) if
-    /// its reader sleeps. Returns the bytes taken; fewer than `buf.len()`
-    /// means the ring is full and the consumer will ring back when it frees
-    /// room (`want_room`).
-    pub fn write(&self, buf: &[u8], bell: &TcpStream) -> Result<usize, Broken> {
+    /// its reader sleeps, unless one of its threads polls, or `for_phase_end`
+    /// (only the peer's phase end waits for these bytes) and its master
+    /// computes: either reads them soon without being woken. Returns the
+    /// bytes taken; fewer than `buf.len()` means the ring is full and the
+    /// consumer will ring back when it frees room (`want_room`).
+    pub fn write(
+        &self,
+        buf: &[u8],
+        bell: &TcpStream,
+        for_phase_end: bool,
+    ) -> Result<usize, Broken> {
         let (tail_at, head_at) = (self.ix.tail(), self.ix.head());
         let tail = tail_at.load(Ordering::Relaxed);
         let room = |head: u64| -> Result<usize, Broken> {
@@ -359,8 +386,10 @@ impl Ring {
         fence(Ordering::SeqCst);
         if self.region.asleep().load(Ordering::Relaxed) != 0
             && self.region.polling().load(Ordering::Relaxed) == 0
+            && !(for_phase_end && self.region.computing().load(Ordering::Relaxed) != 0)
             && self.ix.bell().swap(1, Ordering::SeqCst) == 0
         {
+            self.bells.fetch_add(1, Ordering::Relaxed);
             ring(bell);
         }
         Ok(n)
@@ -476,16 +505,22 @@ pub(crate) struct Sleeper {
 }
 
 impl Sleeper {
-    /// A thread of this node starts (`true`) or stops polling the rings:
-    /// producers need not ring while one polls. A thread that stops must
-    /// then look at the rings once more (the producer published, then saw
-    /// it polling: Dekker's pattern again).
-    pub(crate) fn polling(&self, start: bool) {
+    /// A thread of this node starts (`true`) or stops attending to the
+    /// rings: polling them (producers need not ring meanwhile), or, the
+    /// master, computing (producers of bytes for the phase's end need not
+    /// ring). A thread that stops must then look at the rings once more
+    /// (the producer published, then saw it attending: Dekker's pattern
+    /// again).
+    pub(crate) fn attend(&self, kind: Attending, start: bool) {
         if let Some(own) = &self.own {
+            let count = match kind {
+                Attending::Polling => own.polling(),
+                Attending::Computing => own.computing(),
+            };
             if start {
-                own.polling().fetch_add(1, Ordering::SeqCst);
+                count.fetch_add(1, Ordering::SeqCst);
             } else {
-                own.polling().fetch_sub(1, Ordering::SeqCst);
+                count.fetch_sub(1, Ordering::SeqCst);
                 fence(Ordering::SeqCst);
             }
         }
@@ -646,7 +681,7 @@ mod tests {
         for _ in 0..10 {
             let mut off = 0;
             while off < msg.len() {
-                off += tx.write(&msg[off..], &a).unwrap();
+                off += tx.write(&msg[off..], &a, false).unwrap();
                 let n = rx.read(&mut out, &b).unwrap();
                 got.extend_from_slice(&out[..n]);
             }
@@ -660,9 +695,79 @@ mod tests {
         }
         // Full: a ring takes RING bytes and no more until read.
         let big = vec![5u8; RING + 100];
-        assert_eq!(tx.write(&big, &a).unwrap(), RING);
-        assert_eq!(tx.write(&big, &a).unwrap(), 0);
+        assert_eq!(tx.write(&big, &a, false).unwrap(), RING);
+        assert_eq!(tx.write(&big, &a, false).unwrap(), 0);
         assert!(rx.pending());
+    }
+
+    /// A producer rings a sleeping reader unless the reader's node will
+    /// read soon without it: a thread of it polls (any bytes), or its
+    /// master computes and the bytes are for its phase's end. Each bell is
+    /// counted, and none is rung twice before the reader drains it.
+    #[test]
+    fn a_sleeping_reader_is_rung_unless_its_node_will_read_anyway() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        b.set_nonblocking(true).unwrap();
+        let own = Region::create(2).unwrap().region;
+        let bells = Arc::new(AtomicU64::new(0));
+        let (tx, rx) = (
+            Ring::of(&own, 1).counting_bells(bells.clone()),
+            Ring::of(&own, 1),
+        );
+        let reader = Sleeper {
+            own: Some(own.clone()),
+        };
+        // Writes one byte (prompt, or for the phase's end); whether a bell
+        // came down the socket, the ring and the bell drained after.
+        let rung = |for_phase_end: bool| {
+            assert_eq!(tx.write(&[7], &a, for_phase_end).unwrap(), 1);
+            let mut one = [0u8; 1];
+            let mut came = false;
+            let until = Instant::now() + std::time::Duration::from_secs(10);
+            // A bell is a byte on loopback TCP: give it time to arrive;
+            // absent, wait a moment only (nothing is then on its way).
+            let patience = if tx.ix.bell().load(Ordering::SeqCst) != 0 {
+                until
+            } else {
+                Instant::now()
+            };
+            loop {
+                match (&b).read(&mut one) {
+                    Ok(1) => {
+                        came = true;
+                        break;
+                    }
+                    _ if Instant::now() >= patience => break,
+                    _ => std::thread::yield_now(),
+                }
+            }
+            rx.drain_bells(&b).unwrap();
+            let mut out = [0u8; 8];
+            assert_eq!(rx.read(&mut out, &a).unwrap(), 1);
+            came
+        };
+        // Awake: nobody is rung.
+        assert!(!rung(false));
+        reader.set(true);
+        assert!(rung(false), "asleep, nobody attending: rung");
+        assert!(
+            rung(true),
+            "asleep, nobody attending: rung for the phase's end too"
+        );
+        reader.attend(Attending::Computing, true);
+        assert!(
+            !rung(true),
+            "the master computes: bytes for the phase's end wait"
+        );
+        assert!(rung(false), "the master computes: a request still rings");
+        reader.attend(Attending::Polling, true);
+        assert!(!rung(false), "a thread polls: nothing rings");
+        reader.attend(Attending::Polling, false);
+        reader.attend(Attending::Computing, false);
+        assert!(rung(true), "the master stopped: rung again");
+        assert_eq!(bells.load(Ordering::SeqCst), 4);
     }
 
     /// Indices that claim more than the ring holds are garbage, reported.

@@ -86,6 +86,10 @@ impl Kind {
 pub(super) trait Encode {
     /// The link class it goes as.
     const CLASS: Class;
+    /// Whether only the receiver's phase end waits for it (a `REL`): it
+    /// then need not wake the receiver while its master computes
+    /// ([`hyfi_core::link::Port::send_for_phase_end`]).
+    const FOR_PHASE_END: bool = false;
     /// Its length, kind byte included (the frame's capacity).
     fn encoded_len(&self) -> usize;
     /// Appends it, kind byte first, to `out`.
@@ -367,6 +371,10 @@ pub(super) struct ReleaseOut<'a> {
 
 impl Encode for ReleaseOut<'_> {
     const CLASS: Class = Class::Bulk;
+    // The receiver applies it in its own release, or keeps it for then if
+    // it comes early (its diffs to home pages included: the pages' readers
+    // are served only in the next epoch).
+    const FOR_PHASE_END: bool = true;
 
     fn encoded_len(&self) -> usize {
         let b = self.body;

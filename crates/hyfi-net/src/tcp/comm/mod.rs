@@ -111,7 +111,10 @@ impl Comm {
                 Some(sock) => Some(PeerTx::new(
                     sock.try_clone()
                         .map_err(|e| NetError::io("cloning a link for writing", e))?,
-                    links.lanes.tx[peer].take(),
+                    links.lanes.tx[peer].take().map(|lane| {
+                        stats.lanes.fetch_add(1, Ordering::Relaxed);
+                        lane.counting_bells(stats.bells.clone())
+                    }),
                 )),
                 None => None,
             });

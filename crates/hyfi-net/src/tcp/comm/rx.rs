@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use hyfi_core::link::Class;
+use hyfi_core::link::{Attending, Class};
 
 use crate::tcp::mesh::Links;
 use crate::tcp::refusal::RefusalLog;
@@ -489,7 +489,7 @@ impl Rx {
         // Several transports in one process (tests) each have their own
         // function; the core polls them all.
         hyfi_core::link::set_idle_progress(idle_progress);
-        hyfi_core::link::set_idle_polling(idle_begin, idle_end);
+        hyfi_core::link::set_attending(attend_begin, attend_end);
     }
 
     /// The communication thread has ended: no idle processor reads `rx`
@@ -539,38 +539,43 @@ pub(super) fn idle_progress() -> bool {
 }
 
 thread_local! {
-    /// The readers whose lanes this thread said it polls (`idle_begin`),
-    /// so that `idle_end` takes back exactly what it gave.
-    static POLLED: std::cell::RefCell<Vec<Arc<Rx>>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The readers whose lanes this thread said it attends to, by
+    /// [`Attending`] kind (`attend_begin`), so that `attend_end` takes back
+    /// exactly what it gave.
+    static ATTENDED: [std::cell::RefCell<Vec<Arc<Rx>>>; 2] =
+        const { [std::cell::RefCell::new(Vec::new()), std::cell::RefCell::new(Vec::new())] };
 }
 
-/// An idle processor starts polling (see `hyfi_core::link::set_idle_polling`):
-/// on a node that owns its CPUs its passes read the lanes' rings, so their
-/// producers need not ring the communication thread meanwhile.
-fn idle_begin() {
-    if !hyfi_core::sleep::cpus_exclusive() {
+/// A thread starts attending (see `hyfi_core::link::set_attending`): an idle
+/// processor's passes read the lanes' rings on a node that owns its CPUs,
+/// so their producers need not ring the communication thread meanwhile;
+/// the master that computes reads them when it stops, so frames for the
+/// phase's end need no bell meanwhile (on any node: a bell wakes the
+/// communication thread onto a CPU the computation uses).
+fn attend_begin(kind: Attending) {
+    if kind == Attending::Polling && !hyfi_core::sleep::cpus_exclusive() {
         return;
     }
     let readers = READERS.read().unwrap_or_else(|e| e.into_inner());
-    POLLED.with(|p| {
-        let mut p = p.borrow_mut();
+    ATTENDED.with(|a| {
+        let mut a = a[kind as usize].borrow_mut();
         for rx in readers
             .iter()
             .filter(|rx| rx.probes.iter().any(Option::is_some))
         {
-            rx.sleeper.polling(true);
-            p.push(rx.clone());
+            rx.sleeper.attend(kind, true);
+            a.push(rx.clone());
         }
     });
 }
 
-/// The processor stops polling: what came while producers counted on it is
+/// The thread stops attending: what came while producers counted on it is
 /// read now, or, if another thread holds the reader, the communication
 /// thread is woken to read it.
-fn idle_end() {
-    let polled = POLLED.with(|p| std::mem::take(&mut *p.borrow_mut()));
-    for rx in polled {
-        rx.sleeper.polling(false);
+fn attend_end(kind: Attending) {
+    let attended = ATTENDED.with(|a| std::mem::take(&mut *a[kind as usize].borrow_mut()));
+    for rx in attended {
+        rx.sleeper.attend(kind, false);
         if rx.lanes_pending() && !rx.pass() {
             rx.node.sender.waker.wake();
         }

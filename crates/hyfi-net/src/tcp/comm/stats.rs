@@ -1,6 +1,7 @@
 //! The node's traffic counters, by class.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use hyfi_core::link::{Class, ClassTraffic, Traffic};
 
@@ -26,6 +27,11 @@ pub struct NetStats {
     /// Connections refused (garbage, wrong token, stale job), from the
     /// first: those refused while the mesh was set up included.
     pub refused: AtomicU64,
+    /// Links with a shared-memory lane.
+    pub lanes: AtomicU64,
+    /// Bells rung on lanes: times a sleeping peer was woken (shared with
+    /// the lanes' rings, which count them).
+    pub bells: Arc<AtomicU64>,
 }
 
 impl NetStats {
@@ -47,6 +53,8 @@ impl NetStats {
                 bytes_received: g(&self.bulk_bytes_received),
             },
             refused: g(&self.refused),
+            shared_memory_links: g(&self.lanes),
+            wakes: g(&self.bells),
         }
     }
 

@@ -123,16 +123,18 @@ pub(super) fn write_some(s: &mut std::net::TcpStream, buf: &[u8]) -> std::io::Re
 
 impl TxState {
     /// Writes as much of `buf` as the link takes now: its lane's ring if it
-    /// has one (the socket rings the peer), else its socket (open: the
-    /// caller checked).
+    /// has one (the socket rings the peer, unless `for_phase_end` lets it
+    /// wait: see [`Ring::write`]), else its socket (open: the caller
+    /// checked).
     fn put(
         sock: &mut std::net::TcpStream,
         lane: Option<&Ring>,
         buf: &[u8],
+        for_phase_end: bool,
     ) -> std::io::Result<usize> {
         match lane {
             Some(lane) => lane
-                .write(buf, sock)
+                .write(buf, sock, for_phase_end)
                 .map_err(|b| std::io::Error::new(std::io::ErrorKind::InvalidData, b.to_string())),
             None => write_some(sock, buf),
         }
@@ -146,7 +148,8 @@ impl TxState {
         };
         while let Some(head) = self.backlog.front() {
             let fresh = self.head_off == 0;
-            let n = TxState::put(sock, self.lane.as_ref(), &head[self.head_off..])?;
+            // The loop writes a backlog: a frame that waited rings.
+            let n = TxState::put(sock, self.lane.as_ref(), &head[self.head_off..], false)?;
             if fresh && n > 0 && self.controls > 0 {
                 // The first queued control frame has started.
                 self.controls -= 1;
@@ -258,7 +261,19 @@ impl Sender {
     /// behind the control frames queued before it), so control traffic
     /// waits at most for one frame being written.
     pub(crate) fn push(&self, peer: usize, frame: Vec<u8>, control: bool) -> Result<(), NetError> {
-        match self.write_or_queue(peer, frame, control) {
+        self.push_as(peer, frame, control, false)
+    }
+
+    /// [`Sender::push`], for a frame only the peer's phase end waits for
+    /// if `for_phase_end` (see [`Ring::write`]).
+    fn push_as(
+        &self,
+        peer: usize,
+        frame: Vec<u8>,
+        control: bool,
+        for_phase_end: bool,
+    ) -> Result<(), NetError> {
+        match self.write_or_queue(peer, frame, control, for_phase_end) {
             Ok(()) => Ok(()),
             Err(Unsent::NoLink) => Err(self.failed_error(format!("no link to node {peer}"))),
             Err(Unsent::Closed) => Err(self.failed_error(format!("link to node {peer} is closed"))),
@@ -269,7 +284,13 @@ impl Sender {
     /// [`Sender::push`] without its error handling: what went wrong, for a
     /// caller that must not wait for the node's failure or report it (the
     /// abort a failing node sends its peers, some of them gone).
-    fn write_or_queue(&self, peer: usize, frame: Vec<u8>, control: bool) -> Result<(), Unsent> {
+    fn write_or_queue(
+        &self,
+        peer: usize,
+        frame: Vec<u8>,
+        control: bool,
+        for_phase_end: bool,
+    ) -> Result<(), Unsent> {
         let Some(Some(tx)) = self.tx.get(peer) else {
             return Err(Unsent::NoLink);
         };
@@ -304,7 +325,8 @@ impl Sender {
             return Err(Unsent::Closed);
         };
         if st.backlog.is_empty() {
-            let n = TxState::put(sock, st.lane.as_ref(), &frame).map_err(Unsent::Write)?;
+            let n = TxState::put(sock, st.lane.as_ref(), &frame, for_phase_end)
+                .map_err(Unsent::Write)?;
             if n == frame.len() {
                 return Ok(());
             }
@@ -339,12 +361,13 @@ impl Sender {
     /// Sends a service's message (see [`hyfi_core::link::Port`]): the
     /// payload `fill` appends goes straight into the frame (a page is
     /// copied once); a [`Class::Control`] frame overtakes queued bulk
-    /// frames.
+    /// frames; `for_phase_end` as for [`Ring::write`].
     pub(crate) fn send_service(
         &self,
         peer: usize,
         id: ServiceId,
         class: Class,
+        for_phase_end: bool,
         len_hint: usize,
         fill: &mut dyn FnMut(&mut Vec<u8>),
     ) -> Result<usize, NetError> {
@@ -372,7 +395,7 @@ impl Sender {
         );
         let bytes = frame.len();
         self.stats.count_sent(class, bytes);
-        self.push(peer, frame, class == Class::Control)?;
+        self.push_as(peer, frame, class == Class::Control, for_phase_end)?;
         Ok(bytes)
     }
 
@@ -444,7 +467,7 @@ impl Sender {
             // A peer that is gone cannot be told: no waiting for the
             // node's failure (it is this one, not published yet), no error
             // handed to the program.
-            let _ = self.write_or_queue(p, f, true);
+            let _ = self.write_or_queue(p, f, true, false);
         }
     }
 
@@ -564,7 +587,7 @@ impl Sender {
             // (the loop, or a processor's pass) finds out and fails the
             // node, and the wait that follows reports it. Not `push`, whose
             // wait for that failure would stall the loop that finds it.
-            let _ = self.write_or_queue(succ, held, true);
+            let _ = self.write_or_queue(succ, held, true, false);
         }
     }
 
@@ -611,7 +634,19 @@ impl hyfi_core::link::Port for Sender {
         len_hint: usize,
         fill: &mut dyn FnMut(&mut Vec<u8>),
     ) -> Result<usize, hyfi_core::LinkError> {
-        self.send_service(to, service, class, len_hint, fill)
+        self.send_service(to, service, class, false, len_hint, fill)
+            .map_err(|e| Box::new(e) as hyfi_core::LinkError)
+    }
+
+    fn send_for_phase_end(
+        &self,
+        to: usize,
+        service: ServiceId,
+        class: Class,
+        len_hint: usize,
+        fill: &mut dyn FnMut(&mut Vec<u8>),
+    ) -> Result<usize, hyfi_core::LinkError> {
+        self.send_service(to, service, class, true, len_hint, fill)
             .map_err(|e| Box::new(e) as hyfi_core::LinkError)
     }
 }
