@@ -224,7 +224,7 @@ impl Shared {
         if matches!(cmd, Command::Shutdown) {
             return;
         }
-        caller.wait_until(|| self.finished.load(Ordering::SeqCst) == self.procs);
+        caller.wait_for_command(|| self.finished.load(Ordering::SeqCst) == self.procs);
         *self.command.lock().unwrap_or_else(|e| e.into_inner()) = Command::Idle;
     }
 }

@@ -82,11 +82,24 @@ pub fn cpus_exclusive() -> bool {
 /// Polls `ready` by yielding the CPU, for up to [`OWN_CPU_POLL`] when the
 /// node owns its CPUs (else not at all); true if it became ready.
 pub fn poll_own_cpu(ready: impl FnMut() -> bool) -> bool {
-    own_cpu() && poll_yielding(ready, OWN_CPU_POLL)
+    own_cpu() && poll_yielding(ready, OWN_CPU_POLL, Spin::WhileDriving)
+}
+
+/// Whether a polling thread may spin rather than yield between polls.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Spin {
+    /// Where the node's CPUs are its own and the transport is driven by
+    /// polling: nothing else of the node needs this CPU while a command
+    /// runs (its caller sleeps in [`Parker::wait_for_command`]).
+    WhileDriving,
+    /// Never: the thread that ends the wait needs this CPU (a server
+    /// thread waiting for the next command, which the caller thread, on
+    /// the node's CPUs too, must be given the CPU to issue).
+    Never,
 }
 
 /// Polls `ready` by yielding the CPU for up to `span`; true if it became ready.
-fn poll_yielding(mut ready: impl FnMut() -> bool, span: Duration) -> bool {
+fn poll_yielding(mut ready: impl FnMut() -> bool, span: Duration, spin: Spin) -> bool {
     let until = Instant::now() + span;
     // The transport may skip waking this node while it polls.
     let _polling = crate::link::Attend::start(crate::link::Attending::Polling);
@@ -100,7 +113,7 @@ fn poll_yielding(mut ready: impl FnMut() -> bool, span: Duration) -> bool {
         if Instant::now() >= until {
             return false;
         }
-        if polls && cpus_exclusive() {
+        if polls && cpus_exclusive() && spin == Spin::WhileDriving {
             // The transport progresses only while someone polls, and this
             // thread is the one with nothing else to do: yielding would
             // hand the CPU to the transport's own polling thread and back,
@@ -148,17 +161,72 @@ impl Parker {
         self.wait_until_deadline(ready, None)
     }
 
+    /// Waits, as a server thread waits for the next command, until
+    /// `ready()` holds: as [`Parker::wait_until`], but polling by yielding
+    /// only, never spinning. The thread that issues the command (the
+    /// program's, between its `start`s) runs on this node's CPUs: a server
+    /// thread that spun there held it off until the scheduler preempted
+    /// the spin, up to [`OWN_CPU_POLL`] for each command (see
+    /// [`Parker::wait_for_command`]).
+    pub(crate) fn wait_for_next_command(&self, ready: impl FnMut() -> bool) {
+        self.wait_with(ready, None, Spin::Never)
+    }
+
+    /// Waits, as the thread that started a command waits for the server
+    /// threads to finish it, until `ready()` holds: a short spin, a few
+    /// yields, then sleep. Never [`poll_own_cpu`]: the processors it waits
+    /// for run on the CPUs of the node, which this thread shares with them
+    /// (a node owns one CPU per server thread), and a caller that polled
+    /// there held a processor off its CPU until the scheduler preempted it.
+    /// Every `rt.start` on 2 local nodes of one processor took 2.1 ms so,
+    /// for a phase of one empty filament (0.1 ms on 1 node of 2), in steps
+    /// of about half a millisecond: each message of the phase's end waited
+    /// for the poll to end.
+    pub(crate) fn wait_for_command(&self, mut ready: impl FnMut() -> bool) {
+        // What the transport holds back goes out before this thread waits
+        // (see `link::before_wait`).
+        crate::link::idle_progress();
+        for _ in 0..SPINS {
+            if ready() {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        for _ in 0..YIELDS {
+            if ready() {
+                return;
+            }
+            std::thread::yield_now();
+        }
+        loop {
+            self.sleeping.store(true, Ordering::SeqCst);
+            if ready() {
+                self.sleeping.store(false, Ordering::Relaxed);
+                return;
+            }
+            std::thread::park_timeout(BACKSTOP);
+            self.sleeping.store(false, Ordering::Relaxed);
+            if ready() {
+                return;
+            }
+        }
+    }
+
     /// Waits until `ready()` holds or `deadline` (if any) has passed.
     pub(crate) fn wait_until_deadline(
         &self,
-        mut ready: impl FnMut() -> bool,
+        ready: impl FnMut() -> bool,
         deadline: Option<Instant>,
     ) {
+        self.wait_with(ready, deadline, Spin::WhileDriving)
+    }
+
+    fn wait_with(&self, mut ready: impl FnMut() -> bool, deadline: Option<Instant>, spin: Spin) {
         let mut ready = move || ready() || deadline.is_some_and(|d| Instant::now() >= d);
         // What the transport holds back goes out before this thread waits
         // (see `link::before_wait`).
         crate::link::idle_progress();
-        if poll_own_cpu(&mut ready) {
+        if own_cpu() && poll_yielding(&mut ready, OWN_CPU_POLL, spin) {
             return;
         }
         for _ in 0..SPINS {
@@ -175,7 +243,7 @@ impl Parker {
                 }
                 std::thread::yield_now();
             }
-        } else if poll_yielding(&mut ready, self.poll) {
+        } else if poll_yielding(&mut ready, self.poll, spin) {
             return;
         }
         loop {

@@ -299,7 +299,7 @@ pub(crate) fn main(start: Start) {
     loop {
         let ws = ctx.ws();
         ws.parker()
-            .wait_until(|| shared.epoch.load(Ordering::SeqCst) != seen);
+            .wait_for_next_command(|| shared.epoch.load(Ordering::SeqCst) != seen);
         seen = shared.epoch.load(Ordering::SeqCst);
         let cmd = shared.command();
         match cmd {

@@ -37,7 +37,12 @@
 //! on the socket) if it is set. Both sides order their store before their
 //! load with a sequentially consistent fence, so either the reader sees the
 //! bytes or the producer sees it asleep (Dekker's pattern). A bell already
-//! rung and not yet drained is not rung again (`bell`). The other way, a
+//! rung and not yet drained is not rung again (`bell`), and none is rung
+//! while the reader's node will read without it: while one of its threads
+//! polls the rings (`polling`), or, for bytes only its phase's end waits
+//! for, while its master computes (`computing`); each of those threads
+//! looks at the rings when it stops (Dekker's pattern again, with the
+//! count in place of `asleep`). The other way, a
 //! producer whose ring is full sets `want_room`, looks at `head` again, and
 //! leaves the rest in the link's backlog; a consumer that frees room and
 //! finds `want_room` set rings the producer, whose loop then writes the
