@@ -173,31 +173,21 @@ impl Parker {
     }
 
     /// Waits, as the thread that started a command waits for the server
-    /// threads to finish it, until `ready()` holds: a short spin, a few
-    /// yields, then sleep. Never [`poll_own_cpu`]: the processors it waits
-    /// for run on the CPUs of the node, which this thread shares with them
-    /// (a node owns one CPU per server thread), and a caller that polled
-    /// there held a processor off its CPU until the scheduler preempted it.
-    /// Every `rt.start` on 2 local nodes of one processor took 2.1 ms so,
-    /// for a phase of one empty filament (0.1 ms on 1 node of 2), in steps
-    /// of about half a millisecond: each message of the phase's end waited
-    /// for the poll to end.
+    /// threads to finish it, until `ready()` holds: it sleeps at once. It
+    /// has nothing to do meanwhile, and the processors it waits for run on
+    /// the node's CPUs, which it shares with them (a node has one server
+    /// thread per CPU). A caller that polled there held a processor off
+    /// its CPU until the scheduler preempted it: every `rt.start` of a
+    /// phase of one empty filament took 2.1 ms on 2 local nodes of one
+    /// processor so, each message of the phase's end waiting for the poll
+    /// to end, and a caller that spun and yielded a while before it slept
+    /// still cost 95–100 µs a start on one node (under EEVDF a yielding
+    /// thread keeps the CPU until the woken one is eligible); sleeping at
+    /// once, 12–15 µs on one node, 25–30 µs on two (BENCHMARKS.md).
     pub(crate) fn wait_for_command(&self, mut ready: impl FnMut() -> bool) {
         // What the transport holds back goes out before this thread waits
         // (see `link::before_wait`).
         crate::link::idle_progress();
-        for _ in 0..SPINS {
-            if ready() {
-                return;
-            }
-            std::hint::spin_loop();
-        }
-        for _ in 0..YIELDS {
-            if ready() {
-                return;
-            }
-            std::thread::yield_now();
-        }
         loop {
             self.sleeping.store(true, Ordering::SeqCst);
             if ready() {
