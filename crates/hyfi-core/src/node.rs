@@ -513,4 +513,26 @@ mod tests {
         assert_eq!(Step::from_words([4, 200, 0, 0]), None);
         assert_eq!(Step::from_words([4, 0x101, 0, 0]), None);
     }
+
+    /// The traffic line names the shared-memory links and the wake-ups
+    /// only where a transport has them.
+    #[test]
+    fn the_traffic_line_names_shared_memory_only_where_there_is_some() {
+        let mut t = Traffic {
+            refused: 2,
+            ..Traffic::default()
+        };
+        let plain = t.to_string();
+        assert!(plain.ends_with("refused connections 2"), "{plain}");
+        assert!(!plain.contains("shared memory"), "{plain}");
+        t.shared_memory_links = 3;
+        t.wakes = 17;
+        let lanes = t.to_string();
+        assert!(
+            lanes.ends_with(
+                "refused connections 2; links over shared memory 3, peers woken 17 times"
+            ),
+            "{lanes}"
+        );
+    }
 }
