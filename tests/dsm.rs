@@ -539,6 +539,7 @@ fn field(lines: &[String], prefix: &str, key: &str) -> String {
 #[test]
 fn a_float_sum_over_a_cyclic_vector_with_8_pools_is_the_same_bits_every_run() {
     let mut seen = Vec::new();
+    let mut suspensions = 0u64;
     for run in 0..6 {
         let what = format!("dsm_reduce 2x2 --pools 8, run {run}");
         let out = run_ok(
@@ -552,16 +553,19 @@ fn a_float_sum_over_a_cyclic_vector_with_8_pools_is_the_same_bits_every_run() {
                 field(lines, "dsm_reduce:", "want_bits"),
             );
             assert_eq!(got, want, "{what}: node {n}: not the fixed-order sum");
-            assert!(
-                field(lines, "dsm_reduce:", "suspensions")
-                    .parse::<u64>()
-                    .unwrap()
-                    > 0,
-                "{what}: node {n}: no pool waited for a page, so nothing interleaved"
-            );
+            suspensions += field(lines, "dsm_reduce:", "suspensions")
+                .parse::<u64>()
+                .unwrap();
             seen.push((what.clone(), got));
         }
     }
+    // The runs interleaved pools that waited for pages. (Any one node's run
+    // may see none: a filthread descheduled after its request finds its
+    // pages there when it looks, on a loaded machine.)
+    assert!(
+        suspensions > 0,
+        "no pool of any run waited for a page, so nothing interleaved"
+    );
     for (what, bits) in &seen {
         assert_eq!(bits, &seen[0].1, "{what} differs from {}", seen[0].0);
     }

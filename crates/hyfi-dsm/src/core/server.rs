@@ -91,10 +91,14 @@ impl Core {
             if sent == 0 {
                 continue;
             }
-            self.send_frame(to, self.procs, Class::Bulk, frame.finish());
+            // Counted before they leave: the requester may install them,
+            // end its program and compare its counts with this node's
+            // before this thread runs again (a test summing both saw one
+            // page short under load).
             self.ctr(self.procs)
                 .pages_served
                 .fetch_add(sent as u64, Ordering::Relaxed);
+            self.send_frame(to, self.procs, Class::Bulk, frame.finish());
         }
     }
 
