@@ -765,3 +765,65 @@ fn a_phase_that_writes_mostly_pages_homed_elsewhere_is_advised_once() {
         );
     }
 }
+
+/// Two nodes write their blocks of a vector of `n` `f64`s, split as
+/// `PoolArray::block` and `Placement::BlockRows` split `1..n-1`, for
+/// `rounds` phases; every element is checked afterwards.
+fn split_writer_node(link: Arc<InProcess>, n: usize, rounds: u64) -> Result<DsmStats, String> {
+    let (rt, dsm) = start(&link, 1)?;
+    let v = dsm
+        .vec::<f64>(n)
+        .placement(Placement::BlockRows(1..n - 1))
+        .from_fn(|_| 0.0)
+        .map_err(|e| e.to_string())?;
+    let mut prog = Program::new();
+    prog.phase(
+        PoolArray::block(&rt, 1..n - 1, 1),
+        |ctx, i| v.set(i, (ctx.iteration() * n as u64 + i as u64) as f64),
+        until(rounds),
+    );
+    rt.start(&mut prog).map_err(|e| e.to_string())?;
+    drop(prog);
+    let last = rounds - 1;
+    for i in 1..n - 1 {
+        let (got, want) = (v.get(i), (last * n as u64 + i as u64) as f64);
+        if got != want {
+            return Err(format!(
+                "node {}: element {i} is {got}, not {want}",
+                rt.node()
+            ));
+        }
+    }
+    Ok(dsm.stats())
+}
+
+/// A vector whose block split falls inside a page (20 000 `f64`s: both
+/// nodes write page 19 in every phase) is advised on the node whose copy
+/// each release drops, once; a split on a page boundary (20 480) is not.
+#[test]
+fn a_vector_split_inside_a_page_is_advised_once() {
+    let st = on_nodes_ok(2, move |l| split_writer_node(l, 20_000, 5));
+    let advised: Vec<_> = st.iter().filter(|s| s.advice.is_some()).collect();
+    assert_eq!(
+        advised.len(),
+        1,
+        "one node's copy of the shared page is dropped: {st:?}"
+    );
+    let a = advised[0].advice.as_deref().unwrap();
+    assert!(
+        a.contains(&format!(
+            "node {}: phase 0 wrote page 19 of shared allocation #0",
+            advised[0].node
+        )) && a.contains("while another node wrote it too")
+            && a.contains("starts on a page of 4096 bytes"),
+        "{a}"
+    );
+    let st = on_nodes_ok(2, move |l| split_writer_node(l, 20_480, 5));
+    for s in &st {
+        assert_eq!(
+            s.advice, None,
+            "node {}: the split falls on a page boundary",
+            s.node
+        );
+    }
+}

@@ -35,6 +35,9 @@ pub(super) struct PhaseTable {
     /// Per phase: releases in which this node wrote mostly pages homed
     /// elsewhere (`Core::advise`).
     offhome: Vec<u32>,
+    /// Per phase: releases that dropped this node's copy of a page it
+    /// wrote and another node wrote too (`Core::advise`).
+    shared: Vec<u32>,
     /// What `Core::advise` said, once.
     advice: Option<String>,
 }
@@ -123,6 +126,7 @@ impl Core {
                 per_phase: Vec::new(),
                 releases: 0,
                 offhome: Vec::new(),
+                shared: Vec::new(),
                 advice: None,
             }),
             epoch,

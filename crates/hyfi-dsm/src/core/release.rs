@@ -73,11 +73,14 @@ pub(super) struct Proto {
     pub(super) noticed: Vec<(u64, u32)>,
 }
 
-/// Pages a node wrote in a phase: all of them, and those homed elsewhere.
+/// Pages a node wrote in a phase: all of them, those homed elsewhere, and
+/// the first of those whose copy here the release dropped because another
+/// node wrote it too (allocation, page, home).
 #[derive(Clone, Copy, Debug, Default)]
 struct Written {
     pages: usize,
     offhome: usize,
+    shared: Option<(u64, usize, usize)>,
 }
 
 /// A release whose pages written are at least this many homed elsewhere,
@@ -85,6 +88,9 @@ struct Written {
 /// given on the third such release of a phase.
 const OFFHOME_PAGES: usize = 16;
 const OFFHOME_RELEASES: u32 = 3;
+/// A phase whose writes here lost their copy of a page another node wrote
+/// too in this many releases is advised (`Core::advise`).
+const SHARED_RELEASES: u32 = 3;
 
 /// A value the release all-reduces on its way: the reductions its phase
 /// reduces at its end ([`hyfi_core::PhaseEnd::end_phase_reducing`]). On
@@ -221,9 +227,43 @@ impl Core {
         Ok(())
     }
 
-    /// Counts a release that wrote mostly pages homed elsewhere, and says
-    /// once per node, on the third, what it costs and what to do.
+    /// Counts a release that wrote mostly pages homed elsewhere, or that
+    /// dropped the copy of a page this node and another wrote, and says
+    /// once per node, on the third of either, what it costs and what to do.
     fn advise(&self, t: &mut super::PhaseTable, phase: usize, w: Written) {
+        // The wider advice first: a phase that writes mostly pages homed
+        // elsewhere also shares pages with their homes.
+        self.advise_offhome(t, phase, w);
+        let Some((seq, page, home)) = w.shared else {
+            return;
+        };
+        if t.shared.len() <= phase {
+            t.shared.resize(phase + 1, 0);
+        }
+        t.shared[phase] += 1;
+        if t.shared[phase] < SHARED_RELEASES || t.advice.is_some() {
+            return;
+        }
+        let advice = format!(
+            "hyfi-dsm: node {}: phase {phase} wrote page {page} of shared allocation #{seq} \
+             (home node {home}) while another node wrote it too, in {SHARED_RELEASES} releases \
+             so far: each release drops this node's copy (neither writer's copy has the \
+             other's bytes), and the next phase fetches it again, a round trip on its critical \
+             path. Two nodes' blocks that share a page do this: a vector, or a matrix made \
+             without pad_rows, split between nodes inside a page (pad the matrix's rows, or \
+             size the vector so that each node's block starts on a page of {} bytes), or a \
+             write view over rows another node writes (a halo bound with write_rows: bind \
+             the rows this node only reads with read_rows). Dsm::stats counts it (pages \
+             fetched).",
+            self.me,
+            crate::region::PAGE
+        );
+        eprintln!("{advice}");
+        t.advice = Some(advice);
+    }
+
+    /// The advice on pages homed elsewhere (see [`Core::advise`]).
+    fn advise_offhome(&self, t: &mut super::PhaseTable, phase: usize, w: Written) {
         if w.offhome < OFFHOME_PAGES || 2 * w.offhome < w.pages {
             return;
         }
@@ -327,8 +367,23 @@ impl Core {
         let written = Written {
             pages: r.dirty.len(),
             offhome: r.offhome,
+            shared: self.shared_written(&mut r),
         };
         Ok((epoch, written))
+    }
+
+    /// The first page this node wrote in the phase, homed elsewhere, whose
+    /// copy the release left invalid: another node wrote it too (its
+    /// home's notice, or this node's drop of its push).
+    fn shared_written(&self, r: &mut Round) -> Option<(u64, usize, usize)> {
+        for &gp in &r.dirty {
+            let (seg, p) = self.find_cached(gp, &mut r.cache)?;
+            let home = seg.homes[p] as usize;
+            if home != self.me && seg.state[p].load(Ordering::Acquire) == INVALID {
+                return Some((seg.seq, p, home));
+            }
+        }
+        None
     }
 
     /// Waits until every broadcast this node expects in this epoch came
