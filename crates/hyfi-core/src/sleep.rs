@@ -184,22 +184,11 @@ impl Parker {
     /// still cost 95–100 µs a start on one node (under EEVDF a yielding
     /// thread keeps the CPU until the woken one is eligible); sleeping at
     /// once, 12–15 µs on one node, 25–30 µs on two (BENCHMARKS.md).
-    pub(crate) fn wait_for_command(&self, mut ready: impl FnMut() -> bool) {
+    pub(crate) fn wait_for_command(&self, ready: impl FnMut() -> bool) {
         // What the transport holds back goes out before this thread waits
         // (see `link::before_wait`).
         crate::link::idle_progress();
-        loop {
-            self.sleeping.store(true, Ordering::SeqCst);
-            if ready() {
-                self.sleeping.store(false, Ordering::Relaxed);
-                return;
-            }
-            std::thread::park_timeout(BACKSTOP);
-            self.sleeping.store(false, Ordering::Relaxed);
-            if ready() {
-                return;
-            }
-        }
+        self.sleep_until(ready, None);
     }
 
     /// Waits until `ready()` holds or `deadline` (if any) has passed.
@@ -236,6 +225,14 @@ impl Parker {
         } else if poll_yielding(&mut ready, self.poll, spin) {
             return;
         }
+        self.sleep_until(ready, deadline);
+    }
+
+    /// Sleeps until `ready()` holds (`deadline`, if any, is in `ready`; it
+    /// only shortens the naps): `sleeping` is set before the last look, so
+    /// a `notify` after the condition became true finds it (Dekker's pair
+    /// with `notify`).
+    fn sleep_until(&self, mut ready: impl FnMut() -> bool, deadline: Option<Instant>) {
         loop {
             self.sleeping.store(true, Ordering::SeqCst);
             if ready() {
