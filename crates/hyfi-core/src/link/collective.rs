@@ -368,7 +368,16 @@ impl Channel for Collectives {
                 }
             }
         }
-        let spin_until = Instant::now() + SPIN;
+        // A node that owns its CPUs polls as long as its other waits do
+        // (`sleep::OWN_CPU_POLL`): each step of a collective waits here,
+        // and one that outlasted a short poll paid a sleep and a wake-up.
+        let own = crate::sleep::own_cpu();
+        let spin_until = Instant::now()
+            + if own {
+                crate::sleep::OWN_CPU_POLL
+            } else {
+                SPIN
+            };
         let polling = super::Attend::start(super::Attending::Polling);
         loop {
             let seen = self.generation.load(Ordering::Acquire);
@@ -378,7 +387,13 @@ impl Channel for Collectives {
             while self.generation.load(Ordering::Acquire) == seen && Instant::now() < spin_until {
                 // Nothing to do but wait: drive the transport (MPI).
                 super::idle_progress();
-                std::hint::spin_loop();
+                if own && !crate::sleep::cpus_exclusive() {
+                    // Nodes share these CPUs: a long spin would hold off
+                    // the node the message comes from.
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
             }
             if Instant::now() >= spin_until {
                 break;

@@ -49,7 +49,7 @@ impl Channel for Tcp<'_> {
             CollDir::Up => Msg::Up { seq, data },
             CollDir::Down => Msg::Down { seq, data },
         };
-        self.0.send(to, &msg)
+        self.0.send_collective(to, &msg)
     }
     fn recv(&self, from: usize, seq: u64, dir: CollDir) -> Result<Vec<u8>, NetError> {
         let dir = match dir {

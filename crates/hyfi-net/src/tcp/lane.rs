@@ -386,12 +386,16 @@ impl Ring {
             std::ptr::copy_nonoverlapping(buf.as_ptr(), self.ix.data.add(at), first);
             std::ptr::copy_nonoverlapping(buf.as_ptr().add(first), self.ix.data, n - first);
         }
-        tail_at.store(tail.wrapping_add(n as u64), Ordering::Release);
+        let end = tail.wrapping_add(n as u64);
+        tail_at.store(end, Ordering::Release);
         // Dekker with the reader's `asleep` then look (see the module docs).
         fence(Ordering::SeqCst);
         if self.region.asleep().load(Ordering::Relaxed) != 0
             && self.region.polling().load(Ordering::Relaxed) == 0
             && !(for_phase_end && self.region.computing().load(Ordering::Relaxed) != 0)
+            // A polling thread may have read these bytes already, and
+            // stopped polling since: nothing is left to wake anyone for.
+            && head_at.load(Ordering::Acquire) != end
             && self.ix.bell().swap(1, Ordering::SeqCst) == 0
         {
             self.bells.fetch_add(1, Ordering::Relaxed);

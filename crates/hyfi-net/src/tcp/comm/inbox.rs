@@ -229,36 +229,50 @@ impl Inbox {
         }
         // Poll a little first: replies on a fast network come back sooner
         // than a sleeping thread can be woken.
-        let spin_until = Instant::now()
-            + if hyfi_core::sleep::own_cpu() {
-                hyfi_core::sleep::OWN_CPU_POLL
-            } else {
-                SPIN
-            };
-        loop {
-            let seen = self.generation.load(Ordering::Acquire);
-            {
+        if hyfi_core::sleep::own_cpu() {
+            // A node that owns its CPUs polls for `OWN_CPU_POLL`, in the
+            // core's polling bracket: where its CPUs are its own alone, the
+            // waiter reads the links itself (`rx::idle_progress`), and the
+            // bracket tells the lanes' producers so, who then ring no bell
+            // (a write on the socket, and this node's communication thread
+            // woken onto the CPU the waiter spins on). A collective's every
+            // step waits here: on 16 local nodes an all-reduce is 4 such
+            // waits, each of which rang a bell without the bracket.
+            let mut seen = None;
+            let mut got = None;
+            hyfi_core::sleep::poll_own_cpu(|| {
+                let now = self.generation.load(Ordering::Acquire);
+                if seen == Some(now) {
+                    return false;
+                }
+                seen = Some(now);
                 let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(v) = take(&mut s) {
-                    return v;
-                }
-                if let Some(f) = &s.failed {
-                    return Err(WaitError::Failed(f.clone()));
-                }
+                got = take(&mut s).or_else(|| s.failed.clone().map(|f| Err(WaitError::Failed(f))));
+                got.is_some()
+            });
+            if let Some(v) = got {
+                return v;
             }
-            let exclusive = hyfi_core::sleep::cpus_exclusive();
-            while self.generation.load(Ordering::Acquire) == seen && Instant::now() < spin_until {
-                if exclusive {
-                    // The waiter reads the links itself (see `rx::Rx`): no
-                    // yield to the communication thread and back per frame.
-                    super::rx::idle_progress();
-                    std::hint::spin_loop();
-                } else {
+        } else {
+            let spin_until = Instant::now() + SPIN;
+            loop {
+                let seen = self.generation.load(Ordering::Acquire);
+                {
+                    let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(v) = take(&mut s) {
+                        return v;
+                    }
+                    if let Some(f) = &s.failed {
+                        return Err(WaitError::Failed(f.clone()));
+                    }
+                }
+                while self.generation.load(Ordering::Acquire) == seen && Instant::now() < spin_until
+                {
                     std::thread::yield_now();
                 }
-            }
-            if Instant::now() >= spin_until {
-                break;
+                if Instant::now() >= spin_until {
+                    break;
+                }
             }
         }
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());

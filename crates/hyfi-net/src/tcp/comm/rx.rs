@@ -716,7 +716,10 @@ pub(super) fn run(mut links: Links, node: Node, limit: Duration, waker: Arc<Wake
         every,
         judge_every,
         next_beat: Some(now),
-        next_send: now,
+        // Each peer heard from this node at setup (`heard`), so the first
+        // heartbeat is due a quarter of the limit later, not now: one then
+        // rang every peer's sleeping reader as the job started.
+        next_send: now + every,
         last_beat: now,
     };
     Rx::register(&rx);

@@ -440,12 +440,27 @@ impl Sender {
 
     /// Queues a control message to `peer` (never blocks).
     pub fn send(&self, peer: usize, msg: &Msg) -> Result<(), NetError> {
+        self.send_control(peer, msg, false)
+    }
+
+    /// Queues a collective's piece to `peer` (never blocks): the peer reads
+    /// it at its own call of the collective, which comes after its
+    /// master's share of a phase, so it rings no bell while that master
+    /// computes (`Port::send_for_phase_end`, as the seam's collectives
+    /// send theirs). Every step of a release's all-reduce sent one, and
+    /// on more than two nodes a node that ended its share first woke the
+    /// others' communication threads onto their computing CPUs.
+    pub fn send_collective(&self, peer: usize, msg: &Msg) -> Result<(), NetError> {
+        self.send_control(peer, msg, true)
+    }
+
+    fn send_control(&self, peer: usize, msg: &Msg, for_phase_end: bool) -> Result<(), NetError> {
         let f = wire::control_frame(msg);
         self.stats.control_sent.fetch_add(1, Ordering::Relaxed);
         self.stats
             .control_bytes_sent
             .fetch_add(f.len() as u64, Ordering::Relaxed);
-        self.push(peer, f, true)
+        self.push_as(peer, f, true, for_phase_end)
     }
 
     /// Queues raw bytes to `peer` under `tag` (never blocks).
