@@ -19,19 +19,25 @@
 #          packages relocated (ompi-root.tgz), which both parts use;
 #   MANIFEST: the commit, the toolchain, the sizes.
 #
-# Part 1, issue 23's table (about 5 minutes at 16 CPUs):
-#   scripts/paper-tables.sh --bin-dir DIR/bin --big --kernels
-#   jacobi2048-row,lu,matmul-row,fib,quad (1x1 ... 1x16, 2x1 ... 16x1,
-#   2x8, 4x4, 8x2, C MPI 2 ... 16), then rayon on every CPU, round-robin:
-#   matmul (the i-k-j rows in parallel), LU, fib with a cutoff of 25;
-#   then mandelbrot on 1xC (unequal rows) against rayon, with the default
-#   chunks and with HYFI_CHUNKS=1.
+# Part 1, issue 23's table (about 6 minutes at 16 CPUs): rayon on every
+#   CPU, round-robin: matmul (the i-k-j rows in parallel), LU, fib with a
+#   cutoff of 25; mandelbrot on 1xC (unequal rows) against rayon, with the
+#   default chunks and with HYFI_CHUNKS=1; then scripts/paper-tables.sh
+#   --bin-dir DIR/bin --big --kernels jacobi2048-row,lu,matmul-row,fib,quad
+#   (1x1 ... 1x16, 2x1 ... 16x1, 2x8, 4x4, 8x2, C MPI 2 ... 16) for
+#   --table-runs rounds (default 1: one round took 4-4.5 minutes on the
+#   device's Xeon, 2026-11-27, so three do not fit one command).
 # Part 2, issues 24 and 22 (about 3 minutes):
 #   scripts/transports.sh --bin-dir DIR/mpi --nodes C --kernels jacobi,lu
 #   --sizes 2048 --lu-n 2048 --no-fetch (hyfi over MPI and over TCP beside
 #   C MPI, one table), then scripts/device-stencils.sh --bin-dir DIR/bin
 #   (the diffusion stencil per row and per point against its loop and C
 #   OpenMP 16; Jacobi, LU and matmul on one core against their loops).
+# Part 3, the many-node targets of issue 23 alone (about 2 minutes at 16
+#   CPUs with 3 rounds), round-robin: LU 2048 on Cx1, 4x(C/4) and 1xC with
+#   C MPI C; Jacobi 2048 per row on Cx1 and 4x(C/4) with C MPI C; matmul
+#   2048 per row on Cx1; fib(44) and quad on Cx1 and 1xC. The one to run
+#   first when a change to the many-node path is to be checked.
 #
 # C is the largest power of two at most the CPUs (--cpus N to choose it
 # for a rehearsal on a smaller machine; --small takes the 2-CPU sizes).
@@ -39,7 +45,7 @@
 # each script prints; the CPU model is printed first.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-MAKE="" RUN="" PART="" RUNS=3 CPUS=$(nproc) SMALL=0 KIT_MPI=0
+MAKE="" RUN="" PART="" RUNS=3 TABLE_RUNS=1 CPUS=$(nproc) SMALL=0 KIT_MPI=0
 die() { echo "device-kit.sh: $*" >&2; exit 1; }
 while (($#)); do
     case $1 in
@@ -47,6 +53,7 @@ while (($#)); do
     --run) RUN=${2:?--run needs the kit directory}; shift 2 ;;
     --part) PART=${2:?--part needs 1 or 2}; shift 2 ;;
     --runs) RUNS=${2:?--runs needs a count}; shift 2 ;;
+    --table-runs) TABLE_RUNS=${2:?--table-runs needs a count}; shift 2 ;;
     --cpus) CPUS=${2:?--cpus needs a count}; shift 2 ;;
     --small) SMALL=1; shift ;;
     --kit-mpi) KIT_MPI=1; shift ;;
@@ -83,8 +90,12 @@ if [[ -n $MAKE ]]; then
 fi
 
 [[ -n $RUN ]] || die "--make DIR or --run DIR is needed (see --help)"
-[[ $PART == 1 || $PART == 2 ]] || die "--part 1 or --part 2 is needed"
+[[ $PART == 1 || $PART == 2 || $PART == 3 ]] || die "--part 1, 2 or 3 is needed"
 KIT=$(cd "$RUN" && pwd)
+# The device runner sets OUT (the folder whose files come back: 8 at most);
+# paper-tables.sh would take it for its raw outputs, a file per run, and
+# crowd out the caller's own. The scripts below make their own folders.
+unset OUT
 [[ -x $KIT/bin/jacobi && -f $KIT/mpi/ompi-root.tgz ]] || die "$KIT is not a kit (make one with --make)"
 C=1
 while ((C * 2 <= CPUS)); do C=$((C * 2)); done
@@ -103,10 +114,6 @@ fi
 median() { awk 'NF' | sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
 
 if [[ $PART == 1 ]]; then
-    big=(--big)
-    ((SMALL)) && big=()
-    "$ROOT/scripts/paper-tables.sh" --bin-dir "$KIT/bin" "${big[@]}" --runs "$RUNS" --cpus "$CPUS" \
-        --kernels jacobi2048-row,lu,matmul-row,fib,quad --no-table3
     n=2048 fib=44
     ((SMALL)) && n=512 fib=32
     echo
@@ -139,6 +146,50 @@ if [[ $PART == 1 ]]; then
     done
     for ch in default 1; do
         printf '  chunks %-8s hyfi/rayon %s\n' "$ch" "$(tr ' ' '\n' <<<"${M[$ch]}" | median)"
+    done
+    echo
+    big=(--big)
+    ((SMALL)) && big=()
+    "$ROOT/scripts/paper-tables.sh" --bin-dir "$KIT/bin" "${big[@]}" --runs "$TABLE_RUNS" --cpus "$CPUS" \
+        --kernels jacobi2048-row,lu,matmul-row,fib,quad --no-table3
+elif [[ $PART == 3 ]]; then
+    n=2048 fib=44 it=200
+    ((SMALL)) && n=512 fib=32 it=50
+    q=$((C / 4 > 0 ? C / 4 : 1))
+    mpi=(mpirun -np "$C" --bind-to core)
+    [[ $(id -u) == 0 ]] && mpi+=(--allow-run-as-root)
+    jac="--n $n --iters $it --eps 0 --per-row"
+    cases=(
+        "lu ${C}x1|$KIT/bin/lu --n $n --nodes $C --procs 1"
+        "lu 4x$q|$KIT/bin/lu --n $n --nodes 4 --procs $q"
+        "lu 1x$C|$KIT/bin/lu --n $n --procs $C"
+        "lu C-MPI-$C|${mpi[*]} $KIT/bin/lu_mpi $n"
+        "jacobi ${C}x1|$KIT/bin/jacobi $jac --nodes $C --procs 1"
+        "jacobi 4x$q|$KIT/bin/jacobi $jac --nodes 4 --procs $q"
+        "jacobi C-MPI-$C|${mpi[*]} $KIT/bin/jacobi_mpi $n $it"
+        "matmul ${C}x1|$KIT/bin/matmul --n $n --per-row --nodes $C --procs 1"
+        "fib ${C}x1|$KIT/bin/fib --n $fib --no-seq --nodes $C --procs 1"
+        "fib 1x$C|$KIT/bin/fib --n $fib --no-seq --procs $C"
+        "quad ${C}x1|$KIT/bin/quad --no-seq --nodes $C --procs 1"
+        "quad 1x$C|$KIT/bin/quad --no-seq --procs $C"
+    )
+    declare -A T=()
+    for ((r = 1; r <= RUNS; r++)); do
+        for c in "${cases[@]}"; do
+            # Node 0's time (hyfi) or the C program's; a run that fails
+            # or prints no time stops the part.
+            out=$(eval "${c#*|}" 2>&1) || die "${c%%|*} failed: $(tail -3 <<<"$out")"
+            t=$(grep -m1 -E '^(\[node 0\] )?hyfi[ :(]|^time:' <<<"$out" |
+                sed -E 's/.*(hyfi[^:]*|time):[[:space:]]*([0-9.]+).*/\2/')
+            [[ $t =~ ^[0-9.]+$ ]] || die "${c%%|*}: no time in its output"
+            printf '  round %d  %-18s %s s\n' "$r" "${c%%|*}" "$t"
+            T[${c%%|*}]+="$t "
+        done
+    done
+    echo
+    echo "many-node checks, $C CPUs, medians of $RUNS rounds (s):"
+    for c in "${cases[@]}"; do
+        printf '  %-18s %s\n' "${c%%|*}" "$(tr ' ' '\n' <<<"${T[${c%%|*}]}" | median)"
     done
 else
     sizes=(--sizes 2048 --lu-n 2048)
