@@ -27,7 +27,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 for m in jacobi_mpi lu_mpi; do
-    mpicc -O2 -ffp-contract=off -o "$OUT/$m" "$ROOT/benches/baselines/$m.c"
+    mpicc -O3 -ffp-contract=off -o "$OUT/$m" "$ROOT/benches/baselines/$m.c"
 done
 slowest() { grep -E '^(\[node [0-9]+\] )?hyfi' | sed 's/^\[node [0-9]*\] //' | awk '{ print $2 }' | sort -g | tail -1; }
 CASES=("jacobi 1024" "jacobi 2048" "lu 512" "lu 1024")

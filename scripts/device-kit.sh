@@ -72,10 +72,10 @@ if [[ -n $MAKE ]]; then
         strip -o "$KIT/bin/$e" "$ROOT/target/release/examples/$e"
     done
     for m in jacobi_mpi lu_mpi matmul_mpi; do
-        mpicc -O2 -ffp-contract=off -fopenmp -o "$KIT/bin/$m" "$ROOT/benches/baselines/$m.c"
+        mpicc -O3 -ffp-contract=off -fopenmp -o "$KIT/bin/$m" "$ROOT/benches/baselines/$m.c"
     done
     for c in diffusion jacobi; do
-        gcc -O2 -ffp-contract=off -fopenmp -o "$KIT/bin/${c}_omp" "$ROOT/benches/baselines/$c.c"
+        gcc -O3 -ffp-contract=off -fopenmp -o "$KIT/bin/${c}_omp" "$ROOT/benches/baselines/$c.c"
     done
     # The examples and the bench with the mpi feature, C MPI, Open MPI.
     "$ROOT/scripts/transports.sh" --make-kit "$KIT/mpi" >&2

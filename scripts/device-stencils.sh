@@ -9,7 +9,7 @@
 #   scripts/device-stencils.sh --make-kit DIR     (here: build and strip)
 #
 # --make-kit builds the release examples and the C OpenMP baselines
-# (gcc -O2 -fopenmp -ffp-contract=off, as scripts/side-by-side.sh) and puts
+# (gcc -O3 -fopenmp -ffp-contract=off, as scripts/side-by-side.sh) and puts
 # stripped copies in DIR. The run prints, per case, the median [min-max]
 # of the per-run ratios (hyfi / the loop of the same process; C OpenMP's
 # time / hyfi's for the OpenMP rows), and the CPU it ran on. Every hyfi run
@@ -34,7 +34,7 @@ if [ -n "$KIT" ]; then
   (cd "$ROOT" && cargo build -q --release --example diffusion --example jacobi --example lu --example matmul)
   for e in diffusion jacobi lu matmul; do strip -o "$KIT/$e" "$ROOT/target/release/examples/$e"; done
   for c in diffusion jacobi; do
-    gcc -O2 -ffp-contract=off -fopenmp -o "$KIT/${c}_omp" "$ROOT/benches/baselines/$c.c"
+    gcc -O3 -ffp-contract=off -fopenmp -o "$KIT/${c}_omp" "$ROOT/benches/baselines/$c.c"
   done
   cp "$0" "$KIT/"
   du -sh "$KIT"

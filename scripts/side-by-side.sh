@@ -25,7 +25,7 @@
 #   hyfi 1x1  the hyfi example       target/release/examples/<example> ... --procs 1
 #   hyfi 1x2  the same               ... --procs 2
 #   rayon 2   natural rayon code     examples/baselines.rs <kernel> rayon, RAYON_NUM_THREADS=2
-#   OpenMP 2  gcc -O2 -fopenmp (and -ffp-contract=off: no FMA, same bits) benches/baselines/<kernel>.c, OMP_NUM_THREADS=2
+#   OpenMP 2  gcc -O3 -fopenmp (and -ffp-contract=off: no FMA, same bits) benches/baselines/<kernel>.c, OMP_NUM_THREADS=2
 #             (Jacobi, matmul, LU, and fib-cutoff as tasks; fib without a
 #             cutoff and quad have no OpenMP version: one libgomp task per
 #             call would be hundreds of millions of tasks)
@@ -45,7 +45,7 @@
 # mismatch stops the script with status 1.
 #
 # Builds: `cargo build --release --examples` (CARGO_TARGET_DIR is honoured)
-# and the C with ${CC:-gcc} -O2 -ffp-contract=off -fopenmp; without a C compiler with OpenMP
+# and the C with ${CC:-gcc} -O3 -ffp-contract=off -fopenmp; without a C compiler with OpenMP
 # the OpenMP columns read "n/a (no C compiler)". Environment: CC, OUT (as
 # --out), QUIET_WAIT (seconds --wait-quiet waits at most, default 120),
 # MAX_FOREIGN (CPUs the rest of the machine may use for it to count as
@@ -123,7 +123,7 @@ find_cc() {
     for c in "${cands[@]}"; do
         command -v "$c" >/dev/null 2>&1 || continue
         printf '#include <omp.h>\nint main(void){int t=0;\n#pragma omp parallel reduction(+:t)\nt+=1;\nreturn t<1;}\n' >"$OUT/omp-probe.c"
-        if "$c" -O2 -fopenmp -o "$OUT/omp-probe" "$OUT/omp-probe.c" >"$OUT/omp-probe.log" 2>&1 &&
+        if "$c" -O3 -fopenmp -o "$OUT/omp-probe" "$OUT/omp-probe.c" >"$OUT/omp-probe.log" 2>&1 &&
             "$OUT/omp-probe"; then
             CC_USED=$c
             return 0
@@ -137,7 +137,7 @@ find_cc() {
 # The C baselines and their flags (-ffp-contract=off: no FMA, same bits),
 # shown among the build commands and used to build them below.
 C_KERNELS=(jacobi matmul lu fib)
-C_FLAGS=(-O2 -ffp-contract=off -fopenmp)
+C_FLAGS=(-O3 -ffp-contract=off -fopenmp)
 BUILD_CMDS=()
 if ((BUILD)); then
     BUILD_CMDS+=("(cd $ROOT && cargo build --release --examples)")
@@ -422,7 +422,7 @@ echo
 echo "seq: examples/baselines.rs (flat Vec<f64>, slices; matmul i-k-j; LU row-oriented with row swaps;"
 echo "plain recursion for fib and quad). rayon 2: the same code with par_chunks_mut / rayon::join on a"
 if [[ -n $CC_USED ]]; then
-    echo "2-thread pool. OpenMP 2: benches/baselines/*.c, $CC_USED -O2 -fopenmp, OMP_NUM_THREADS=2 (\"—\": no"
+    echo "2-thread pool. OpenMP 2: benches/baselines/*.c, $CC_USED -O3 -fopenmp, OMP_NUM_THREADS=2 (\"—\": no"
     echo "OpenMP version of the kernel)."
 else
     echo "2-thread pool. OpenMP 2: not run, $CC_NOTE."

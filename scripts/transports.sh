@@ -75,7 +75,7 @@ if [[ -n $KIT ]]; then
     [[ -x $bench ]] || die "could not find the dsm bench built with --features mpi"
     strip -o "$KIT/dsm" "$bench"
     for m in jacobi_mpi lu_mpi; do
-        mpicc -O2 -ffp-contract=off -o "$KIT/$m" "$ROOT/benches/baselines/$m.c"
+        mpicc -O3 -ffp-contract=off -o "$KIT/$m" "$ROOT/benches/baselines/$m.c"
     done
     # Open MPI as the Debian packages this machine builds against, relocated
     # (../shared/device/README.md): the device machine has no MPI.
@@ -125,7 +125,7 @@ else
     BENCH=$(dsm_bench)
     [[ -x $BENCH ]] || die "could not find the dsm bench built with --features mpi"
     for m in jacobi_mpi lu_mpi; do
-        mpicc -O2 -ffp-contract=off -o "$OUT/$m" "$ROOT/benches/baselines/$m.c"
+        mpicc -O3 -ffp-contract=off -o "$OUT/$m" "$ROOT/benches/baselines/$m.c"
     done
 fi
 
