@@ -6,13 +6,14 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hyfi_core::link::Attending;
 use hyfi_net::tcp::collective::Collectives;
-use hyfi_net::tcp::comm::{Comm, FailureHook};
+use hyfi_net::tcp::comm::{Comm, Dir, FailureHook};
+use hyfi_net::tcp::wire::Msg;
 
 /// The waiting node's thread: the hooks below count its brackets only.
 const WAITER: &str = "collective-waiter";
@@ -20,34 +21,26 @@ const WAITER: &str = "collective-waiter";
 /// Polling brackets the waiter began, and ended.
 static BEGUN: AtomicUsize = AtomicUsize::new(0);
 static ENDED: AtomicUsize = AtomicUsize::new(0);
-/// When the waiter's current bracket began (ns since `EPOCH`).
-static BEGAN_AT: AtomicU64 = AtomicU64::new(0);
-/// The brackets that lasted their whole poll and ended asleep: a peer's
-/// piece that came after may have rung, as it should.
-static TIMED_OUT: Mutex<Vec<usize>> = Mutex::new(Vec::new());
-static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-
-fn now_ns() -> u64 {
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
+/// Node 0's pieces whose write (and bell, if any) is done.
+static SENT: AtomicUsize = AtomicUsize::new(0);
+/// The rounds whose bracket ended before node 0's piece was written: the
+/// waiter's poll ran out (the machine descheduled a thread for a
+/// millisecond), and it went to sleep. Only there may the piece ring.
+static ENDED_FIRST: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 fn begin(kind: Attending) {
     if kind == Attending::Polling && std::thread::current().name() == Some(WAITER) {
-        BEGAN_AT.store(now_ns(), Ordering::SeqCst);
         BEGUN.fetch_add(1, Ordering::SeqCst);
     }
 }
 
 fn end(kind: Attending) {
     if kind == Attending::Polling && std::thread::current().name() == Some(WAITER) {
-        let lasted = now_ns() - BEGAN_AT.load(Ordering::SeqCst);
-        if lasted >= hyfi_core::sleep::OWN_CPU_POLL.as_nanos() as u64 {
-            TIMED_OUT
-                .lock()
-                .unwrap()
-                .push(BEGUN.load(Ordering::SeqCst) - 1);
+        // This bracket is round `r`'s (the waiter's only wait in a round).
+        let r = ENDED.fetch_add(1, Ordering::SeqCst);
+        if SENT.load(Ordering::SeqCst) <= r {
+            ENDED_FIRST.lock().unwrap().push(r);
         }
-        ENDED.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -98,7 +91,7 @@ fn a_node_waiting_in_a_collective_polls_the_lanes_and_is_rung_no_bell() {
         })
         .collect();
     let mut colls = warm.into_iter().map(|h| h.join().unwrap());
-    let (coll0, coll1) = (colls.next().unwrap(), colls.next().unwrap());
+    let coll1 = colls.nth(1).unwrap();
     assert!(hyfi_core::link::set_attending(begin, end));
     // From here on, as nodes pinned to CPUs no other node uses.
     hyfi_core::sleep::set_own_cpu();
@@ -120,11 +113,13 @@ fn a_node_waiting_in_a_collective_polls_the_lanes_and_is_rung_no_bell() {
         })
         .unwrap();
 
-    let coll = coll0;
+    // Node 0 plays its side of each all-reduce by hand (the same pieces
+    // `Collectives` sends), so that it can say when its write is done.
     let sender = cs[0].sender();
     let stats = sender.stats();
     let mut rung = Vec::new();
-    for r in 0..ROUNDS {
+    // The warm-up's barriers were collectives 0 .. WARM of each node.
+    for (r, seq) in (0..ROUNDS).zip(WARM as u64..) {
         // Node 1 has sent its piece and waits for this node's, polling.
         let deadline = Instant::now() + Duration::from_secs(30);
         while BEGUN.load(Ordering::SeqCst) <= r {
@@ -132,13 +127,15 @@ fn a_node_waiting_in_a_collective_polls_the_lanes_and_is_rung_no_bell() {
             std::thread::yield_now();
         }
         let before = stats.snapshot().wakes;
-        let mut v = [2u8];
-        coll.allreduce(&cs[0], &mut v, &mut |a, b| a[0] += b[0] * 2)
+        sender
+            .send_collective(1, &Msg::Up { seq, data: vec![2] })
             .unwrap();
-        assert_eq!(v, [4], "round {r}: the all-reduce's result on node 0");
+        SENT.fetch_add(1, Ordering::SeqCst);
         if stats.snapshot().wakes != before {
             rung.push(r);
         }
+        let theirs = cs[0].recv_coll(1, seq, Dir::Up).unwrap();
+        assert_eq!(theirs, [1], "round {r}: node 1's piece");
     }
     waiter.join().unwrap();
     assert_eq!(
@@ -151,14 +148,14 @@ fn a_node_waiting_in_a_collective_polls_the_lanes_and_is_rung_no_bell() {
         ROUNDS,
         "node 1's brackets ended"
     );
-    // A bell only where node 1's poll ran out before the piece came (the
-    // machine descheduled this thread for a millisecond): it slept then.
-    let timed_out = TIMED_OUT.lock().unwrap().clone();
-    let unexplained: Vec<_> = rung.iter().filter(|r| !timed_out.contains(r)).collect();
+    // A bell only where node 1's poll ran out before the piece was
+    // written: it slept then, and must be woken.
+    let ended_first = ENDED_FIRST.lock().unwrap().clone();
+    let unexplained: Vec<_> = rung.iter().filter(|r| !ended_first.contains(r)).collect();
     assert!(
         unexplained.is_empty(),
         "node 0 rang node 1 in rounds {unexplained:?} while node 1 polled its lanes \
-         (rounds where node 1's poll ran out: {timed_out:?})"
+         (rounds where node 1's poll ran out first: {ended_first:?})"
     );
     common::close(cs);
 }
