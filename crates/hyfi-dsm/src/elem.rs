@@ -288,6 +288,41 @@ pub(crate) unsafe fn fill_plain<T: Pod>(
     }
 }
 
+/// Sets every element `j` of `cols` to `f(j, old)`, where `old` is the
+/// element's value before: [`fill`] for a read-modify-write, each element
+/// loaded and stored as a unit.
+///
+/// # Safety
+/// As for [`fill`]; the elements are also valid for reads.
+#[inline(always)]
+pub(crate) unsafe fn fill_update<T: Pod>(
+    row: *mut T,
+    cols: Range<usize>,
+    mut f: impl FnMut(usize, T) -> T,
+) {
+    for j in cols {
+        let p = row.add(j);
+        store(p, f(j, load(p)));
+    }
+}
+
+/// [`fill_update`] with plain loads and stores, for a plain-store view:
+/// what the compiler vectorises as it does `x[j] += a * y[j]` on a slice.
+///
+/// # Safety
+/// As for [`fill_plain`]; the elements are also valid for reads.
+#[inline(always)]
+pub(crate) unsafe fn fill_update_plain<T: Pod>(
+    row: *mut T,
+    cols: Range<usize>,
+    mut f: impl FnMut(usize, T) -> T,
+) {
+    for j in cols {
+        let p = row.add(j);
+        p.write(f(j, p.read()));
+    }
+}
+
 /// Writes `src` into the `src.len()` elements at `p` (see [`update`] for
 /// the 16-byte path).
 ///

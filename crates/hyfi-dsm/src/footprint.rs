@@ -789,6 +789,53 @@ impl<T: Pod> RowWriter<'_, T> {
             }
         }
     }
+    /// Sets every column `j` of `cols` to `f(j, old)`, `old` being its
+    /// value before, in order of `j`: [`RowWriter::fill`] for the rows a
+    /// phase reads and rewrites (CG's `x += αp`, `r -= αq`), which
+    /// vectorises as the slice loop does in a plain-store view, where
+    /// `fill` with [`WriteRows::get`] inside loads every element
+    /// atomically:
+    ///
+    /// ```
+    /// use hyfi::{Config, Control, PoolArray, Program, Runtime};
+    /// let rt = Runtime::new(Config::new().procs(1))?;
+    /// let dsm = hyfi::Dsm::new(&rt)?;
+    /// let n = 8;
+    /// let x = dsm.matrix::<f64>(n, n).from_fn(|i, j| (i * n + j) as f64)?;
+    /// let p = dsm.matrix::<f64>(n, n).from_fn(|_, _| 1.0)?;
+    /// let mut prog = Program::new();
+    /// prog.phase_with(
+    ///     PoolArray::block(&rt, 0..n, 1),
+    ///     |ctx, span| (p.read_rows(ctx, span.rows()), x.write_rows(ctx, span.rows())),
+    ///     |_ctx, i, (p, x)| {
+    ///         let p = p.row(i);
+    ///         x.row_mut(i).update(0..n, |j, old| old + 0.5 * p[j]);
+    ///     },
+    ///     |_| Control::Done,
+    /// );
+    /// rt.start(&mut prog)?;
+    /// assert_eq!(x.get(3, 5), (3 * n + 5) as f64 + 0.5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline(always)]
+    pub fn update(&self, cols: Range<usize>, f: impl FnMut(usize, T) -> T) {
+        if cols.start < cols.end && cols.end > self.cols {
+            self.outside(cols.start.max(self.cols));
+        }
+        // SAFETY: as for `fill`: every `j` of `cols` is inside the row,
+        // which the view made readable and writable (a write view's rows
+        // are valid here: `WriteRows::get` reads them too); plainly only
+        // in a plain-store view, whose footprint no other thread reads or
+        // writes (plain.rs), else every element loaded and stored as a
+        // unit.
+        unsafe {
+            if self.plain {
+                elem::fill_update_plain(self.ptr, cols, f)
+            } else {
+                elem::fill_update(self.ptr, cols, f)
+            }
+        }
+    }
     /// Panics: column `j` is outside the row.
     #[cold]
     #[inline(never)]
@@ -913,6 +960,45 @@ impl<'a, T: Pod> WriteRange<'a, T> {
                 elem::fill_plain(base, range, f)
             } else {
                 elem::fill(base, range, f)
+            }
+        }
+    }
+
+    /// Sets every element `i` of `range` to `f(i, old)`, `old` being its
+    /// value before: [`WriteRange::fill`] for a read-modify-write, as
+    /// [`RowWriter::update`] is for a row.
+    ///
+    /// ```
+    /// use hyfi::{Config, Control, PoolArray, Program, Runtime};
+    /// let rt = Runtime::new(Config::new().procs(1))?;
+    /// let dsm = hyfi::Dsm::new(&rt)?;
+    /// let y = dsm.vec::<f64>(100).from_fn(|i| i as f64)?;
+    /// let mut prog = Program::new();
+    /// prog.phase_with(
+    ///     PoolArray::block(&rt, 0..1, 1),
+    ///     |ctx, _span| y.write_range(ctx, 0..100),
+    ///     |_ctx, _, y| y.update(0..100, |_, old| 2.0 * old),
+    ///     |_| Control::Done,
+    /// );
+    /// rt.start(&mut prog)?;
+    /// assert_eq!(y.get(21), 42.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline(always)]
+    pub fn update(&self, range: Range<usize>, f: impl FnMut(usize, T) -> T) {
+        if range.is_empty() {
+            return;
+        }
+        let _ = self.ptr_at(range.start);
+        let _ = self.ptr_at(range.end - 1);
+        let base = self.f.ptr.cast::<T>().wrapping_sub(self.f.first);
+        // SAFETY: as for `fill`; the footprint is readable here too (a
+        // write view's elements are valid: `get` reads them).
+        unsafe {
+            if self.f.plain() {
+                elem::fill_update_plain(base, range, f)
+            } else {
+                elem::fill_update(base, range, f)
             }
         }
     }

@@ -583,3 +583,79 @@ fn a_helper_shared_by_two_phases_keeps_their_histories_apart() {
         assert_eq!(a.get(i, 5), (i * n + 5) as f64 + 3.0);
     }
 }
+
+/// `x += 0.5·p` in place, row by row with `RowWriter::update` and over a
+/// vector with `WriteRange::update`, `steps` times; `halo` widens each
+/// write view over its neighbours' rows so that they overlap (atomic).
+fn axpy_in_place(halo: usize, steps: u64) -> (Vec<f64>, Vec<f64>, DsmStats) {
+    let (rows, n) = (24, 300);
+    let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+    let dsm = Dsm::new(&rt).unwrap();
+    let x = dsm
+        .matrix::<f64>(rows, n)
+        .from_fn(|i, j| (i * n + j) as f64)
+        .unwrap();
+    let p = dsm
+        .matrix::<f64>(rows, n)
+        .from_fn(|i, j| ((i + 3 * j) % 7) as f64)
+        .unwrap();
+    let v = dsm.vec::<f64>(rows * n).from_fn(|k| k as f64).unwrap();
+    let mut prog = Program::new();
+    prog.phase_with(
+        PoolArray::block(&rt, 0..rows, 2),
+        |ctx, span| {
+            let r = span.rows();
+            let w = r.start.saturating_sub(halo)..(r.end + halo).min(rows);
+            (
+                p.read_rows(ctx, r.clone()),
+                x.write_rows(ctx, w.clone()),
+                v.write_range(ctx, w.start * n..w.end * n),
+            )
+        },
+        |_ctx, i, (p, x, v)| {
+            let p = &p.row(i)[..n];
+            x.row_mut(i).update(0..n, |j, old| old + 0.5 * p[j]);
+            v.update(i * n..(i + 1) * n, |k, old| old - p[k - i * n]);
+        },
+        until(steps),
+    );
+    rt.start(&mut prog).unwrap();
+    drop(prog);
+    (x.to_vec(), v.to_vec(), dsm.stats())
+}
+
+#[test]
+fn update_rewrites_in_place_through_plain_and_atomic_views() {
+    let steps = 4;
+    let (rows, n) = (24, 300);
+    let (mut x, mut v) = (Vec::new(), Vec::new());
+    for i in 0..rows {
+        for j in 0..n {
+            x.push((i * n + j) as f64);
+            v.push((i * n + j) as f64);
+        }
+    }
+    for _ in 0..steps {
+        for i in 0..rows {
+            for j in 0..n {
+                let p = ((i + 3 * j) % 7) as f64;
+                x[i * n + j] += 0.5 * p;
+                v[i * n + j] -= p;
+            }
+        }
+    }
+    for halo in [0, 1] {
+        let (gx, gv, st) = axpy_in_place(halo, steps);
+        assert_eq!(gx, x, "the matrix, halo {halo}");
+        assert_eq!(gv, v, "the vector, halo {halo}");
+        if halo == 0 {
+            assert!(
+                st.total.plain_views > 0,
+                "disjoint: plain from the second step: {}",
+                st.total
+            );
+        } else {
+            assert_eq!(st.total.plain_views, 0, "overlapping: atomic: {}", st.total);
+        }
+    }
+}
