@@ -772,10 +772,7 @@ impl<T: Pod> RowWriter<'_, T> {
     /// ```
     #[inline(always)]
     pub fn fill(&self, cols: Range<usize>, f: impl FnMut(usize) -> T) {
-        if cols.start < cols.end && cols.end > self.cols {
-            // The first column the loop would write outside the row.
-            self.outside(cols.start.max(self.cols));
-        }
+        self.inside(&cols);
         // SAFETY: every `j` of `cols` is inside the row (an empty range
         // writes nothing; else `cols.end <= self.cols`, checked above),
         // which the view made writable; plainly only in a plain-store view,
@@ -819,9 +816,7 @@ impl<T: Pod> RowWriter<'_, T> {
     /// ```
     #[inline(always)]
     pub fn update(&self, cols: Range<usize>, f: impl FnMut(usize, T) -> T) {
-        if cols.start < cols.end && cols.end > self.cols {
-            self.outside(cols.start.max(self.cols));
-        }
+        self.inside(&cols);
         // SAFETY: as for `fill`: every `j` of `cols` is inside the row,
         // which the view made readable and writable (a write view's rows
         // are valid here: `WriteRows::get` reads them too); plainly only
@@ -834,6 +829,15 @@ impl<T: Pod> RowWriter<'_, T> {
             } else {
                 elem::fill_update(self.ptr, cols, f)
             }
+        }
+    }
+    /// Panics unless every column of `cols` is inside the row (an empty
+    /// range is).
+    #[inline(always)]
+    fn inside(&self, cols: &Range<usize>) {
+        if cols.start < cols.end && cols.end > self.cols {
+            // The first column the loop would write outside the row.
+            self.outside(cols.start.max(self.cols));
         }
     }
     /// Panics: column `j` is outside the row.
@@ -942,15 +946,9 @@ impl<'a, T: Pod> WriteRange<'a, T> {
     /// ```
     #[inline(always)]
     pub fn fill(&self, range: Range<usize>, f: impl FnMut(usize) -> T) {
-        if range.is_empty() {
+        let Some(base) = self.base_for(&range) else {
             return;
-        }
-        // Both ends inside the footprint: the whole range is.
-        let _ = self.ptr_at(range.start);
-        let _ = self.ptr_at(range.end - 1);
-        // Element 0 of the vector, so that the closure's index is the
-        // range's own induction variable (see `elem::fill`).
-        let base = self.f.ptr.cast::<T>().wrapping_sub(self.f.first);
+        };
         // SAFETY: every `i` of `range` is inside the footprint (both ends
         // checked above), so `base + i` is an element of it, writable here
         // (`base` is the vector's first element, in the same region);
@@ -986,12 +984,9 @@ impl<'a, T: Pod> WriteRange<'a, T> {
     /// ```
     #[inline(always)]
     pub fn update(&self, range: Range<usize>, f: impl FnMut(usize, T) -> T) {
-        if range.is_empty() {
+        let Some(base) = self.base_for(&range) else {
             return;
-        }
-        let _ = self.ptr_at(range.start);
-        let _ = self.ptr_at(range.end - 1);
-        let base = self.f.ptr.cast::<T>().wrapping_sub(self.f.first);
+        };
         // SAFETY: as for `fill`; the footprint is readable here too (a
         // write view's elements are valid: `get` reads them).
         unsafe {
@@ -1001,6 +996,20 @@ impl<'a, T: Pod> WriteRange<'a, T> {
                 elem::fill_update(base, range, f)
             }
         }
+    }
+
+    /// Element 0 of the vector, so that a loop's index is the range's own
+    /// induction variable (see `elem::fill`), once both ends of `range`
+    /// are checked inside the footprint (so the whole range is); `None`
+    /// for an empty range.
+    #[inline(always)]
+    fn base_for(&self, range: &Range<usize>) -> Option<*mut T> {
+        if range.is_empty() {
+            return None;
+        }
+        let _ = self.ptr_at(range.start);
+        let _ = self.ptr_at(range.end - 1);
+        Some(self.f.ptr.cast::<T>().wrapping_sub(self.f.first))
     }
 
     /// Writes `src` at element `start`.
