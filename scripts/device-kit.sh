@@ -183,6 +183,12 @@ elif [[ $PART == 3 ]]; then
                 sed -E 's/.*(hyfi[^:]*|time):[[:space:]]*([0-9.]+).*/\2/')
             [[ $t =~ ^[0-9.]+$ ]] || die "${c%%|*}: no time in its output"
             printf '  round %d  %-18s %s s\n' "$r" "${c%%|*}" "$t"
+            # Where a many-node run's time went: node 0's release time and
+            # the bells its peers rang it (the collective waits' change).
+            grep -m1 -E '^\[node 0\] dsm node 0: ' <<<"$out" |
+                sed -E 's/.*(releases [0-9.]+ ms).*/      node 0: \1/' || true
+            grep -m1 -E '^\[node 0\] traffic of node 0:' <<<"$out" |
+                sed -E 's/.*(peers woken [0-9]+ times).*/      node 0: \1/' || true
             T[${c%%|*}]+="$t "
         done
     done
