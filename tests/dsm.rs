@@ -266,6 +266,15 @@ fn diffusion_gives_the_same_bits_on_every_configuration() {
     }
 }
 
+/// Conjugate gradients: three phases an iteration, two exact dot
+/// products, rows read and rewritten in place (`RowWriter::update`); the
+/// solution, the iteration count and `r·r` the sequential loop's, bit for
+/// bit, everywhere.
+#[test]
+fn cg_gives_the_same_bits_on_every_configuration() {
+    same_grid_everywhere("cg", &bins().cg, &["--n", "66", "--iters", "40"]);
+}
+
 /// Rows of very unequal cost, shared out within each node (chunks taken
 /// from the back of the busier processor's pool): every count and every
 /// execution's reduced sum equal the sequential ones on every

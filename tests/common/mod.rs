@@ -36,6 +36,7 @@ pub struct Bins {
     pub exact_sum: PathBuf,
     pub sor: PathBuf,
     pub diffusion: PathBuf,
+    pub cg: PathBuf,
     pub mandelbrot: PathBuf,
 }
 
@@ -116,6 +117,8 @@ pub fn bins() -> &'static Bins {
             "--example",
             "diffusion",
             "--example",
+            "cg",
+            "--example",
             "mandelbrot",
             "--bin",
             "hyfi-run",
@@ -141,6 +144,7 @@ pub fn bins() -> &'static Bins {
             exact_sum: ex("exact_sum"),
             sor: ex("sor"),
             diffusion: ex("diffusion"),
+            cg: ex("cg"),
             mandelbrot: ex("mandelbrot"),
         };
         for exe in [
