@@ -104,23 +104,19 @@ struct Link {
 impl Link {
     /// Reads the link ([`Link::on_socket`], or [`Link::on_lane`] with its
     /// socket's bells and end looked at if `socket`: processors read only
-    /// a lane's ring, with no syscall), and says whether its reading goes
-    /// on (false once it ended: the node fails unless the peer said `Bye`
-    /// first).
-    fn read(&mut self, node: &Node, now: Instant, socket: bool) -> bool {
+    /// a lane's ring, with no syscall): `Ok(true)` while its reading goes
+    /// on, `Ok(false)` once it ended cleanly (the peer said `Bye`), `Err`
+    /// with the cause once it ended otherwise (the caller fails the node).
+    fn read(&mut self, node: &Node, now: Instant, socket: bool) -> Result<bool, Cause> {
         let r = if self.lane.is_some() {
             self.on_lane(node, now, socket)
         } else {
             self.on_socket(node, now)
         };
         match r {
-            Ok(()) => true,
-            Err(ended) => {
-                if let Ended::Failed(why) = ended {
-                    node.fail(why);
-                }
-                false
-            }
+            Ok(()) => Ok(true),
+            Err(Ended::Cleanly) => Ok(false),
+            Err(Ended::Failed(why)) => Err(why),
         }
     }
 
@@ -462,9 +458,38 @@ impl Rx {
     /// Reads link `i` (the reader held; see [`Link::read`] for `socket`),
     /// and records it if its reading ended.
     fn read(&self, reader: &mut Reader, i: usize, now: Instant, socket: bool) {
-        if self.reading[i].load(Ordering::Relaxed) && !reader.links[i].read(&self.node, now, socket)
-        {
-            self.reading[i].store(false, Ordering::Relaxed);
+        if !self.reading[i].load(Ordering::Relaxed) {
+            return;
+        }
+        match reader.links[i].read(&self.node, now, socket) {
+            Ok(true) => {}
+            Ok(false) => self.reading[i].store(false, Ordering::Relaxed),
+            Err(why) => {
+                self.reading[i].store(false, Ordering::Relaxed);
+                // What the other peers sent before this one was lost is
+                // delivered first: a waiter whose message is already here
+                // (the last piece of a barrier its lost peer had left)
+                // completes, and meets the loss after. Without this, the
+                // loss could be judged while that piece still sat in
+                // another lane's ring, read only after the events.
+                let mut more = Vec::new();
+                for j in (0..reader.links.len()).filter(|&j| j != i) {
+                    if !self.reading[j].load(Ordering::Relaxed) {
+                        continue;
+                    }
+                    // A lane's ring alone (its socket is looked at when
+                    // it says something); a plain link's socket.
+                    if let Err(also) = reader.links[j].read(&self.node, now, false) {
+                        self.reading[j].store(false, Ordering::Relaxed);
+                        more.push(also);
+                    }
+                }
+                // The first cause stands: this link's, seen first.
+                self.node.fail(why);
+                for also in more {
+                    self.node.fail(also);
+                }
+            }
         }
     }
 
