@@ -13,7 +13,7 @@
 //! order of the last two steps does not matter. A long `park_timeout` is a
 //! backstop only; correctness never depends on it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
@@ -83,6 +83,29 @@ pub fn cpus_exclusive() -> bool {
 /// node owns its CPUs (else not at all); true if it became ready.
 pub fn poll_own_cpu(ready: impl FnMut() -> bool) -> bool {
     own_cpu() && poll_yielding(ready, OWN_CPU_POLL, Spin::WhileDriving)
+}
+
+/// [`poll_own_cpu`] for a mailbox whose deliveries each bump `generation`:
+/// `look` runs first, then again only after a delivery; what it finds,
+/// if anything within the poll. The waits for a collective's piece (the
+/// seam's and hyfi-net's) poll so, inside the polling bracket, which
+/// spares the lanes' producers their bell.
+pub fn poll_own_cpu_for<T>(
+    generation: &AtomicU64,
+    mut look: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let mut seen = None;
+    let mut got = None;
+    poll_own_cpu(|| {
+        let now = generation.load(Ordering::Acquire);
+        if seen == Some(now) {
+            return false;
+        }
+        seen = Some(now);
+        got = look();
+        got.is_some()
+    });
+    got
 }
 
 /// Whether a polling thread may spin rather than yield between polls.

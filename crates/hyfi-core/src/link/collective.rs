@@ -368,38 +368,36 @@ impl Channel for Collectives {
                 }
             }
         }
-        // A node that owns its CPUs polls as long as its other waits do
-        // (`sleep::OWN_CPU_POLL`): each step of a collective waits here,
-        // and one that outlasted a short poll paid a sleep and a wake-up.
-        let own = crate::sleep::own_cpu();
-        let spin_until = Instant::now()
-            + if own {
-                crate::sleep::OWN_CPU_POLL
-            } else {
-                SPIN
-            };
-        let polling = super::Attend::start(super::Attending::Polling);
-        loop {
-            let seen = self.generation.load(Ordering::Acquire);
-            if let Some(r) = self.take(&mut self.lock(), key) {
+        if crate::sleep::own_cpu() {
+            // A node that owns its CPUs polls as long as its other waits do
+            // (`sleep::OWN_CPU_POLL`), driving the transport (MPI): each
+            // step of a collective waits here, and one that outlasted a
+            // short poll paid a sleep and a wake-up.
+            let got = crate::sleep::poll_own_cpu_for(&self.generation, || {
+                self.take(&mut self.lock(), key)
+            });
+            if let Some(r) = got {
                 return r;
             }
-            while self.generation.load(Ordering::Acquire) == seen && Instant::now() < spin_until {
-                // Nothing to do but wait: drive the transport (MPI).
-                super::idle_progress();
-                if own && !crate::sleep::cpus_exclusive() {
-                    // Nodes share these CPUs: a long spin would hold off
-                    // the node the message comes from.
-                    std::thread::yield_now();
-                } else {
+        } else {
+            let spin_until = Instant::now() + SPIN;
+            let _polling = super::Attend::start(super::Attending::Polling);
+            loop {
+                let seen = self.generation.load(Ordering::Acquire);
+                if let Some(r) = self.take(&mut self.lock(), key) {
+                    return r;
+                }
+                while self.generation.load(Ordering::Acquire) == seen && Instant::now() < spin_until
+                {
+                    // Nothing to do but wait: drive the transport (MPI).
+                    super::idle_progress();
                     std::hint::spin_loop();
                 }
-            }
-            if Instant::now() >= spin_until {
-                break;
+                if Instant::now() >= spin_until {
+                    break;
+                }
             }
         }
-        drop(polling);
         let mut m = self.lock();
         loop {
             if let Some(r) = self.take(&mut m, key) {

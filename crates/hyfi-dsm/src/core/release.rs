@@ -376,6 +376,11 @@ impl Core {
     /// copy the release left invalid: another node wrote it too (its
     /// home's notice, or this node's drop of its push).
     fn shared_written(&self, r: &mut Round) -> Option<(u64, usize, usize)> {
+        // Only a page homed elsewhere can be one: most releases write none
+        // (a block-row stencil's), and need not look up every page again.
+        if r.offhome == 0 {
+            return None;
+        }
         for &gp in &r.dirty {
             let (seg, p) = self.find_cached(gp, &mut r.cache)?;
             let home = seg.homes[p] as usize;

@@ -227,6 +227,10 @@ impl Inbox {
                 }
             }
         }
+        // What the wait ends with: its message, or the node's failure.
+        let mut look = |s: &mut InboxState| {
+            take(s).or_else(|| s.failed.clone().map(|f| Err(WaitError::Failed(f))))
+        };
         // Poll a little first: replies on a fast network come back sooner
         // than a sleeping thread can be woken.
         if hyfi_core::sleep::own_cpu() {
@@ -238,17 +242,8 @@ impl Inbox {
             // woken onto the CPU the waiter spins on). A collective's every
             // step waits here: on 16 local nodes an all-reduce is 4 such
             // waits, each of which rang a bell without the bracket.
-            let mut seen = None;
-            let mut got = None;
-            hyfi_core::sleep::poll_own_cpu(|| {
-                let now = self.generation.load(Ordering::Acquire);
-                if seen == Some(now) {
-                    return false;
-                }
-                seen = Some(now);
-                let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                got = take(&mut s).or_else(|| s.failed.clone().map(|f| Err(WaitError::Failed(f))));
-                got.is_some()
+            let got = hyfi_core::sleep::poll_own_cpu_for(&self.generation, || {
+                look(&mut self.state.lock().unwrap_or_else(|e| e.into_inner()))
             });
             if let Some(v) = got {
                 return v;
@@ -257,15 +252,11 @@ impl Inbox {
             let spin_until = Instant::now() + SPIN;
             loop {
                 let seen = self.generation.load(Ordering::Acquire);
-                {
-                    let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                    if let Some(v) = take(&mut s) {
-                        return v;
-                    }
-                    if let Some(f) = &s.failed {
-                        return Err(WaitError::Failed(f.clone()));
-                    }
+                let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(v) = look(&mut s) {
+                    return v;
                 }
+                drop(s);
                 while self.generation.load(Ordering::Acquire) == seen && Instant::now() < spin_until
                 {
                     std::thread::yield_now();
@@ -277,11 +268,8 @@ impl Inbox {
         }
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if let Some(v) = take(&mut s) {
+            if let Some(v) = look(&mut s) {
                 return v;
-            }
-            if let Some(f) = &s.failed {
-                return Err(WaitError::Failed(f.clone()));
             }
             s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
         }
