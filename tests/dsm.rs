@@ -45,6 +45,15 @@ fn run_ok(what: &str, cmd: Command, nodes: usize) -> BTreeMap<usize, Vec<String>
     if per_node.len() != nodes {
         job.fail(&format!("expected output from {nodes} nodes"));
     }
+    // No frame waited for a timer: every message that a node waited for
+    // woke it (the traffic line names such frames; see
+    // `hyfi_core::link::Traffic::unannounced`). Tests run unpinned, where
+    // a release's all-reduce once slept ~100 ms a step for want of a bell.
+    for (k, lines) in &per_node {
+        if let Some(l) = lines.iter().find(|l| l.contains("read only at a timer")) {
+            job.fail(&format!("node {k} lost a wake-up: {l}"));
+        }
+    }
     per_node
 }
 

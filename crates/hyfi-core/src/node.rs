@@ -443,6 +443,14 @@ pub struct Traffic {
     /// Times this node woke a peer that slept (a lane's bell: a syscall
     /// here, a thread woken there); 0 where the transport wakes no one.
     pub wakes: u64,
+    /// Times this node's transport found frames that had come with no
+    /// wake-up, when it woke for a timer of its own while none of the
+    /// node's threads was reading or due to read them: each waited for
+    /// the clock (a heartbeat's interval) instead of being read at once.
+    /// A lost wake-up, always 0 where the transport's wake-up protocol
+    /// holds (the TCP transport's lanes count it); the traffic line names
+    /// it only when it is not.
+    pub unannounced: u64,
 }
 
 impl std::fmt::Display for Traffic {
@@ -466,6 +474,14 @@ impl std::fmt::Display for Traffic {
                 f,
                 "; links over shared memory {}, peers woken {} times",
                 self.shared_memory_links, self.wakes
+            )?;
+        }
+        if self.unannounced > 0 {
+            write!(
+                f,
+                "; frames read only at a timer {} times (a lost wake-up: a bug of the \
+                 transport, please report it)",
+                self.unannounced
             )?;
         }
         Ok(())
@@ -533,6 +549,12 @@ mod tests {
                 "refused connections 2; links over shared memory 3, peers woken 17 times"
             ),
             "{lanes}"
+        );
+        t.unannounced = 2;
+        let lost = t.to_string();
+        assert!(
+            lost.contains("peers woken 17 times; frames read only at a timer 2 times"),
+            "{lost}"
         );
     }
 }

@@ -535,6 +535,15 @@ impl Sleeper {
         }
     }
 
+    /// Whether a thread of this node attends to the rings now (polls them,
+    /// or, the master, computes and reads them when it stops): bytes that
+    /// came without a bell are then expected.
+    pub(crate) fn attended(&self) -> bool {
+        self.own.as_ref().is_some_and(|own| {
+            own.polling().load(Ordering::SeqCst) != 0 || own.computing().load(Ordering::SeqCst) != 0
+        })
+    }
+
     /// The communication thread is going to sleep in `poll` (true) or has
     /// woken (false). Going to sleep, it must look at every ring afterwards
     /// ([`Ring::pending`]) and not sleep if one has bytes.

@@ -40,6 +40,9 @@ pub struct Inbox {
     /// sleeping on the condvar at once (a futex sleep and wake-up costs tens
     /// of microseconds on a VM, more than a round trip on loopback).
     pub(super) generation: AtomicU64,
+    /// Threads asleep in [`Inbox::wait`]: whatever a bracket of theirs
+    /// said, nobody of them reads a lane until a frame is delivered.
+    pub(super) sleeping: std::sync::atomic::AtomicUsize,
     /// The node's services (see [`super::service`]).
     pub(super) services: ServiceTable,
 }
@@ -227,6 +230,16 @@ impl Inbox {
                 }
             }
         }
+        // A wait: the master's `Computing` bracket, kept open past its share
+        // of a phase (`hyfi_core::link::until_wait`), ends here, before the
+        // thread can sleep. Its peers send a collective's pieces for the
+        // phase's end, and ring no bell while that bracket is open: a master
+        // that slept in it (a node that does not own its CPUs, which polls
+        // for only `SPIN` below, in no bracket) was woken only by the
+        // communication thread's next timer, ~100 ms later, at every step
+        // of the release's all-reduce (LU 1024 on 4×1 unpinned: 30 s
+        // instead of 0.2 s). Held step messages go out too.
+        hyfi_core::link::before_wait();
         // What the wait ends with: its message, or the node's failure.
         let mut look = |s: &mut InboxState| {
             take(s).or_else(|| s.failed.clone().map(|f| Err(WaitError::Failed(f))))
@@ -267,12 +280,15 @@ impl Inbox {
             }
         }
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
+        self.sleeping.fetch_add(1, Ordering::SeqCst);
+        let got = loop {
             if let Some(v) = look(&mut s) {
-                return v;
+                break v;
             }
             s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
-        }
+        };
+        self.sleeping.fetch_sub(1, Ordering::SeqCst);
+        got
     }
     /// The first cause, if the node has failed.
     pub fn cause(&self) -> Option<Cause> {

@@ -832,6 +832,7 @@ impl Loop {
             if self.rx.lanes_pending() {
                 timeout = 0;
             }
+            let slept = timeout != 0;
             // SAFETY: `fds` is a valid, initialised array of `fds.len()`
             // pollfds, and `poll` writes only their `revents`. Every fd in
             // it is owned by `self` (the waker, links, listeners, strays),
@@ -852,7 +853,15 @@ impl Loop {
                     self.on_event(*slot, fd.revents, now);
                 }
             }
-            self.read_lanes(now);
+            // Woken by its timer alone: a ring with bytes then had no bell,
+            // and nobody of this node attends to it (a thread asleep in the
+            // inbox attends to nothing, whatever its bracket says), a
+            // wake-up lost.
+            let timer = slept
+                && r == 0
+                && (!self.rx.sleeper.attended()
+                    || self.node.sender.inbox.sleeping.load(Ordering::SeqCst) > 0);
+            self.read_lanes(now, timer);
             self.on_time(now);
         }
         // The node is closing: the lines held back in the current window
@@ -864,7 +873,12 @@ impl Loop {
     /// Reads the lanes whose rings have bytes (their sockets may have said
     /// nothing: a producer rings only while this thread sleeps), unless a
     /// processor is polling them (see `Rx`).
-    fn read_lanes(&mut self, now: Instant) {
+    /// `timer`: the loop's sleep ended by its timeout with nobody of the
+    /// node attending to the rings, so that bytes found now came with no
+    /// wake-up ([`hyfi_core::link::Traffic::unannounced`], counted once a
+    /// turn).
+    fn read_lanes(&mut self, now: Instant, timer: bool) {
+        let mut unannounced = timer;
         for i in 0..self.rx.probes.len() {
             let Some((ring, _)) = &self.rx.probes[i] else {
                 continue;
@@ -875,6 +889,13 @@ impl Loop {
             if self.rx.polled_recently() {
                 self.deferred = true;
             } else {
+                if std::mem::take(&mut unannounced) {
+                    self.node
+                        .sender
+                        .stats
+                        .unannounced
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 let mut reader = self.rx.lock();
                 self.rx.read(&mut reader, i, now, false);
             }

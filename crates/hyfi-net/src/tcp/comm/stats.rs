@@ -32,6 +32,10 @@ pub struct NetStats {
     /// Bells rung on lanes: times a sleeping peer was woken (shared with
     /// the lanes' rings, which count them).
     pub bells: Arc<AtomicU64>,
+    /// Turns of the communication thread woken by its timer that found a
+    /// lane's ring with bytes nobody rang for or was reading
+    /// ([`Traffic::unannounced`]).
+    pub unannounced: AtomicU64,
 }
 
 impl NetStats {
@@ -55,6 +59,7 @@ impl NetStats {
             refused: g(&self.refused),
             shared_memory_links: g(&self.lanes),
             wakes: g(&self.bells),
+            unannounced: g(&self.unannounced),
         }
     }
 
