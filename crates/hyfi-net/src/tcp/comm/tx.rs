@@ -602,7 +602,15 @@ impl Sender {
             // (the loop, or a processor's pass) finds out and fails the
             // node, and the wait that follows reports it. Not `push`, whose
             // wait for that failure would stall the loop that finds it.
-            let _ = self.write_or_queue(succ, held, true, false);
+            // Sent for the successor's phase end: nobody there waits for a
+            // step, so one that comes while its master computes is read at
+            // that master's next wait, with no bell (a switch to the
+            // communication thread on the computing CPU, and back). On 16
+            // local nodes LU's odd nodes sent their step so every step, to a
+            // successor still computing (its all-reduce partner is another
+            // node): half the bells of the run. A successor that waits
+            // elsewhere (it diverged) is rung as before.
+            let _ = self.write_or_queue(succ, held, true, true);
         }
     }
 

@@ -28,6 +28,47 @@ pub enum Kind {
     Bulk = 2,
 }
 
+/// A collective's value as bytes on the wire: the length, then the bytes
+/// (what bincode writes for a sequence of `u8` too, so the frames are the
+/// same), encoded and decoded with one copy. Serde's default for a
+/// `Vec<u8>` goes byte by byte: 2.8 µs to encode and 8 µs to decode 8 KiB
+/// on the 2-vCPU EPYC, four times a step in LU 1024's release on 16 nodes
+/// (its pieces carry the pivot row).
+mod raw_bytes {
+    use serde::de::{Error, SeqAccess, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        d.deserialize_byte_buf(Bytes)
+    }
+
+    struct Bytes;
+
+    impl<'de> Visitor<'de> for Bytes {
+        type Value = Vec<u8>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("bytes")
+        }
+        fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+            Ok(v.to_vec())
+        }
+        fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+            Ok(v)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+            let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+            while let Some(b) = seq.next_element()? {
+                v.push(b);
+            }
+            Ok(v)
+        }
+    }
+}
+
 /// Control messages.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Msg {
@@ -52,6 +93,7 @@ pub enum Msg {
         /// Collective sequence number.
         seq: u64,
         /// Combined value of the sender's subtree.
+        #[serde(with = "raw_bytes")]
         data: Vec<u8>,
     },
     /// The result of a collective, on its way down the tree.
@@ -59,6 +101,7 @@ pub enum Msg {
         /// Collective sequence number.
         seq: u64,
         /// The result.
+        #[serde(with = "raw_bytes")]
         data: Vec<u8>,
     },
     /// The job ends: the first cause the sender knows
@@ -240,5 +283,42 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("exceeds"));
+    }
+}
+
+#[cfg(test)]
+mod raw_bytes_tests {
+    use super::Msg;
+
+    /// The pieces' bytes are the frames a sequence of `u8` made (the wire
+    /// is unchanged), and they decode to what was sent.
+    #[test]
+    fn collective_data_is_the_wire_of_a_byte_sequence() {
+        #[derive(serde::Serialize)]
+        enum Plain {
+            _Hello { listen: String },
+            _Table { addrs: Vec<String> },
+            _Refuse { why: String },
+            Up { seq: u64, data: Vec<u8> },
+        }
+        let data: Vec<u8> = (0..8341u32).map(|i| (i * 7) as u8).collect();
+        let m = Msg::Up {
+            seq: 9,
+            data: data.clone(),
+        };
+        let fast = bincode::serialize(&m).unwrap();
+        let plain = bincode::serialize(&Plain::Up {
+            seq: 9,
+            data: data.clone(),
+        })
+        .unwrap();
+        assert_eq!(fast, plain);
+        assert_eq!(bincode::deserialize::<Msg>(&fast).unwrap(), m);
+        let empty = Msg::Down {
+            seq: 1,
+            data: Vec::new(),
+        };
+        let b = bincode::serialize(&empty).unwrap();
+        assert_eq!(bincode::deserialize::<Msg>(&b).unwrap(), empty);
     }
 }
