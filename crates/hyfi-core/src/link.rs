@@ -273,6 +273,56 @@ impl Drop for Attend {
     }
 }
 
+thread_local! {
+    /// The [`Attending::Polling`] bracket of a collective this thread is
+    /// in ([`attending_collective`]), until it ends or the thread sleeps.
+    static COLLECTIVE: std::cell::RefCell<Option<Attend>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `collective` (a barrier or an all-reduce of several steps, each a
+/// send and a wait) inside one [`Attending::Polling`] bracket, on a node
+/// whose CPUs are its own alone (elsewhere a polling thread does not read
+/// the transport, and the bracket means nothing), and not on a filthread.
+///
+/// Each of the collective's waits polls in a bracket of its own, but
+/// between two of them (the step's value combined, the next piece sent)
+/// the thread attends to nothing, and a piece that came then rang a bell:
+/// the communication thread woken on the CPU the waiter needs, to read a
+/// frame the waiter would have read microseconds later. On 16 local nodes
+/// a sixth of an all-reduce's pieces came so. Kept open over the steps,
+/// the bracket spares those bells; a wait that must sleep ends it first
+/// ([`before_sleep`]), as a thread that sleeps reads nothing.
+pub fn attending_collective<R>(collective: impl FnOnce() -> R) -> R {
+    struct End(bool);
+    impl Drop for End {
+        fn drop(&mut self) {
+            if self.0 {
+                before_sleep();
+            }
+        }
+    }
+    // Not on a filthread: its waits suspend it, and its processor runs
+    // other work meanwhile, reading nothing.
+    let outer = crate::sleep::cpus_exclusive()
+        && !crate::filthread::in_filthread()
+        && COLLECTIVE.with(|c| c.borrow().is_none());
+    if outer {
+        let bracket = Attend::start(Attending::Polling);
+        COLLECTIVE.with(|c| *c.borrow_mut() = Some(bracket));
+    }
+    let _end = End(outer);
+    collective()
+}
+
+/// The thread is about to sleep (block until it is woken): the bracket of
+/// a collective it is in ([`attending_collective`]) ends here, reading
+/// what came while it was open, so that what comes next wakes it. Every
+/// wait that may sleep inside a collective calls it before it sleeps.
+pub fn before_sleep() {
+    let bracket = COLLECTIVE.with(|c| c.borrow_mut().take());
+    drop(bracket);
+}
+
 /// Runs the transports' progress functions once ([`set_idle_progress`]):
 /// a layer calls it before it blocks on what its peers send (the DSM
 /// before it sleeps on a release). A transport may hold small messages

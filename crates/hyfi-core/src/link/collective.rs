@@ -398,6 +398,8 @@ impl Channel for Collectives {
                 }
             }
         }
+        // It sleeps: a collective's polling bracket ends first.
+        super::before_sleep();
         let mut m = self.lock();
         loop {
             if let Some(r) = self.take(&mut m, key) {

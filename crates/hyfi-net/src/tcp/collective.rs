@@ -69,7 +69,9 @@ impl Collectives {
         combine: &mut dyn FnMut(&mut [u8], &[u8]),
     ) -> Result<(), NetError> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        collective::allreduce(&Tcp(comm), seq, value, combine)
+        hyfi_core::link::attending_collective(|| {
+            collective::allreduce(&Tcp(comm), seq, value, combine)
+        })
     }
 
     /// [`collective::allreduce_vec`]: values of any length, gathered or
@@ -81,7 +83,11 @@ impl Collectives {
         combine: &mut dyn FnMut(&mut Vec<u8>, &[u8]),
     ) -> Result<(), NetError> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        collective::allreduce_vec(&Tcp(comm), seq, value, combine)
+        // Pieces that come between two steps ring no bell (the waiter reads
+        // them at its next step).
+        hyfi_core::link::attending_collective(|| {
+            collective::allreduce_vec(&Tcp(comm), seq, value, combine)
+        })
     }
 
     /// Returns once every node has entered the barrier.

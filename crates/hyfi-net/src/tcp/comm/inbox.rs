@@ -279,6 +279,9 @@ impl Inbox {
                 }
             }
         }
+        // It sleeps: a collective's polling bracket ends first (see
+        // `hyfi_core::link::attending_collective`).
+        hyfi_core::link::before_sleep();
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.sleeping.fetch_add(1, Ordering::SeqCst);
         let got = loop {
