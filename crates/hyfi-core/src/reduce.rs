@@ -513,6 +513,24 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         *self.copies[p].first.get()
     }
 
+    /// Whether a copy of the node's `procs` processors differs (in its
+    /// bits) from the value last written to every copy: the phase's
+    /// filaments updated the variable since the last reduce or set, and no
+    /// copy alone is its value.
+    ///
+    /// # Safety
+    /// As for `read`.
+    pub(crate) unsafe fn unreduced(&self, procs: usize) -> bool {
+        let base = *self.base.get();
+        let mut differs = false;
+        for p in 0..procs {
+            self.for_each_copy(p, |v| {
+                differs |= bytemuck::bytes_of(&v) != bytemuck::bytes_of(&base);
+            });
+        }
+        differs
+    }
+
     /// Writes `v` into every copy, and into the copies pools make later.
     ///
     /// # Safety

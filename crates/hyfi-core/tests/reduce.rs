@@ -403,3 +403,70 @@ fn a_combine_that_panics_at_a_phase_end_ends_the_program_with_its_message() {
     drop(again);
     assert!(got >= 31, "{got}");
 }
+
+/// `post.get` is a reduction's value only when every copy holds it: after
+/// a reduce, or a set no filament updated since. Read after the
+/// filaments updated it, unreduced, one copy would be another answer on
+/// another configuration (a user's max-norm power iteration gave
+/// different eigenvalues on 1×1, 1×2 and 2×1 so): the post-phase code
+/// panics instead, and `start` says why.
+#[test]
+fn post_get_of_an_unreduced_reduction_is_an_error_not_one_copy() {
+    for procs in [1, 2] {
+        let rt = Runtime::new(Config::new().procs(procs).pin(false)).unwrap();
+        let biggest = rt.reduction(0u64);
+        let mut prog = Program::new();
+        prog.phase(
+            PoolArray::block(&rt, 0..100, 1),
+            |ctx, i| biggest.update(ctx, |b| b.max(i as u64)),
+            |post| {
+                let _ = post.get(&biggest);
+                Control::Done
+            },
+        );
+        let e = rt
+            .start(&mut prog)
+            .expect_err("an unreduced get fails the program");
+        drop(prog);
+        match &e {
+            Error::FilamentPanic {
+                during, message, ..
+            } => {
+                assert!(during.contains("post-phase"), "{during}");
+                assert!(
+                    message.contains("post.get(&r) on a reduction its filaments updated")
+                        && message.contains("reduce it first"),
+                    "{message}"
+                );
+            }
+            other => panic!("{procs} processors: expected the post-phase's panic, got {other:?}"),
+        }
+
+        // Reduced first, or only set: get is the value, on every configuration.
+        rt.set(&biggest, 0).unwrap();
+        let (mut reduced, mut handed) = (0, 0);
+        let step = rt.reduction(0u64);
+        let mut prog = Program::new();
+        prog.phase(
+            PoolArray::block(&rt, 0..100, 1),
+            |ctx, i| biggest.update(ctx, |b| b.max(i as u64)),
+            |post| {
+                post.reduce(&biggest, Op::Max);
+                reduced = post.get(&biggest);
+                post.set(&step, 7);
+                Control::Continue
+            },
+        );
+        prog.phase(
+            PoolArray::block(&rt, 0..10, 1),
+            |ctx, _| assert_eq!(step.get(ctx), 7),
+            |post| {
+                handed = post.get(&step);
+                Control::Done
+            },
+        );
+        rt.start(&mut prog).expect("reduced, then set");
+        drop(prog);
+        assert_eq!((reduced, handed), (99, 7), "{procs} processors");
+    }
+}

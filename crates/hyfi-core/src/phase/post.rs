@@ -119,10 +119,30 @@ impl<'s> PostPhase<'s> {
         self.set(s.reduction(), ExactAccumulator::from(v));
     }
 
-    /// Processor 0's first copy of `r` (every copy's, after a reduce).
+    /// The value of `r` when every copy holds it: after a reduce (this
+    /// phase's [`PostPhase::reduce`], or the phase's end,
+    /// [`Program::reduce_at_end`](crate::Program::reduce_at_end)), or a
+    /// [`PostPhase::set`] that no filament updated since.
+    ///
+    /// # Panics
+    ///
+    /// If the phase's filaments updated `r` since the last reduce or set:
+    /// each processor, chunk and node then holds a part of the result, and
+    /// any one copy would be another answer on another configuration (the
+    /// post-phase code's panic ends the program's `start` with an error that
+    /// says so). Reduce it first.
     pub fn get<T: bytemuck::Pod + Send + Sync>(&self, r: &Reduction<T>) -> T {
         self.check(r);
-        // SAFETY: as in reduce_with.
+        // SAFETY (both): as in reduce_with.
+        if unsafe { r.unreduced(self.shared.procs) } {
+            panic!(
+                "post.get(&r) on a reduction its filaments updated since the last reduce or set: \
+                 its copies (one per processor, chunk and node) each hold a part of the result, \
+                 so no one of them is its value; reduce it first (post.reduce(&r, op), \
+                 post.reduce_with, or Program::reduce_at_end for the phase), or use \
+                 post.get only to read back what post.set wrote"
+            );
+        }
         unsafe { r.read(0) }
     }
 
