@@ -10,7 +10,6 @@ use hyfi_core::link::collective::{self, Channel, Dir as CollDir, SizeMismatch};
 
 use crate::error::NetError;
 use crate::tcp::comm::{Comm, Dir};
-use crate::tcp::wire::Msg;
 
 /// Sequence numbers of collectives: every node calls them in the same order.
 #[derive(Default)]
@@ -44,12 +43,9 @@ impl Channel for Tcp<'_> {
         self.0.nodes()
     }
     fn send(&self, to: usize, seq: u64, dir: CollDir, data: &[u8]) -> Result<(), NetError> {
-        let data = data.to_vec();
-        let msg = match dir {
-            CollDir::Up => Msg::Up { seq, data },
-            CollDir::Down => Msg::Down { seq, data },
-        };
-        self.0.send_collective(to, &msg)
+        // `Msg::Up`/`Msg::Down`'s frame, made from the borrowed value.
+        let frame = crate::tcp::wire::collective_frame(dir == CollDir::Up, seq, data);
+        self.0.send_collective_frame(to, frame)
     }
     fn recv(&self, from: usize, seq: u64, dir: CollDir) -> Result<Vec<u8>, NetError> {
         let dir = match dir {

@@ -454,6 +454,16 @@ impl Sender {
         self.send_control(peer, msg, true)
     }
 
+    /// [`Sender::send_collective`] of a frame made already
+    /// ([`wire::collective_frame`]).
+    pub fn send_collective_frame(&self, peer: usize, f: Vec<u8>) -> Result<(), NetError> {
+        self.stats.control_sent.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .control_bytes_sent
+            .fetch_add(f.len() as u64, Ordering::Relaxed);
+        self.push_as(peer, f, true, true)
+    }
+
     fn send_control(&self, peer: usize, msg: &Msg, for_phase_end: bool) -> Result<(), NetError> {
         let f = wire::control_frame(msg);
         self.stats.control_sent.fetch_add(1, Ordering::Relaxed);

@@ -180,19 +180,47 @@ impl Header {
     }
 }
 
-/// A control frame: header and bincode payload in one buffer.
+/// A control frame: header and bincode payload in one buffer (the payload
+/// serialized in place).
 pub fn control_frame(msg: &Msg) -> Vec<u8> {
-    let body = bincode::serialize(msg).expect("hyfi: control messages always serialize");
-    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    let len = bincode::serialized_size(msg).expect("hyfi: control messages always serialize");
+    let mut out = Vec::with_capacity(HEADER_LEN + len as usize);
     out.extend_from_slice(
         &Header {
-            len: body.len() as u32,
+            len: len as u32,
             kind: Kind::Control,
             tag: 0,
         }
         .encode(),
     );
-    out.extend_from_slice(&body);
+    bincode::serialize_into(&mut out, msg).expect("hyfi: control messages always serialize");
+    out
+}
+
+/// The control frame of `Msg::Up { seq, data }` (`up`) or `Msg::Down`,
+/// made from a borrowed value: bincode's bytes of that message (its
+/// variant as a `u32`, `seq`, the length as a `u64`, the bytes), written
+/// straight into the frame. A collective's every step sends one, and
+/// building the `Msg` first copied the value once more (LU's pieces carry
+/// its pivot row). A test checks that the bytes are `control_frame`'s.
+pub fn collective_frame(up: bool, seq: u64, data: &[u8]) -> Vec<u8> {
+    // The variants' indices in `Msg`, in declaration order.
+    const UP: u32 = 3;
+    const DOWN: u32 = 4;
+    let len = 4 + 8 + 8 + data.len();
+    let mut out = Vec::with_capacity(HEADER_LEN + len);
+    out.extend_from_slice(
+        &Header {
+            len: len as u32,
+            kind: Kind::Control,
+            tag: 0,
+        }
+        .encode(),
+    );
+    out.extend_from_slice(&(if up { UP } else { DOWN }).to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    out.extend_from_slice(data);
     out
 }
 
@@ -320,5 +348,37 @@ mod raw_bytes_tests {
         };
         let b = bincode::serialize(&empty).unwrap();
         assert_eq!(bincode::deserialize::<Msg>(&b).unwrap(), empty);
+    }
+
+    /// A collective's frame made from a borrowed value is the frame of the
+    /// message itself, either way.
+    #[test]
+    fn collective_frames_are_the_messages_frames() {
+        for (up, seq, data) in [
+            (
+                true,
+                9u64,
+                (0..8341u32).map(|i| (i * 7) as u8).collect::<Vec<u8>>(),
+            ),
+            (false, u64::MAX - 3, vec![1, 2, 3]),
+            (true, 0, Vec::new()),
+        ] {
+            let m = if up {
+                Msg::Up {
+                    seq,
+                    data: data.clone(),
+                }
+            } else {
+                Msg::Down {
+                    seq,
+                    data: data.clone(),
+                }
+            };
+            assert_eq!(
+                super::collective_frame(up, seq, &data),
+                super::control_frame(&m),
+                "{m:?}"
+            );
+        }
     }
 }

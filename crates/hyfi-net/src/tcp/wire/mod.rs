@@ -10,8 +10,8 @@ pub mod frame;
 pub mod handshake;
 
 pub use frame::{
-    bulk_frame, bulk_frame_with, control_frame, decode_msg, read_msg, write_msg, Header, Kind, Msg,
-    HEADER_LEN, MAX_FRAME,
+    bulk_frame, bulk_frame_with, collective_frame, control_frame, decode_msg, read_msg, write_msg,
+    Header, Kind, Msg, HEADER_LEN, MAX_FRAME,
 };
 pub use handshake::{
     proof, proof_ok, Binding, Handshake, HandshakeError, Nonce, Proof, Purpose, Side,
