@@ -180,11 +180,10 @@ impl Header {
     }
 }
 
-/// A control frame: header and bincode payload in one buffer (the payload
-/// serialized in place).
-pub fn control_frame(msg: &Msg) -> Vec<u8> {
-    let len = bincode::serialized_size(msg).expect("hyfi: control messages always serialize");
-    let mut out = Vec::with_capacity(HEADER_LEN + len as usize);
+/// A control frame's header for a payload of `len` bytes, in a buffer
+/// with room for the payload.
+fn control_header(len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + len);
     out.extend_from_slice(
         &Header {
             len: len as u32,
@@ -193,6 +192,14 @@ pub fn control_frame(msg: &Msg) -> Vec<u8> {
         }
         .encode(),
     );
+    out
+}
+
+/// A control frame: header and bincode payload in one buffer (the payload
+/// serialized in place).
+pub fn control_frame(msg: &Msg) -> Vec<u8> {
+    let len = bincode::serialized_size(msg).expect("hyfi: control messages always serialize");
+    let mut out = control_header(len as usize);
     bincode::serialize_into(&mut out, msg).expect("hyfi: control messages always serialize");
     out
 }
@@ -207,16 +214,7 @@ pub fn collective_frame(up: bool, seq: u64, data: &[u8]) -> Vec<u8> {
     // The variants' indices in `Msg`, in declaration order.
     const UP: u32 = 3;
     const DOWN: u32 = 4;
-    let len = 4 + 8 + 8 + data.len();
-    let mut out = Vec::with_capacity(HEADER_LEN + len);
-    out.extend_from_slice(
-        &Header {
-            len: len as u32,
-            kind: Kind::Control,
-            tag: 0,
-        }
-        .encode(),
-    );
+    let mut out = control_header(4 + 8 + 8 + data.len());
     out.extend_from_slice(&(if up { UP } else { DOWN }).to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(&(data.len() as u64).to_le_bytes());
