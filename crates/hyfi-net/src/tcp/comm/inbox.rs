@@ -230,9 +230,10 @@ impl Inbox {
                 }
             }
         }
-        // A wait: the master's `Computing` bracket, kept open past its share
-        // of a phase (`hyfi_core::link::until_wait`), ends here, before the
-        // thread can sleep. Its peers send a collective's pieces for the
+        // A thread's wait (a filthread suspends instead, above, and its
+        // processor computes on): the master's `Computing` bracket, kept
+        // open past its share of a phase (`hyfi_core::link::until_wait`),
+        // ends here, before the thread can sleep. Its peers send a collective's pieces for the
         // phase's end, and ring no bell while that bracket is open: a master
         // that slept in it (a node that does not own its CPUs, which polls
         // for only `SPIN` below, in no bracket) was woken only by the
