@@ -33,11 +33,14 @@
 #   C MPI, one table), then scripts/device-stencils.sh --bin-dir DIR/bin
 #   (the diffusion stencil per row and per point against its loop and C
 #   OpenMP 16; Jacobi, LU and matmul on one core against their loops).
-# Part 3, the many-node targets of issue 23 alone (about 2 minutes at 16
-#   CPUs with 3 rounds), round-robin: LU 2048 on Cx1, 4x(C/4) and 1xC with
-#   C MPI C; Jacobi 2048 per row on Cx1 and 4x(C/4) with C MPI C; matmul
-#   2048 per row on Cx1; fib(44) and quad on Cx1 and 1xC. The one to run
-#   first when a change to the many-node path is to be checked.
+# Part 3, the many-node targets of issue 23 alone (310 s at 16 CPUs with
+#   3 rounds, about 210 s with --runs 2, on the 2026-11-27 Xeon),
+#   round-robin: LU 2048 on Cx1, 4x(C/4) and 1xC with C MPI C; Jacobi 2048
+#   per row on Cx1 and 4x(C/4) with C MPI C; matmul 2048 per row on Cx1;
+#   fib(44) and quad on Cx1 and 1xC. The one to run first when a change to
+#   the many-node path is to be checked; a trace of one case beside it
+#   (HYFI_TRACE=... lu --n 1024 --nodes C --procs 1, then
+#   scripts/trace-rounds.py here) says where a release's steps go.
 #
 # C is the largest power of two at most the CPUs (--cpus N to choose it
 # for a rehearsal on a smaller machine; --small takes the 2-CPU sizes).
