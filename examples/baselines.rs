@@ -32,7 +32,7 @@
 //! `[1, 70]` with tolerance 1.5e-3 halved per level.
 
 #[path = "common/mod.rs"]
-#[allow(dead_code)] // only the matrix generator is used here
+#[allow(dead_code)] // only the inputs and fingerprints are used here
 mod common;
 
 use std::hint::black_box;
@@ -148,8 +148,10 @@ fn jacobi(args: &Args, pool: Option<&rayon::ThreadPool>) -> (f64, String) {
     use rayon::prelude::*;
     let n = args.n.unwrap_or(1024);
     assert!(n >= 3, "--n must be at least 3");
-    // Top edge 1.0, everything else 0.0 (as examples/jacobi.rs).
-    let mut old: Vec<f64> = (0..n * n).map(|k| if k < n { 1.0 } else { 0.0 }).collect();
+    // examples/jacobi.rs's grid: top edge 1.0, everything else 0.0.
+    let mut old: Vec<f64> = (0..n * n)
+        .map(|k| common::hot_top_edge(k / n, k % n))
+        .collect();
     let mut new = old.clone();
     let mut maxdiff = 0.0f64;
     let t = Instant::now();
@@ -199,21 +201,9 @@ fn jacobi(args: &Args, pool: Option<&rayon::ThreadPool>) -> (f64, String) {
         format!(
             "maxdiff_bits={:016x} grid_bits={:016x}",
             maxdiff.to_bits(),
-            fnv(&old)
+            common::fnv_bytes(&old)
         ),
     )
-}
-
-/// The grid fingerprint examples/jacobi.rs prints (`grid_bits=`).
-fn fnv(grid: &[f64]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for v in grid {
-        for b in v.to_bits().to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
 }
 
 // ---------------------------------------------------------------- matmul
@@ -304,11 +294,7 @@ fn lu(args: &Args, pool: Option<&rayon::ThreadPool>) -> (f64, String) {
     }
     let secs = t.elapsed().as_secs_f64();
     let sum: f64 = a.iter().sum();
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for &r in &perm {
-        h ^= r as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
+    let h = common::fnv_words(perm.iter().map(|&r| r as u64));
     (
         secs,
         format!(

@@ -312,19 +312,7 @@ fn main() {
         );
         std::process::exit(1);
     }
-    match common::same_bits("point ", &par.x, &seq.x, args.n) {
-        Ok(()) => {
-            let mut h = 0xcbf2_9ce4_8422_2325u64;
-            for v in &par.x {
-                h = (h ^ v.to_bits()).wrapping_mul(0x0100_0000_01b3);
-            }
-            println!(
-                "OK: hyfi and sequential results are identical bit for bit (grid_bits={h:016x})"
-            );
-        }
-        Err(what) => {
-            eprintln!("MISMATCH: {what}");
-            std::process::exit(1);
-        }
-    }
+    let check = common::same_bits("point ", &par.x, &seq.x, args.n)
+        .map(|()| common::fnv_words(par.x.iter().map(|v| v.to_bits())));
+    common::print_ok_or_exit(check, "MISMATCH");
 }

@@ -199,19 +199,7 @@ fn main() {
     );
     println!("hyfi:       {:.4} s, {} steps", par.secs, args.steps);
     println!("sequential: {:.4} s, {} steps", seq.secs, args.steps);
-    match common::same_bits("point ", &par.grid, &seq.grid, args.n) {
-        Ok(()) => {
-            let mut h = 0xcbf2_9ce4_8422_2325u64;
-            for v in &par.grid {
-                h = (h ^ v.to_bits()).wrapping_mul(0x0100_0000_01b3);
-            }
-            println!(
-                "OK: hyfi and sequential results are identical bit for bit (grid_bits={h:016x})"
-            );
-        }
-        Err(what) => {
-            eprintln!("MISMATCH: {what}");
-            std::process::exit(1);
-        }
-    }
+    let check = common::same_bits("point ", &par.grid, &seq.grid, args.n)
+        .map(|()| common::fnv_words(par.grid.iter().map(|v| v.to_bits())));
+    common::print_ok_or_exit(check, "MISMATCH");
 }

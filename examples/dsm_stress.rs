@@ -473,13 +473,7 @@ pub fn run_many_waiters(
 fn main() {
     let args = Args::parse();
     let rt = common::or_exit("dsm_stress", args.runtime.start(|cfg| cfg));
-    println!(
-        "node {} of {} ({} processors), pid {}",
-        rt.node(),
-        rt.num_nodes(),
-        rt.procs(),
-        std::process::id()
-    );
+    common::print_node_line(&rt);
     let dsm = common::or_exit("dsm_stress", Dsm::new(&rt));
     let rounds = match args.mode {
         Mode::ManyWaiters => common::or_exit("dsm_stress", run_many_waiters(&rt, &dsm, &args)),

@@ -68,13 +68,7 @@ pub fn value(i: usize) -> f64 {
 fn main() {
     let args = Args::parse();
     let rt = common::or_exit("exact_sum", args.runtime.start(|cfg| cfg));
-    println!(
-        "node {} of {} ({} processors), pid {}",
-        rt.node(),
-        rt.num_nodes(),
-        rt.procs(),
-        std::process::id()
-    );
+    common::print_node_line(&rt);
     let exact = rt.exact_sum();
     let plain = rt.reduction(0.0f64);
     let mut exact_sums = Vec::new();

@@ -33,7 +33,6 @@
 
 #[path = "common/mod.rs"]
 mod common;
-use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
@@ -137,15 +136,9 @@ struct Args {
     no_seq: bool,
 }
 
-fn main() -> ExitCode {
+fn main() {
     let args = Args::parse();
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(msg) => {
-            eprintln!("fib: {msg}");
-            ExitCode::FAILURE
-        }
-    }
+    common::or_exit("fib", run(&args));
 }
 
 fn run(args: &Args) -> Result<(), String> {

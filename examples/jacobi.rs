@@ -56,60 +56,16 @@ pub struct Args {
     /// Pools per processor (rows in blocks over them).
     #[arg(long, default_value_t = 1, value_parser = at_least(1))]
     pub pools_per_proc: usize,
-    /// Most sweeps to run.
-    #[arg(long, default_value_t = 100, value_parser = at_least(1))]
-    pub iters: usize,
-    /// Stop once no point changes by this much or more in a sweep.
-    #[arg(long, default_value_t = 1e-6)]
-    pub eps: f64,
+    /// When to stop (--iters, --eps).
+    #[command(flatten)]
+    pub sweeps: common::SweepArgs,
     /// One filament per row instead of one per point.
     #[arg(long)]
     pub per_row: bool,
 }
 
-/// What a run computed.
-#[derive(Debug, Clone)]
-pub struct Output {
-    /// Sweeps done.
-    pub iters: usize,
-    /// Largest change in the last sweep.
-    pub maxdiff: f64,
-    /// Whether the sweeps stopped because `maxdiff < eps`.
-    pub converged: bool,
-    /// The final grid, row-major.
-    pub grid: Vec<f64>,
-    /// Seconds the sweeps took.
-    pub secs: f64,
-    /// This node's DSM counters (hyfi runs only).
-    pub dsm: Option<hyfi::DsmStats>,
-}
-
-impl Output {
-    /// `Ok` if `self` and `other` did the same sweeps and hold the same
-    /// grid, bit for bit; otherwise what differs first.
-    pub fn check_same(&self, other: &Output) -> Result<(), String> {
-        if self.iters != other.iters {
-            return Err(format!("{} sweeps against {}", self.iters, other.iters));
-        }
-        if self.maxdiff.to_bits() != other.maxdiff.to_bits() {
-            return Err(format!(
-                "maxdiff {:e} against {:e}",
-                self.maxdiff, other.maxdiff
-            ));
-        }
-        let n = (self.grid.len() as f64).sqrt() as usize;
-        common::same_bits("point ", &self.grid, &other.grid, n)
-    }
-}
-
-/// The starting grid: top edge hot, everything else cold.
-fn init(i: usize, _j: usize) -> f64 {
-    if i == 0 {
-        1.0
-    } else {
-        0.0
-    }
-}
+/// What a run computed: sweeps, the last maxdiff, the final grid.
+pub use common::SweepOutput as Output;
 
 /// The new value of an interior point. Both versions use this expression,
 /// so they round identically.
@@ -129,15 +85,14 @@ pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, Box<dyn std::error:
 pub fn run_dsm(rt: &Runtime, dsm: &Dsm, args: &Args) -> Result<Output, Box<dyn std::error::Error>> {
     let n = args.n;
     let inner = 1..n.saturating_sub(1);
-    let eps = args.eps;
-    let max_iters = args.iters;
+    let (eps, max_iters) = (args.sweeps.eps, args.sweeps.iters);
     // Both grids start with the edges, which no filament writes. A block of
     // rows is homed where the pools below compute it; rows padded to pages.
     let grid = || {
         dsm.matrix::<f64>(n, n)
             .pad_rows()
             .placement(Placement::BlockRows(inner.clone()))
-            .from_fn(init)
+            .from_fn(common::hot_top_edge)
     };
     let grids = [grid()?, grid()?];
     let maxdiff = rt.reduction(0.0f64);
@@ -244,7 +199,9 @@ pub fn run_dsm(rt: &Runtime, dsm: &Dsm, args: &Args) -> Result<Output, Box<dyn s
 pub fn run_seq(args: &Args) -> Output {
     let n = args.n;
     let inner = 1..n.saturating_sub(1);
-    let mut old: Vec<f64> = (0..n * n).map(|k| init(k / n, k % n)).collect();
+    let mut old: Vec<f64> = (0..n * n)
+        .map(|k| common::hot_top_edge(k / n, k % n))
+        .collect();
     let mut new = old.clone();
     let mut iters = 0usize;
     let t = Instant::now();
@@ -268,8 +225,8 @@ pub fn run_seq(args: &Args) -> Output {
         }
         std::mem::swap(&mut old, &mut new);
         iters += 1;
-        if m < args.eps || iters >= args.iters {
-            break (m, m < args.eps);
+        if m < args.sweeps.eps || iters >= args.sweeps.iters {
+            break (m, m < args.sweeps.eps);
         }
     };
     Output {
@@ -297,21 +254,7 @@ fn main() {
         args.pools_per_proc,
         rt.node()
     );
-    println!(
-        "hyfi:       {:.4} s, {} sweeps, maxdiff {:.6e}{}",
-        par.secs,
-        par.iters,
-        par.maxdiff,
-        if par.converged {
-            " (converged)"
-        } else {
-            " (stopped at --iters)"
-        }
-    );
-    println!(
-        "sequential: {:.4} s, {} sweeps, maxdiff {:.6e}",
-        seq.secs, seq.iters, seq.maxdiff
-    );
+    Output::print_beside(&par, &seq);
     print!("{}", rt.stats());
     if let Some(d) = &par.dsm {
         print!("{d}");
@@ -327,26 +270,6 @@ fn main() {
     if let Some(t) = rt.traffic() {
         println!("traffic of node {}: {t}", rt.node());
     }
-    match par.check_same(&seq) {
-        Ok(()) => println!(
-            "OK: hyfi and sequential results are identical bit for bit (grid_bits={:016x})",
-            fnv(&par.grid)
-        ),
-        Err(what) => {
-            eprintln!("jacobi: MISMATCH between hyfi and sequential: {what}");
-            std::process::exit(1);
-        }
-    }
-}
-
-/// A fingerprint of the grid's bits, to compare runs across configurations.
-fn fnv(grid: &[f64]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for v in grid {
-        for b in v.to_bits().to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
+    let check = par.check_same(&seq).map(|()| common::fnv_bytes(&par.grid));
+    common::print_ok_or_exit(check, "jacobi: MISMATCH between hyfi and sequential");
 }

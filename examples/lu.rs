@@ -106,22 +106,7 @@ impl Output {
         if self.lu.len() != other.lu.len() || self.perm.len() != other.perm.len() {
             return Err("sizes differ".into());
         }
-        let n = self.perm.len();
-        match self
-            .lu
-            .iter()
-            .zip(&other.lu)
-            .position(|(a, b)| a.to_bits() != b.to_bits())
-        {
-            None => Ok(()),
-            Some(k) => Err(format!(
-                "element ({}, {}) is {:e} against {:e}",
-                k / n,
-                k % n,
-                self.lu[k],
-                other.lu[k]
-            )),
-        }
+        common::same_bits("element ", &self.lu, &other.lu, self.perm.len())
     }
 }
 

@@ -84,13 +84,7 @@ pub fn block_quad(b: u64, blocks: u64, samples: u64) -> f64 {
 fn main() {
     let args = Args::parse();
     let rt = common::or_exit("montecarlo", args.runtime.start(|cfg| cfg));
-    println!(
-        "node {} of {} ({} processors), pid {}",
-        rt.node(),
-        rt.num_nodes(),
-        rt.procs(),
-        std::process::id()
-    );
+    common::print_node_line(&rt);
     let hits = rt.reduction(0u64);
     let area = rt.reduction(0.0f64);
     let (mut total_hits, mut last_area) = (0u64, 0.0f64);

@@ -44,7 +44,6 @@
 
 #[path = "common/mod.rs"]
 mod common;
-use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
@@ -322,15 +321,9 @@ struct Args {
     no_seq: bool,
 }
 
-fn main() -> ExitCode {
+fn main() {
     let args = Args::parse();
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(msg) => {
-            eprintln!("quad: {msg}");
-            ExitCode::FAILURE
-        }
-    }
+    common::or_exit("quad", run(&args));
 }
 
 fn run(args: &Args) -> Result<(), String> {

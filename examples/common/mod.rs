@@ -1,5 +1,6 @@
-//! Command-line plumbing shared by the examples (not an example itself:
-//! cargo builds only `examples/*.rs` and `examples/*/main.rs`).
+//! What the examples share: their command-line plumbing, their inputs, and
+//! the checks and report lines that tests and scripts read (not an example
+//! itself: cargo builds only `examples/*.rs` and `examples/*/main.rs`).
 
 use hyfi::{Config, Runtime};
 
@@ -144,5 +145,149 @@ pub fn same_bits(what: &str, a: &[f64], b: &[f64], n: usize) -> Result<(), Strin
             a[k],
             b[k]
         )),
+    }
+}
+
+/// Prints `node R of N (P processors), pid PID`, the first line of the
+/// examples that the multi-node tests start: they find each node's process
+/// by it.
+#[allow(dead_code)] // only the examples those tests run print it
+pub fn print_node_line(rt: &Runtime) {
+    println!(
+        "node {} of {} ({} processors), pid {}",
+        rt.node(),
+        rt.num_nodes(),
+        rt.procs(),
+        std::process::id()
+    );
+}
+
+// ------------------------------------------------------- grid relaxations
+//
+// `jacobi` and `sor` solve the same problem (a grid with its top edge hot)
+// with the same stopping rule, so they share their options, their output
+// and its report; `diffusion`, `cg` and `baselines` share the fingerprints.
+
+/// When the sweeps of a relaxation stop: `--iters` and `--eps`.
+#[derive(clap::Args, Debug, Clone, Copy)]
+#[allow(dead_code)] // only the relaxations stop on a tolerance
+pub struct SweepArgs {
+    /// Most sweeps to run.
+    #[arg(long, default_value_t = 100, value_parser = at_least(1))]
+    pub iters: usize,
+    /// Stop once no point changes by this much or more in a sweep.
+    #[arg(long, default_value_t = 1e-6)]
+    pub eps: f64,
+}
+
+/// The starting grid of a relaxation: top edge hot (1.0), everything else
+/// cold.
+#[allow(dead_code)] // only the relaxations start from it
+pub fn hot_top_edge(i: usize, _j: usize) -> f64 {
+    if i == 0 {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// What a relaxation computed, on hyfi or sequentially.
+#[derive(Debug, Clone)]
+#[allow(dead_code)] // only the relaxations compute one
+pub struct SweepOutput {
+    /// Sweeps done.
+    pub iters: usize,
+    /// Largest change in the last sweep.
+    pub maxdiff: f64,
+    /// Whether the sweeps stopped because `maxdiff < eps`.
+    pub converged: bool,
+    /// The final grid, row-major.
+    pub grid: Vec<f64>,
+    /// Seconds the sweeps took.
+    pub secs: f64,
+    /// This node's DSM counters (hyfi runs only).
+    pub dsm: Option<hyfi::DsmStats>,
+}
+
+#[allow(dead_code)] // only the relaxations compute one
+impl SweepOutput {
+    /// `Ok` if `self` and `other` did the same sweeps and hold the same
+    /// grid, bit for bit; otherwise what differs first.
+    pub fn check_same(&self, other: &SweepOutput) -> Result<(), String> {
+        if self.iters != other.iters {
+            return Err(format!("{} sweeps against {}", self.iters, other.iters));
+        }
+        if self.maxdiff.to_bits() != other.maxdiff.to_bits() {
+            return Err(format!(
+                "maxdiff {:e} against {:e}",
+                self.maxdiff, other.maxdiff
+            ));
+        }
+        let n = (self.grid.len() as f64).sqrt() as usize;
+        same_bits("point ", &self.grid, &other.grid, n)
+    }
+
+    /// Prints the `hyfi:` and `sequential:` lines of a relaxation's report:
+    /// the seconds, sweeps and last maxdiff of `par` and of `seq`.
+    pub fn print_beside(par: &SweepOutput, seq: &SweepOutput) {
+        println!(
+            "hyfi:       {:.4} s, {} sweeps, maxdiff {:.6e}{}",
+            par.secs,
+            par.iters,
+            par.maxdiff,
+            if par.converged {
+                " (converged)"
+            } else {
+                " (stopped at --iters)"
+            }
+        );
+        println!(
+            "sequential: {:.4} s, {} sweeps, maxdiff {:.6e}",
+            seq.secs, seq.iters, seq.maxdiff
+        );
+    }
+}
+
+/// The `grid_bits` fingerprint of `jacobi`, `sor` and `baselines jacobi`:
+/// FNV-1a over the values' little-endian bytes (as
+/// `benches/baselines/common.h` computes it), to compare runs across
+/// configurations and with the C baselines.
+#[allow(dead_code)] // only the relaxations print it
+pub fn fnv_bytes(values: &[f64]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for v in values {
+        for b in v.to_bits().to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The `grid_bits` fingerprint of `diffusion` and `cg` (and
+/// `benches/baselines/diffusion.c`), and `perm_hash` of `baselines lu`:
+/// FNV over whole 64-bit words, one xor and multiply per word. Not the
+/// bytewise [`fnv_bytes`]: each prints the fingerprint its C baseline does.
+#[allow(dead_code)] // only some grid examples print it
+pub fn fnv_words(words: impl IntoIterator<Item = u64>) -> u64 {
+    words.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, w| {
+        (h ^ w).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The last line of a grid example's report. `check` is the fingerprint of
+/// the grid if hyfi's run matched the sequential one bit for bit: then the
+/// `OK: … (grid_bits=…)` line that tests and scripts read. Otherwise what
+/// differs, after `mismatch`, on stderr, and exit status 1.
+#[allow(dead_code)] // only the grid examples end so
+pub fn print_ok_or_exit(check: Result<u64, String>, mismatch: &str) {
+    match check {
+        Ok(bits) => println!(
+            "OK: hyfi and sequential results are identical bit for bit (grid_bits={bits:016x})"
+        ),
+        Err(what) => {
+            eprintln!("{mismatch}: {what}");
+            std::process::exit(1);
+        }
     }
 }
