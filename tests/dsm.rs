@@ -48,10 +48,24 @@ fn run_ok(what: &str, cmd: Command, nodes: usize) -> BTreeMap<usize, Vec<String>
     // No frame waited for a timer: every message that a node waited for
     // woke it (the traffic line names such frames; see
     // `hyfi_core::link::Traffic::unannounced`). Tests run unpinned, where
-    // a release's all-reduce once slept ~100 ms a step for want of a bell.
+    // a release's all-reduce once slept ~100 ms a step for want of a bell
+    // (74 such reads in LU 64 on 8×1). A sender descheduled between
+    // publishing a frame and looking whether to wake its reader, just as
+    // the reader's timer fires, makes one now and then on a loaded
+    // machine: a few are a race, not a lost wake-up.
+    const RACES: u64 = 4;
     for (k, lines) in &per_node {
-        if let Some(l) = lines.iter().find(|l| l.contains("read only at a timer")) {
-            job.fail(&format!("node {k} lost a wake-up: {l}"));
+        let Some(l) = lines.iter().find(|l| l.contains("read only at a timer")) else {
+            continue;
+        };
+        let count: u64 = l
+            .split("read only at a timer ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(u64::MAX);
+        if count > RACES {
+            job.fail(&format!("node {k} lost wake-ups: {l}"));
         }
     }
     per_node

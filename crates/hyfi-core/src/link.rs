@@ -303,9 +303,14 @@ pub fn attending_collective<R>(collective: impl FnOnce() -> R) -> R {
     }
     // Not on a filthread: its waits suspend it, and its processor runs
     // other work meanwhile, reading nothing.
+    // Nor inside another polling bracket (a service handler's, a poll's
+    // ready check): that one is the thread's outermost, which
+    // `before_sleep` cannot end.
+    let polling = 1u8 << Attending::Polling as u8;
     let outer = crate::sleep::cpus_exclusive()
         && !crate::filthread::in_filthread()
-        && COLLECTIVE.with(|c| c.borrow().is_none());
+        && COLLECTIVE.with(|c| c.borrow().is_none())
+        && ATTENDS.with(|a| a.get() & polling == 0);
     if outer {
         let bracket = Attend::start(Attending::Polling);
         COLLECTIVE.with(|c| *c.borrow_mut() = Some(bracket));

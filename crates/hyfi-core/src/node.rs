@@ -447,9 +447,11 @@ pub struct Traffic {
     /// wake-up, when it woke for a timer of its own while none of the
     /// node's threads was reading or due to read them: each waited for
     /// the clock (a heartbeat's interval) instead of being read at once.
-    /// A lost wake-up, always 0 where the transport's wake-up protocol
-    /// holds (the TCP transport's lanes count it); the traffic line names
-    /// it only when it is not.
+    /// Where the transport's wake-up protocol holds (the TCP transport's
+    /// lanes count it) it stays 0 but for a rare race: a sender descheduled
+    /// between publishing a frame and looking whether to wake the reader,
+    /// while the reader's timer fired. A count that grows with the phases
+    /// is a lost wake-up. The traffic line names it when it is not 0.
     pub unannounced: u64,
 }
 
@@ -479,8 +481,8 @@ impl std::fmt::Display for Traffic {
         if self.unannounced > 0 {
             write!(
                 f,
-                "; frames read only at a timer {} times (a lost wake-up: a bug of the \
-                 transport, please report it)",
+                "; frames read only at a timer {} times (more than a few are a lost \
+                 wake-up, a bug of the transport: please report it)",
                 self.unannounced
             )?;
         }

@@ -130,7 +130,10 @@ impl<'s> PostPhase<'s> {
     /// each processor, chunk and node then holds a part of the result, and
     /// any one copy would be another answer on another configuration (the
     /// post-phase code's panic ends the program's `start` with an error that
-    /// says so). Reduce it first.
+    /// says so). Reduce it first. The check is each node's own: a node whose
+    /// copies the phase happened to leave unchanged returns their value,
+    /// which is then the reduction's on that node, and the nodes whose copies
+    /// moved fail.
     pub fn get<T: bytemuck::Pod + Send + Sync>(&self, r: &Reduction<T>) -> T {
         self.check(r);
         // SAFETY (both): as in reduce_with.

@@ -404,6 +404,13 @@ impl Ring {
         Ok(n)
     }
 
+    /// Whether the producer rang this ring's bell and the consumer has not
+    /// drained it yet: bytes found now were announced (the byte may still
+    /// be on its way, its producer preempted between the two).
+    pub fn rung(&self) -> bool {
+        self.ix.bell().load(Ordering::SeqCst) != 0
+    }
+
     /// Whether bytes wait in the ring (the consumer's side; any thread).
     pub fn pending(&self) -> bool {
         self.ix.tail().load(Ordering::Acquire) != self.ix.head().load(Ordering::Acquire)

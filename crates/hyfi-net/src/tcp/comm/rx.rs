@@ -889,7 +889,9 @@ impl Loop {
             if self.rx.polled_recently() {
                 self.deferred = true;
             } else {
-                if std::mem::take(&mut unannounced) {
+                // A rung ring's bytes were announced: their bell is on its
+                // way (its producer preempted between the two).
+                if !ring.rung() && std::mem::take(&mut unannounced) {
                     self.node
                         .sender
                         .stats
