@@ -108,6 +108,16 @@ pub enum Error {
         message: String,
     },
 
+    /// `Runtime::get` of a reduction whose copies each hold a part of its
+    /// value: filaments updated it since the last reduce or set.
+    #[error(
+        "Runtime::get on a reduction that filaments updated since its last reduce or set: its \
+         copies (one per processor, chunk and node) each hold a part of the result, so no one \
+         of them is its value; reduce it first (Runtime::reduce after a run, on every node; \
+         PostPhase::reduce in a phase's post-phase code)"
+    )]
+    Unreduced,
+
     /// `start`/`run` was called from inside a filament of the same runtime,
     /// which would deadlock.
     #[error(

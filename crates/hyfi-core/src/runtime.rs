@@ -25,7 +25,7 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::job::JobRef;
 use crate::node::{NodeLink, SingleNode};
-use crate::reduce::Reduction;
+use crate::reduce::{Op, Reduction};
 use crate::registry::{Command, Shared};
 use crate::sched;
 use crate::stats::{ProcStats, Stats};
@@ -194,14 +194,77 @@ impl Runtime {
         crate::exact::ExactSum::new(self.shared.id, self.shared.procs)
     }
 
-    /// The value of processor 0's copy of `r` (after a reduce, every copy's).
-    /// Waits for a running program to end.
+    /// The value of `r` when every copy holds it: after a reduce
+    /// ([`Runtime::reduce`], or a phase's), or a [`Runtime::set`] that no
+    /// filament updated since. Waits for a running program to end.
+    ///
+    /// [`Error::Unreduced`] if filaments updated `r` since (a fork-join
+    /// run's, say): each processor, chunk and node then holds a part of
+    /// the result, and any one copy would be another answer on another
+    /// configuration. The check is this node's (as `PostPhase::get`'s).
     pub fn get<T: bytemuck::Pod + Send + Sync>(&self, r: &Reduction<T>) -> Result<T, Error> {
         let _g = self.start_lock.lock().unwrap_or_else(|e| e.into_inner());
         r.check(self.shared.id)?;
-        // SAFETY: no program runs (we hold the start lock), so no server
-        // thread touches the copies.
+        // SAFETY (both): no program runs (we hold the start lock), so no
+        // server thread touches the copies.
+        if unsafe { r.unreduced(self.shared.procs) } {
+            return Err(Error::Unreduced);
+        }
         Ok(unsafe { r.read(0) })
+    }
+
+    /// Reduces `r` between programs, after a fork-join run whose filaments
+    /// updated it: combines every copy of every processor (in the fixed
+    /// order [`Reduction`] gives), then every node's (the link's
+    /// all-reduce, so every node of the job must call it, in the same
+    /// order as its other collectives, as it calls `start` and `run`),
+    /// writes the result into every copy and returns it. Waits for a
+    /// running program to end.
+    ///
+    /// ```
+    /// use hyfi::{Config, Op, Runtime};
+    ///
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+    /// let leaves = rt.reduction(0u64);
+    /// fn count(ctx: &hyfi::Ctx, leaves: &hyfi::Reduction<u64>, depth: u32) {
+    ///     if depth == 0 {
+    ///         leaves.update(ctx, |n| n + 1);
+    ///     } else {
+    ///         ctx.join(|c| count(c, leaves, depth - 1), |c| count(c, leaves, depth - 1));
+    ///     }
+    /// }
+    /// rt.run(|ctx| count(ctx, &leaves, 10))?;
+    /// assert_eq!(rt.reduce(&leaves, Op::Sum)?, 1024);
+    /// assert_eq!(rt.get(&leaves)?, 1024); // every copy holds it now
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reduce<T: crate::reduce::Arith>(&self, r: &Reduction<T>, op: Op) -> Result<T, Error> {
+        self.reduce_with(r, move |a, b| op.apply(a, b))
+    }
+
+    /// [`Runtime::reduce`] with an associative `combine` of your own.
+    pub fn reduce_with<T, C>(&self, r: &Reduction<T>, combine: C) -> Result<T, Error>
+    where
+        T: bytemuck::Pod + Send + Sync,
+        C: Fn(T, T) -> T,
+    {
+        let _g = self.start_lock.lock().unwrap_or_else(|e| e.into_inner());
+        r.check(self.shared.id)?;
+        // SAFETY (both): as in `get`.
+        let mut acc = unsafe { r.combine_node(self.shared.procs, &combine) };
+        self.shared
+            .link
+            .allreduce(
+                bytemuck::bytes_of_mut(&mut acc),
+                &mut |a: &mut [u8], b: &[u8]| {
+                    let x: T = bytemuck::pod_read_unaligned(a);
+                    let y: T = bytemuck::pod_read_unaligned(b);
+                    a.copy_from_slice(bytemuck::bytes_of(&combine(x, y)));
+                },
+            )
+            .map_err(Error::Link)?;
+        unsafe { r.write_all(acc) };
+        Ok(acc)
     }
 
     /// Sets every private copy of `r`. Waits for a running program to end.

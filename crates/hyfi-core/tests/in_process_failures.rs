@@ -248,3 +248,29 @@ fn a_stuck_handler_is_a_peer_that_stopped_answering() {
     }
     assert!(t0.elapsed() < Duration::from_secs(60), "bounded");
 }
+
+/// `Runtime::reduce` between programs is a collective: on two nodes linked
+/// in-process, each node's copies (updated by a phase whose post-phase
+/// code did not reduce them) combine into the job's total on both.
+#[test]
+fn runtime_reduce_between_programs_combines_every_nodes_copies() {
+    let got = on_nodes(InProcess::connect(2), |node, link| {
+        let rt = runtime(&link);
+        let total = rt.reduction(0u64);
+        let mut prog = Program::new();
+        prog.phase(
+            PoolArray::block(&rt, 0..100, 1),
+            |ctx, i| total.update(ctx, |t| t + i as u64),
+            |_| Control::Done,
+        );
+        rt.start(&mut prog).expect("a phase");
+        drop(prog);
+        let unreduced = matches!(rt.get(&total), Err(hyfi_core::Error::Unreduced));
+        let sum = rt.reduce(&total, hyfi_core::Op::Sum).expect("reduce");
+        (node, unreduced, sum, rt.get(&total).expect("get"))
+    });
+    for (node, unreduced, sum, after) in got {
+        assert!(unreduced, "node {node}: get before the reduce");
+        assert_eq!((sum, after), (4950, 4950), "node {node}");
+    }
+}

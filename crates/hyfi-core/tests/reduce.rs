@@ -212,6 +212,9 @@ fn an_update_closure_that_waits_is_refused_in_fork_join() {
         )
     })
     .expect("runs");
+    // The run's updates are in its copy, unreduced: `get` says so.
+    assert!(matches!(rt.get(&count), Err(Error::Unreduced)));
+    assert_eq!(rt.reduce(&count, Op::Sum).expect("reduce"), 2);
     assert_eq!(rt.get(&count).expect("get"), 2);
 }
 
@@ -468,5 +471,45 @@ fn post_get_of_an_unreduced_reduction_is_an_error_not_one_copy() {
         rt.start(&mut prog).expect("reduced, then set");
         drop(prog);
         assert_eq!((reduced, handed), (99, 7), "{procs} processors");
+    }
+}
+
+/// After a fork-join run, `Runtime::reduce` combines every processor's
+/// copy (a stolen branch's updates sit in its thief's), the same sum on 1
+/// and 4 processors; `Runtime::get` before it is an error, after it the
+/// value.
+#[test]
+fn runtime_reduce_combines_a_fork_join_runs_copies() {
+    fn leaves(ctx: &hyfi_core::Ctx, r: &hyfi_core::Reduction<u64>, depth: u32) {
+        if depth == 0 {
+            r.update(ctx, |n| n + 1);
+        } else {
+            ctx.join(|c| leaves(c, r, depth - 1), |c| leaves(c, r, depth - 1));
+        }
+    }
+    for procs in [1, 4] {
+        let rt = Runtime::new(Config::new().procs(procs).pin(false)).unwrap();
+        let count = rt.reduction(0u64);
+        let deepest = rt.reduction(0u64);
+        rt.run(|ctx| {
+            leaves(ctx, &count, 12);
+            deepest.update(ctx, |d| d.max(12));
+        })
+        .unwrap();
+        assert!(
+            matches!(rt.get(&count), Err(Error::Unreduced)),
+            "{procs} processors: get before the reduce"
+        );
+        assert_eq!(
+            rt.reduce(&count, Op::Sum).unwrap(),
+            4096,
+            "{procs} processors"
+        );
+        assert_eq!(rt.get(&count).unwrap(), 4096);
+        assert_eq!(rt.reduce_with(&deepest, |a, b| a.max(b)).unwrap(), 12);
+        // A second reduce of the reduced copies would count them again:
+        // set the start afresh, as in a phase.
+        rt.set(&count, 0).unwrap();
+        assert_eq!(rt.get(&count).unwrap(), 0);
     }
 }
