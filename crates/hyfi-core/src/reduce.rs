@@ -513,14 +513,14 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
         *self.copies[p].first.get()
     }
 
-    /// Whether a copy of the node's `procs` processors differs (in its
-    /// bits) from the value last written to every copy: the phase's
-    /// filaments updated the variable since the last reduce or set, and no
-    /// copy alone is its value.
+    /// The variable's value if every copy of the node's `procs` processors
+    /// holds it (in its bits: the value last written to every copy, by a
+    /// reduce or a set); `None` if the filaments updated a copy since, so
+    /// that no copy alone is its value (`PostPhase::get`, `Runtime::get`).
     ///
     /// # Safety
     /// As for `read`.
-    pub(crate) unsafe fn unreduced(&self, procs: usize) -> bool {
+    pub(crate) unsafe fn value(&self, procs: usize) -> Option<T> {
         let base = *self.base.get();
         let mut differs = false;
         for p in 0..procs {
@@ -528,7 +528,32 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
                 differs |= bytemuck::bytes_of(&v) != bytemuck::bytes_of(&base);
             });
         }
-        differs
+        (!differs).then_some(base)
+    }
+
+    /// Reduces the variable: the node's `procs` processors' copies in
+    /// their fixed order, then the nodes' over `link`; the result goes into
+    /// every copy (`PostPhase::reduce_with`, `Runtime::reduce_with`).
+    ///
+    /// # Safety
+    /// As for `read`.
+    pub(crate) unsafe fn reduce_everywhere(
+        &self,
+        procs: usize,
+        link: &dyn crate::NodeLink,
+        combine: impl Fn(T, T) -> T,
+    ) -> Result<T, crate::LinkError> {
+        let mut acc = self.combine_node(procs, &combine);
+        link.allreduce(
+            bytemuck::bytes_of_mut(&mut acc),
+            &mut |a: &mut [u8], b: &[u8]| {
+                let x: T = bytemuck::pod_read_unaligned(a);
+                let y: T = bytemuck::pod_read_unaligned(b);
+                a.copy_from_slice(bytemuck::bytes_of(&combine(x, y)));
+            },
+        )?;
+        self.write_all(acc);
+        Ok(acc)
     }
 
     /// Writes `v` into every copy, and into the copies pools make later.

@@ -205,12 +205,9 @@ impl Runtime {
     pub fn get<T: bytemuck::Pod + Send + Sync>(&self, r: &Reduction<T>) -> Result<T, Error> {
         let _g = self.start_lock.lock().unwrap_or_else(|e| e.into_inner());
         r.check(self.shared.id)?;
-        // SAFETY (both): no program runs (we hold the start lock), so no
-        // server thread touches the copies.
-        if unsafe { r.unreduced(self.shared.procs) } {
-            return Err(Error::Unreduced);
-        }
-        Ok(unsafe { r.read(0) })
+        // SAFETY: no program runs (we hold the start lock), so no server
+        // thread touches the copies.
+        unsafe { r.value(self.shared.procs) }.ok_or(Error::Unreduced)
     }
 
     /// Reduces `r` between programs, after a fork-join run whose filaments
@@ -250,21 +247,9 @@ impl Runtime {
     {
         let _g = self.start_lock.lock().unwrap_or_else(|e| e.into_inner());
         r.check(self.shared.id)?;
-        // SAFETY (both): as in `get`.
-        let mut acc = unsafe { r.combine_node(self.shared.procs, &combine) };
-        self.shared
-            .link
-            .allreduce(
-                bytemuck::bytes_of_mut(&mut acc),
-                &mut |a: &mut [u8], b: &[u8]| {
-                    let x: T = bytemuck::pod_read_unaligned(a);
-                    let y: T = bytemuck::pod_read_unaligned(b);
-                    a.copy_from_slice(bytemuck::bytes_of(&combine(x, y)));
-                },
-            )
-            .map_err(Error::Link)?;
-        unsafe { r.write_all(acc) };
-        Ok(acc)
+        // SAFETY: as in `get`.
+        unsafe { r.reduce_everywhere(self.shared.procs, &*self.shared.link, combine) }
+            .map_err(Error::Link)
     }
 
     /// Sets every private copy of `r`. Waits for a running program to end.

@@ -80,25 +80,15 @@ impl<'s> PostPhase<'s> {
             // SAFETY: as below.
             return unsafe { r.read(0) };
         }
-        // SAFETY (reads/writes below): post-phase code runs while every other
-        // server thread of the node waits at the barrier, whose SeqCst
-        // counter orders their last writes before these accesses.
-        let mut acc = unsafe { r.combine_node(self.shared.procs, &combine) };
-        let res = self.shared.link.allreduce(
-            bytemuck::bytes_of_mut(&mut acc),
-            &mut |a: &mut [u8], b: &[u8]| {
-                let x: T = bytemuck::pod_read_unaligned(a);
-                let y: T = bytemuck::pod_read_unaligned(b);
-                a.copy_from_slice(bytemuck::bytes_of(&combine(x, y)));
-            },
-        );
-        if let Err(e) = res {
+        // SAFETY: post-phase code runs while every other server thread of
+        // the node waits at the barrier, whose SeqCst counter orders their
+        // last writes before these accesses.
+        match unsafe { r.reduce_everywhere(self.shared.procs, &*self.shared.link, combine) } {
+            Ok(v) => v,
             // Unwind to the post-phase's catch without running the panic
             // hook: this is an error report, not a bug.
-            std::panic::resume_unwind(Box::new(LinkAbort(Error::Link(e))));
+            Err(e) => std::panic::resume_unwind(Box::new(LinkAbort(Error::Link(e)))),
         }
-        unsafe { r.write_all(acc) };
-        acc
     }
 
     /// Reduces an [`ExactSum`]: adds every private copy on every node
@@ -136,8 +126,8 @@ impl<'s> PostPhase<'s> {
     /// moved fail.
     pub fn get<T: bytemuck::Pod + Send + Sync>(&self, r: &Reduction<T>) -> T {
         self.check(r);
-        // SAFETY (both): as in reduce_with.
-        if unsafe { r.unreduced(self.shared.procs) } {
+        // SAFETY: as in reduce_with.
+        let Some(v) = (unsafe { r.value(self.shared.procs) }) else {
             panic!(
                 "post.get(&r) on a reduction its filaments updated since the last reduce or set: \
                  its copies (one per processor, chunk and node) each hold a part of the result, \
@@ -145,8 +135,8 @@ impl<'s> PostPhase<'s> {
                  post.reduce_with, or Program::reduce_at_end for the phase), or use \
                  post.get only to read back what post.set wrote"
             );
-        }
-        unsafe { r.read(0) }
+        };
+        v
     }
 
     /// Sets every private copy of `r` (e.g. `maxdiff = 0` for the next iteration).

@@ -233,13 +233,14 @@ impl Inbox {
         // A thread's wait (a filthread suspends instead, above, and its
         // processor computes on): the master's `Computing` bracket, kept
         // open past its share of a phase (`hyfi_core::link::until_wait`),
-        // ends here, before the thread can sleep. Its peers send a collective's pieces for the
-        // phase's end, and ring no bell while that bracket is open: a master
-        // that slept in it (a node that does not own its CPUs, which polls
-        // for only `SPIN` below, in no bracket) was woken only by the
-        // communication thread's next timer, ~100 ms later, at every step
-        // of the release's all-reduce (LU 1024 on 4×1 unpinned: 30 s
-        // instead of 0.2 s). Held step messages go out too.
+        // ends here, before the thread can sleep. Its peers send a
+        // collective's pieces for the phase's end, and ring no bell while
+        // that bracket is open: a master that slept in it (a node that does
+        // not own its CPUs, which polls for only `SPIN` below, in no
+        // bracket) was woken only by the communication thread's next timer,
+        // ~100 ms later, at every step of the release's all-reduce (LU 1024
+        // on 4×1 unpinned: 30 s instead of 0.2 s). Held step messages go
+        // out too.
         hyfi_core::link::before_wait();
         // What the wait ends with: its message, or the node's failure.
         let mut look = |s: &mut InboxState| {

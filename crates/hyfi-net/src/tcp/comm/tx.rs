@@ -440,7 +440,7 @@ impl Sender {
 
     /// Queues a control message to `peer` (never blocks).
     pub fn send(&self, peer: usize, msg: &Msg) -> Result<(), NetError> {
-        self.send_control(peer, msg, false)
+        self.push_control(peer, wire::control_frame(msg), false)
     }
 
     /// Queues a collective's piece to `peer` (never blocks): the peer reads
@@ -451,21 +451,17 @@ impl Sender {
     /// on more than two nodes a node that ended its share first woke the
     /// others' communication threads onto their computing CPUs.
     pub fn send_collective(&self, peer: usize, msg: &Msg) -> Result<(), NetError> {
-        self.send_control(peer, msg, true)
+        self.send_collective_frame(peer, wire::control_frame(msg))
     }
 
     /// [`Sender::send_collective`] of a frame made already
     /// ([`wire::collective_frame`]).
     pub fn send_collective_frame(&self, peer: usize, f: Vec<u8>) -> Result<(), NetError> {
-        self.stats.control_sent.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .control_bytes_sent
-            .fetch_add(f.len() as u64, Ordering::Relaxed);
-        self.push_as(peer, f, true, true)
+        self.push_control(peer, f, true)
     }
 
-    fn send_control(&self, peer: usize, msg: &Msg, for_phase_end: bool) -> Result<(), NetError> {
-        let f = wire::control_frame(msg);
+    /// Counts control frame `f` and queues it to `peer`.
+    fn push_control(&self, peer: usize, f: Vec<u8>, for_phase_end: bool) -> Result<(), NetError> {
         self.stats.control_sent.fetch_add(1, Ordering::Relaxed);
         self.stats
             .control_bytes_sent

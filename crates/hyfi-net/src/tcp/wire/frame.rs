@@ -35,7 +35,7 @@ pub enum Kind {
 /// on the 2-vCPU EPYC, four times a step in LU 1024's release on 16 nodes
 /// (its pieces carry the pivot row).
 mod raw_bytes {
-    use serde::de::{Error, SeqAccess, Visitor};
+    use serde::de::{Error, Visitor};
     use serde::{Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
@@ -57,13 +57,6 @@ mod raw_bytes {
             Ok(v.to_vec())
         }
         fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
-            Ok(v)
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
-            let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
-            while let Some(b) = seq.next_element()? {
-                v.push(b);
-            }
             Ok(v)
         }
     }
