@@ -323,10 +323,17 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    common::or_exit("quad", run(&args));
+    // Bad arguments exit with 2, as clap's own and a bad runtime setting
+    // do; a failed run with 1.
+    let interval = interval(&args).unwrap_or_else(|e| {
+        eprintln!("quad: {e}");
+        std::process::exit(2)
+    });
+    common::or_exit("quad", run(&args, interval));
 }
 
-fn run(args: &Args) -> Result<(), String> {
+/// The interval and tolerance `args` ask for, checked.
+fn interval(args: &Args) -> Result<(f64, f64, f64), String> {
     let f = args.func;
     let (da, db, deps) = f.defaults();
     let (a, b, eps) = (
@@ -340,20 +347,25 @@ fn run(args: &Args) -> Result<(), String> {
     if !(eps.is_finite() && eps > 0.0) {
         return Err(format!("need a finite eps > 0, got {eps}"));
     }
-    let exact = f.exact(a, b);
-    if !exact.is_finite() || !f.eval(a).is_finite() || !f.eval(b).is_finite() {
+    if !f.exact(a, b).is_finite() || !f.eval(a).is_finite() || !f.eval(b).is_finite() {
         return Err(format!(
             "the integral of {} on [{a}, {b}] overflows f64; choose a smaller interval",
             f.describe()
         ));
     }
+    Ok((a, b, eps))
+}
 
+fn run(args: &Args, (a, b, eps): (f64, f64, f64)) -> Result<(), Box<dyn std::error::Error>> {
+    let f = args.func;
+    let exact = f.exact(a, b);
+    // hyfi's errors keep their type: `or_exit` takes the exit status from
+    // them (2 for a configuration error).
     let rt = args
         .runtime
-        .start(|cfg| if args.no_prune { cfg.prune(false) } else { cfg })
-        .map_err(|e| e.to_string())?;
-    PIECE_X6.register().map_err(|e| e.to_string())?;
-    PIECE_SPIKY.register().map_err(|e| e.to_string())?;
+        .start(|cfg| if args.no_prune { cfg.prune(false) } else { cfg })?;
+    PIECE_X6.register()?;
+    PIECE_SPIKY.register()?;
     let prune = if rt.config().get_prune() { "on" } else { "off" };
     println!(
         "quad: f(x) = {} on [{a}, {b}], eps {eps:e} (absolute at the root, halved per level)",
@@ -361,9 +373,7 @@ fn run(args: &Args) -> Result<(), String> {
     );
 
     let t = Instant::now();
-    let par = rt
-        .run_distributed(|ctx| quad_hyfi(ctx, f, a, b, eps))
-        .map_err(|e| e.to_string())?;
+    let par = rt.run_distributed(|ctx| quad_hyfi(ctx, f, a, b, eps))?;
     let t_par = t.elapsed().as_secs_f64();
 
     let seq = if args.no_seq {
@@ -420,6 +430,6 @@ fn run(args: &Args) -> Result<(), String> {
         println!("OK: hyfi equals the sequential recursion bit for bit and is within {allowed:.1e} of the exact integral");
         Ok(())
     } else {
-        Err(format!("FAILED: {}", failures.join("; ")))
+        Err(format!("FAILED: {}", failures.join("; ")).into())
     }
 }

@@ -495,3 +495,59 @@ fn the_root_node_killed_mid_run_ends_the_job_on_every_node() {
     let _g = serial();
     kill_mid_run(0);
 }
+
+/// A bad setting ends either fork-join example with status 2 (a
+/// configuration error, as every example's) and a line that names it,
+/// before any node runs; a failed run is status 1.
+#[test]
+fn bad_settings_exit_with_status_2_and_name_the_setting() {
+    let _g = serial();
+    let b = bins();
+    let cases: [(&str, &Path, &[&str], Option<(&str, &str)>, &str); 4] = [
+        (
+            "quad, HYFI_PIN=banana",
+            &b.quad,
+            &[],
+            Some(("HYFI_PIN", "banana")),
+            "HYFI_PIN=\"banana\"",
+        ),
+        (
+            "fib, HYFI_PIN=banana",
+            &b.fib,
+            &["--n", "10"],
+            Some(("HYFI_PIN", "banana")),
+            "HYFI_PIN=\"banana\"",
+        ),
+        (
+            "quad, a > b",
+            &b.quad,
+            &["--a", "5", "--b", "1"],
+            None,
+            "need finite a < b",
+        ),
+        (
+            "quad, eps 0",
+            &b.quad,
+            &["--eps", "0"],
+            None,
+            "need a finite eps > 0",
+        ),
+    ];
+    for (what, exe, args, env, named) in cases {
+        let mut cmd = command(exe);
+        cmd.args(args);
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let (st, job) = run(what, cmd);
+        if st.code() != Some(2) {
+            job.fail(&format!("exited with {st}, not status 2"));
+        }
+        if !job.stderr(0).contains(named) {
+            job.fail(&format!("stderr does not name `{named}`"));
+        }
+        if job.stdout(0).iter().any(|l| l.contains("OK:")) {
+            job.fail("it ran");
+        }
+    }
+}
