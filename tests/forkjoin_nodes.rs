@@ -503,7 +503,15 @@ fn the_root_node_killed_mid_run_ends_the_job_on_every_node() {
 fn bad_settings_exit_with_status_2_and_name_the_setting() {
     let _g = serial();
     let b = bins();
-    let cases: [(&str, &Path, &[&str], Option<(&str, &str)>, &str); 4] = [
+    // (what, program, arguments, a variable, what stderr must name)
+    type Case<'a> = (
+        &'a str,
+        &'a Path,
+        &'a [&'a str],
+        Option<(&'a str, &'a str)>,
+        &'a str,
+    );
+    let cases: [Case; 4] = [
         (
             "quad, HYFI_PIN=banana",
             &b.quad,
