@@ -428,8 +428,11 @@ pub struct ClassTraffic {
 }
 
 /// A node's traffic by class, as its link counts it
-/// ([`NodeLink::traffic`]).
+/// ([`NodeLink::traffic`]). Non-exhaustive: transports count more over
+/// time, so a transport outside this crate starts from
+/// `Traffic::default()` and sets the fields it counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Traffic {
     /// Control messages (requests, collectives, the link's own).
     pub control: ClassTraffic,

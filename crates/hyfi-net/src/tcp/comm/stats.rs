@@ -43,24 +43,25 @@ impl NetStats {
     /// reports).
     pub fn snapshot(&self) -> Traffic {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        Traffic {
-            control: ClassTraffic {
-                sent: g(&self.control_sent),
-                bytes_sent: g(&self.control_bytes_sent),
-                received: g(&self.control_received),
-                bytes_received: g(&self.control_bytes_received),
-            },
-            bulk: ClassTraffic {
-                sent: g(&self.bulk_sent),
-                bytes_sent: g(&self.bulk_bytes_sent),
-                received: g(&self.bulk_received),
-                bytes_received: g(&self.bulk_bytes_received),
-            },
-            refused: g(&self.refused),
-            shared_memory_links: g(&self.lanes),
-            wakes: g(&self.bells),
-            unannounced: g(&self.unannounced),
-        }
+        // `Traffic` is non-exhaustive: built from its default here.
+        let mut t = Traffic::default();
+        t.control = ClassTraffic {
+            sent: g(&self.control_sent),
+            bytes_sent: g(&self.control_bytes_sent),
+            received: g(&self.control_received),
+            bytes_received: g(&self.control_bytes_received),
+        };
+        t.bulk = ClassTraffic {
+            sent: g(&self.bulk_sent),
+            bytes_sent: g(&self.bulk_bytes_sent),
+            received: g(&self.bulk_received),
+            bytes_received: g(&self.bulk_bytes_received),
+        };
+        t.refused = g(&self.refused);
+        t.shared_memory_links = g(&self.lanes);
+        t.wakes = g(&self.bells);
+        t.unannounced = g(&self.unannounced);
+        t
     }
 
     /// Counts a frame of `bytes` sent in `class`.
