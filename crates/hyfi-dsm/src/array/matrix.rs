@@ -209,8 +209,11 @@ impl<T: Pod> DsmMatrix<T> {
     /// before the phase starts and travels along a binomial tree rooted at
     /// the home (about ⌈log₂ N⌉ forwarding steps, one page message per
     /// edge), so readers usually find the rows here. A filament that reads
-    /// a row before it comes waits for it (or for the request it made);
-    /// the bytes are the same either way, so results do not depend on it.
+    /// a row before it comes requests it (and waits for whichever comes
+    /// first); code outside the filaments, such as post-phase code that
+    /// copies the row right after naming it, waits for the broadcast (for
+    /// at most 500 µs, then requests it). The bytes are the same either
+    /// way, so results do not depend on it.
     /// The receivers join the rows' copy sets: if the home writes the rows
     /// later, its release pushes them, and nodes that no longer read them
     /// decline. Counted in [`DsmCounters`](crate::DsmCounters)'
@@ -268,12 +271,13 @@ impl<T: Pod> DsmMatrix<T> {
     /// fetch round trip per node and phase when read so in post-phase
     /// code, on the step's critical path: Gaussian elimination without
     /// pivoting, n = 512 on 2 nodes, ran at 2.0× its sequential loop's
-    /// time. Let the filament that finishes the row name it in a
-    /// reduction carried with [`reduce_at_end_with_row`](Self::reduce_at_end_with_row)
-    /// (`min` over row numbers, `u64::MAX` for none): the row then rides
-    /// in the release that ends the phase, and this read finds it here
-    /// (1.1× at n = 512, and 0.66× the loop's time at 1 024 against 0.98×;
-    /// AMD EPYC VM, 2026-11-27).
+    /// time. Name it with [`broadcast_rows`](Self::broadcast_rows) on
+    /// every node first: its home sends it at once, and this read waits
+    /// for it instead of requesting it (1.0× at n = 512, 0.6× at 1 024
+    /// against 1.0×). Where a reduction chooses the row, carry it with
+    /// [`reduce_at_end_with_row`](Self::reduce_at_end_with_row): it then
+    /// rides in the release that ends the phase (LU). AMD EPYC VM,
+    /// 2026-11-27.
     pub fn read_row(&self, i: usize, out: &mut [T]) {
         self.check_row(i);
         assert_eq!(out.len(), self.cols, "hyfi-dsm: read_row length mismatch");

@@ -19,6 +19,9 @@ impl Core {
     pub(crate) fn ensure(&self, seg: &Segment, lo: usize, hi: usize, write: bool) {
         let slot = self.slot();
         let ok = |st: u8| if write { writable(st) } else { readable(st) };
+        if !filthread::in_filthread() {
+            self.await_broadcast_of(seg, lo, hi);
+        }
         loop {
             let mut reqs: Vec<(u16, u64)> = Vec::new();
             let mut wait_on: Vec<usize> = Vec::new();

@@ -20,6 +20,14 @@ use crate::error::ProtocolError;
 /// not SPMD). A lost home fails the node at once, through the link.
 pub(super) const MISSING_AFTER: Duration = Duration::from_secs(30);
 
+/// How long a read outside a filthread waits for a page its node expects
+/// by broadcast before it requests the page
+/// ([`Core::await_broadcast_of`]): the broadcast leaves its home's
+/// post-phase code about when this node's does, and takes microseconds;
+/// a home that broadcasts late (or a program that is not SPMD) costs a
+/// reader this long once, and then the request it made before.
+pub(super) const BROADCAST_WAIT: Duration = Duration::from_micros(500);
+
 impl Core {
     /// Broadcasts the pages `lo..=hi` of `seg` that are homed here to every
     /// other node, and expects those homed elsewhere. Called between
@@ -39,10 +47,13 @@ impl Core {
             .filter(|&h| h != self.me)
             .map(|h| per_home[h].div_ceil(REPLY_BATCH) as u64)
             .sum();
-        self.proto
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .bcast_expected += expected;
+        {
+            let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            pr.bcast_expected += expected;
+            for p in (lo..=hi).filter(|&p| seg.homes[p] as usize != self.me) {
+                pr.bcast_due.insert(seg.first + p as u64);
+            }
+        }
         let mine: Vec<usize> = (lo..=hi)
             .filter(|&p| seg.homes[p] as usize == self.me)
             .collect();
@@ -141,6 +152,14 @@ impl Core {
         let now = self.completed.load(Ordering::Acquire);
         // One of the broadcasts this node's next release waits for.
         pr.bcast_received += u64::from(epoch == now);
+        let b = Broadcast::decode(frame).expect("checked when it came");
+        if epoch == now {
+            // Come, installed or not: a reader waiting for one of its
+            // pages stops waiting (and requests it if it is not valid).
+            for (gp, _) in b.pages.iter() {
+                pr.bcast_due.remove(&gp);
+            }
+        }
         if epoch != now || pr.releasing {
             // Older than what this node's release brings or brought (the
             // page's copy may be invalidated or replaced by it): dropped;
@@ -150,7 +169,6 @@ impl Core {
                 .fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let b = Broadcast::decode(frame).expect("checked when it came");
         let mut installed = 0u64;
         for (gp, bytes) in b.pages.iter() {
             let (seg, p) = self.find(gp).expect("checked when it came");
@@ -159,6 +177,54 @@ impl Core {
         self.ctr(self.procs)
             .broadcasts_installed
             .fetch_add(installed, Ordering::Relaxed);
+    }
+
+    /// Waits, outside a filthread, until no page of `lo..=hi` of `seg` that
+    /// is invalid here is due by a broadcast of this epoch, or for at most
+    /// [`BROADCAST_WAIT`]: a read right after `broadcast_rows` (post-phase
+    /// code copying the row every node needs) would otherwise request the
+    /// page before the broadcast comes, from a home that has started
+    /// computing, and pay a round trip the broadcast was there to spare.
+    /// A filthread requests at once (it suspends, and its processor runs
+    /// other filaments meanwhile).
+    pub(super) fn await_broadcast_of(&self, seg: &Segment, lo: usize, hi: usize) {
+        let due = |pr: &Proto| {
+            (lo..=hi).any(|p| {
+                seg.state[p].load(Ordering::Acquire) == INVALID
+                    && pr.bcast_due.contains(&(seg.first + p as u64))
+            })
+        };
+        {
+            let pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            if pr.bcast_due.is_empty() || !due(&pr) {
+                return;
+            }
+        }
+        let deadline = std::time::Instant::now() + BROADCAST_WAIT;
+        // As a release waits for the others' `REL`s: what the transport
+        // holds back goes first, then a node that owns its CPU polls
+        // (reading the transport: no bell needed), and only then sleeps.
+        hyfi_core::link::before_wait();
+        let arrived = hyfi_core::sleep::poll_own_cpu(|| {
+            !due(&self.proto.lock().unwrap_or_else(|e| e.into_inner()))
+                || std::time::Instant::now() >= deadline
+        });
+        if arrived {
+            return;
+        }
+        hyfi_core::link::before_sleep();
+        let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+        while due(&pr) && self.failure().is_none() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            pr = self
+                .proto_cv
+                .wait_timeout(pr, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 
     /// Records that every node holds page `p` of `seg`, homed here, from

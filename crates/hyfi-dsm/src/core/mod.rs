@@ -111,6 +111,7 @@ impl Core {
                 early_broadcasts: Vec::new(),
                 bcast_expected: 0,
                 bcast_received: 0,
+                bcast_due: Default::default(),
                 carried: Vec::new(),
                 noticed: Vec::new(),
             }),

@@ -64,6 +64,11 @@ pub(super) struct Proto {
     /// passed on) after it.
     pub(super) bcast_expected: u64,
     pub(super) bcast_received: u64,
+    /// The pages homed elsewhere that `broadcast_rows` named in the
+    /// current epoch and whose broadcast has not come yet: a thread that
+    /// reads one outside a filthread waits for it rather than requesting
+    /// it ([`Core::await_broadcast_of`]).
+    pub(super) bcast_due: std::collections::HashSet<u64>,
     /// The reductions carried by the `REL`s of the current epoch: (from,
     /// bytes); on two nodes the other node's (see [`Carried`]).
     pub(super) carried: Vec<(usize, Vec<u8>)>,
@@ -921,6 +926,7 @@ impl Core {
             self.got.store(0, Ordering::Release);
             pr.bcast_expected = 0;
             pr.bcast_received = 0;
+            pr.bcast_due.clear();
             // The next phase's filaments may run now: releases of the next
             // epoch that came early stay in `early` until its release.
             pr.releasing = false;
