@@ -207,7 +207,7 @@ unsafe fn runs<T: Pod>(
             eight(k);
             k += 8;
         }
-        while k + 4 <= n {
+        if k + 4 <= n {
             two(k);
             two(k + 2);
             k += 4;
@@ -621,7 +621,7 @@ mod tests {
     #[test]
     fn runs_match_the_element_loop_at_every_alignment_and_length() {
         for start in 0..4usize {
-            // Up to three runs of eight, then pairs and a last element.
+            // Up to four runs of eight, then pairs and a last element.
             for n in 0..36usize {
                 let src: Vec<f64> = (0..n).map(|k| k as f64 * 0.5 - 1.0).collect();
                 let init = |k: usize| k as f64 * 3.0 + 0.25;

@@ -4,7 +4,7 @@
 //! row; see the README).
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyfi_core::link::Class;
 
@@ -20,12 +20,13 @@ use crate::error::ProtocolError;
 /// not SPMD). A lost home fails the node at once, through the link.
 pub(super) const MISSING_AFTER: Duration = Duration::from_secs(30);
 
-/// How long a read outside a filthread waits for a page its node expects
-/// by broadcast before it requests the page
+/// How long an access outside a filthread (a read, or a write) waits for
+/// a page its node expects by broadcast before it requests the page
 /// ([`Core::await_broadcast_of`]): the broadcast leaves its home's
 /// post-phase code about when this node's does, and takes microseconds;
-/// a home that broadcasts late (or a program that is not SPMD) costs a
-/// reader this long once, and then the request it made before.
+/// a home that broadcasts late (or a program that is not SPMD) costs
+/// each such access this long, once per page and epoch, and then the
+/// request it would have made at once.
 pub(super) const BROADCAST_WAIT: Duration = Duration::from_micros(500);
 
 impl Core {
@@ -188,34 +189,61 @@ impl Core {
     /// A filthread requests at once (it suspends, and its processor runs
     /// other filaments meanwhile).
     pub(super) fn await_broadcast_of(&self, seg: &Segment, lo: usize, hi: usize) {
-        let due = |pr: &Proto| {
-            (lo..=hi).any(|p| {
-                seg.state[p].load(Ordering::Acquire) == INVALID
-                    && pr.bcast_due.contains(&(seg.first + p as u64))
-            })
-        };
-        {
-            let pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
-            if pr.bcast_due.is_empty() || !due(&pr) {
-                return;
-            }
+        self.await_broadcast_for(seg, lo, hi, BROADCAST_WAIT);
+    }
+
+    /// [`Core::await_broadcast_of`] for at most `bound`; whether it waited.
+    /// It waits only if every page of `lo..=hi` missing here is due by
+    /// broadcast: otherwise the requests leave now, for those pages too
+    /// (a reader takes whichever of a broadcast and a reply comes first).
+    pub(super) fn await_broadcast_for(
+        &self,
+        seg: &Segment,
+        lo: usize,
+        hi: usize,
+        bound: Duration,
+    ) -> bool {
+        let missing = |p: usize| seg.state[p].load(Ordering::Acquire) == INVALID;
+        // Most faults (a write to a page valid here) take no lock.
+        if !(lo..=hi).any(missing) {
+            return false;
         }
-        let deadline = std::time::Instant::now() + BROADCAST_WAIT;
+        let due: Vec<usize> = {
+            let pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            if pr.bcast_due.is_empty() {
+                return false;
+            }
+            let due: Vec<usize> = (lo..=hi).filter(|&p| missing(p)).collect();
+            if !due
+                .iter()
+                .all(|&p| pr.bcast_due.contains(&(seg.first + p as u64)))
+            {
+                return false;
+            }
+            due
+        };
+        // Installed (a broadcast installs under the page's lock and then
+        // notifies `proto_cv` under the protocol lock).
+        let come = || !due.iter().any(|&p| missing(p));
+        let deadline = Instant::now() + bound;
         // As a release waits for the others' `REL`s: what the transport
         // holds back goes first, then a node that owns its CPU polls
         // (reading the transport: no bell needed), and only then sleeps.
         hyfi_core::link::before_wait();
-        let arrived = hyfi_core::sleep::poll_own_cpu(|| {
-            !due(&self.proto.lock().unwrap_or_else(|e| e.into_inner()))
-                || std::time::Instant::now() >= deadline
-        });
-        if arrived {
-            return;
+        if hyfi_core::sleep::poll_own_cpu(|| come() || Instant::now() >= deadline) {
+            return true;
         }
         hyfi_core::link::before_sleep();
         let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
-        while due(&pr) && self.failure().is_none() {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // Also over once the broadcast came and was not installed (it
+        // came while this node released: the page is fetched).
+        while !come()
+            && due
+                .iter()
+                .any(|&p| pr.bcast_due.contains(&(seg.first + p as u64)))
+            && self.failure().is_none()
+        {
+            let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
             }
@@ -225,6 +253,7 @@ impl Core {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+        true
     }
 
     /// Records that every node holds page `p` of `seg`, homed here, from

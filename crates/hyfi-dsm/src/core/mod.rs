@@ -350,6 +350,7 @@ impl Service for Core {
 mod tests {
     use super::msg::{PagesFrame, Request};
     use super::*;
+    use std::time::{Duration, Instant};
 
     /// Node 0 of 2, with one segment of two pages: page 0 homed here,
     /// page 1 at node 1.
@@ -475,6 +476,73 @@ mod tests {
         assert_eq!(c.totals().pages_fetched, 0);
         // Another reply is one nobody asked for.
         assert!(frame(&c, &reply(5)).ends_with("page 1 arrived, but it was not requested"));
+    }
+
+    /// `broadcast_rows` names pages 0 and 1 on node 0: page 1, homed at
+    /// node 1, becomes due; an access outside a filthread then waits for
+    /// its broadcast (delivered here by another thread) instead of
+    /// requesting it, and a bound ends the wait when none comes.
+    #[test]
+    fn a_read_waits_for_a_broadcast_its_node_expects() {
+        let c = Arc::new(core());
+        let (seg, p) = page1(&c);
+        c.broadcast(&seg, 0, 1);
+        let due: Vec<u64> = c.proto.lock().unwrap().bcast_due.iter().copied().collect();
+        assert_eq!(due, [1], "only the page homed elsewhere is due");
+        // Page 0 is valid here: nothing to wait for.
+        assert!(!c.await_broadcast_for(&seg, 0, 0, Duration::from_secs(60)));
+        // The broadcast comes from another thread while this one waits;
+        // the wait ends with the page installed (a bound of a minute: the
+        // test does not depend on how soon it comes).
+        let sender = {
+            let c = c.clone();
+            std::thread::spawn(move || c.frame(1, bcast(0, 1, 1, 1, 6)).expect("a broadcast"))
+        };
+        // (Whether it waited depends on which thread came first.)
+        c.await_broadcast_for(&seg, 0, 1, Duration::from_secs(60));
+        assert_eq!(
+            seg.state[p].load(Ordering::Acquire),
+            READ | page_table::FRESH
+        );
+        sender.join().unwrap();
+        assert!(c.proto.lock().unwrap().bcast_due.is_empty());
+
+        // Due again in the next epoch, and no broadcast comes: the bound
+        // ends the wait, the page still missing (the access requests it).
+        c.next_epoch(0);
+        seg.state[p].store(INVALID, Ordering::Release);
+        c.broadcast(&seg, 1, 1);
+        let t = Instant::now();
+        assert!(c.await_broadcast_for(&seg, 1, 1, Duration::from_millis(20)));
+        assert!(t.elapsed() >= Duration::from_millis(20));
+        assert_eq!(seg.state[p].load(Ordering::Acquire), INVALID);
+    }
+
+    /// A broadcast that came before its page was named (it came early and
+    /// was installed as the epoch began) leaves a due entry behind: the
+    /// page is valid, so nothing waits. One dropped because it came during
+    /// the node's release is no longer due, and a waiter stops waiting.
+    #[test]
+    fn broadcasts_that_came_first_or_were_dropped_leave_nothing_to_wait_for() {
+        let c = core();
+        let (seg, p) = page1(&c);
+        c.frame(1, bcast(1, 1, 1, 1, 3))
+            .expect("an early broadcast");
+        c.next_epoch(0);
+        c.broadcast(&seg, 1, 1);
+        assert!(c.proto.lock().unwrap().bcast_due.contains(&1));
+        assert!(!c.await_broadcast_for(&seg, 1, 1, Duration::from_secs(60)));
+
+        c.next_epoch(1);
+        seg.state[p].store(INVALID, Ordering::Release);
+        c.broadcast(&seg, 1, 1);
+        c.proto.lock().unwrap().releasing = true;
+        c.frame(1, bcast(2, 1, 1, 1, 4)).expect("a broadcast");
+        c.proto.lock().unwrap().releasing = false;
+        assert_eq!(seg.state[p].load(Ordering::Acquire), INVALID);
+        assert!(c.proto.lock().unwrap().bcast_due.is_empty());
+        // Not due: the access requests at once.
+        assert!(!c.await_broadcast_for(&seg, 1, 1, Duration::from_secs(60)));
     }
 
     #[test]

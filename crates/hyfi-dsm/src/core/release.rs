@@ -941,6 +941,9 @@ impl Core {
                     self.install_broadcast(&frame, e, &mut pr);
                 }
             }
+            // A reader waiting for a broadcast (`await_broadcast_of`) looks
+            // again: its page may be installed, or no longer due.
+            self.proto_cv.notify_all();
             ready
         };
         for (from, _, pages) in ready {
