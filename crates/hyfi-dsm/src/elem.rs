@@ -138,6 +138,14 @@ pub(crate) unsafe fn update<T: Pod>(p: *mut T, src: &[T], f: impl Fn(T, T) -> T)
     // `runs` passes `k < n` to `one`, `k + 1 < n` to `two` and `k + 7 < n`
     // to `eight`, so the unchecked reads of `src` below are in bounds.
     let s = |k: usize| *src.get_unchecked(k);
+    // The pair at element `k`, whose old words are `[a, b]`, updated.
+    #[cfg(target_arch = "x86_64")]
+    let pair = |k: usize, [a, b]: [u64; 2]| {
+        [
+            bytemuck::cast::<T, u64>(f(bytemuck::cast(a), s(k))),
+            bytemuck::cast::<T, u64>(f(bytemuck::cast(b), s(k + 1))),
+        ]
+    };
     runs::<T>(
         p,
         src.len(),
@@ -145,24 +153,13 @@ pub(crate) unsafe fn update<T: Pod>(p: *mut T, src: &[T], f: impl Fn(T, T) -> T)
         #[cfg(target_arch = "x86_64")]
         |k| {
             let q = p.add(k) as *mut u8;
-            let [a, b] = wide::load16(q);
-            let r = [
-                bytemuck::cast::<T, u64>(f(bytemuck::cast(a), s(k))),
-                bytemuck::cast::<T, u64>(f(bytemuck::cast(b), s(k + 1))),
-            ];
-            wide::store16(q, r);
+            wide::store16(q, pair(k, wide::load16(q)));
         },
         #[cfg(target_arch = "x86_64")]
         |k| {
             let q = p.add(k) as *mut u8;
             let v = wide::load64(q);
-            let r = std::array::from_fn(|i| {
-                [
-                    bytemuck::cast::<T, u64>(f(bytemuck::cast(v[i][0]), s(k + 2 * i))),
-                    bytemuck::cast::<T, u64>(f(bytemuck::cast(v[i][1]), s(k + 2 * i + 1))),
-                ]
-            });
-            wide::store64(q, r);
+            wide::store64(q, std::array::from_fn(|i| pair(k + 2 * i, v[i])));
         },
     )
 }
@@ -357,26 +354,23 @@ pub(crate) unsafe fn fill_update_plain<T: Pod>(
 pub(crate) unsafe fn store_run<T: Pod>(p: *mut T, src: &[T]) {
     // In bounds: see `update`.
     let s = |k: usize| *src.get_unchecked(k);
+    // Elements `k` and `k + 1` of `src` as the words of one pair.
+    #[cfg(target_arch = "x86_64")]
+    let pair = |k: usize| {
+        [
+            bytemuck::cast::<T, u64>(s(k)),
+            bytemuck::cast::<T, u64>(s(k + 1)),
+        ]
+    };
     runs::<T>(
         p,
         src.len(),
         |k| store(p.add(k), s(k)),
         #[cfg(target_arch = "x86_64")]
-        |k| {
-            let w = [
-                bytemuck::cast::<T, u64>(s(k)),
-                bytemuck::cast::<T, u64>(s(k + 1)),
-            ];
-            wide::store16(p.add(k) as *mut u8, w);
-        },
+        |k| wide::store16(p.add(k) as *mut u8, pair(k)),
         #[cfg(target_arch = "x86_64")]
         |k| {
-            let w = std::array::from_fn(|i| {
-                [
-                    bytemuck::cast::<T, u64>(s(k + 2 * i)),
-                    bytemuck::cast::<T, u64>(s(k + 2 * i + 1)),
-                ]
-            });
+            let w = std::array::from_fn(|i| pair(k + 2 * i));
             wide::store64(p.add(k) as *mut u8, w);
         },
     )

@@ -20,7 +20,7 @@ impl Core {
         let slot = self.slot();
         let ok = |st: u8| if write { writable(st) } else { readable(st) };
         if !filthread::in_filthread() {
-            self.await_broadcast_of(seg, lo, hi);
+            self.await_broadcast_of(seg, lo, hi, super::broadcast::BROADCAST_WAIT);
         }
         loop {
             let mut reqs: Vec<(u16, u64)> = Vec::new();

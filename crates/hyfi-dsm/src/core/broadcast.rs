@@ -180,23 +180,19 @@ impl Core {
             .fetch_add(installed, Ordering::Relaxed);
     }
 
-    /// Waits, outside a filthread, until no page of `lo..=hi` of `seg` that
-    /// is invalid here is due by a broadcast of this epoch, or for at most
-    /// [`BROADCAST_WAIT`]: a read right after `broadcast_rows` (post-phase
+    /// Waits, outside a filthread, for at most `bound` ([`BROADCAST_WAIT`]
+    /// from `ensure`), until the pages of `lo..=hi` of `seg` missing here
+    /// are installed by the broadcast of this epoch that they are due by;
+    /// whether it waited. A read right after `broadcast_rows` (post-phase
     /// code copying the row every node needs) would otherwise request the
     /// page before the broadcast comes, from a home that has started
     /// computing, and pay a round trip the broadcast was there to spare.
-    /// A filthread requests at once (it suspends, and its processor runs
-    /// other filaments meanwhile).
-    pub(super) fn await_broadcast_of(&self, seg: &Segment, lo: usize, hi: usize) {
-        self.await_broadcast_for(seg, lo, hi, BROADCAST_WAIT);
-    }
-
-    /// [`Core::await_broadcast_of`] for at most `bound`; whether it waited.
-    /// It waits only if every page of `lo..=hi` missing here is due by
-    /// broadcast: otherwise the requests leave now, for those pages too
-    /// (a reader takes whichever of a broadcast and a reply comes first).
-    pub(super) fn await_broadcast_for(
+    /// It waits only if every missing page is due by broadcast: otherwise
+    /// the requests leave now, for those pages too (a reader takes
+    /// whichever of a broadcast and a reply comes first). A filthread
+    /// requests at once (it suspends, and its processor runs other
+    /// filaments meanwhile).
+    pub(super) fn await_broadcast_of(
         &self,
         seg: &Segment,
         lo: usize,
@@ -204,6 +200,8 @@ impl Core {
         bound: Duration,
     ) -> bool {
         let missing = |p: usize| seg.state[p].load(Ordering::Acquire) == INVALID;
+        let due_by_broadcast =
+            |pr: &Proto, p: usize| pr.bcast_due.contains(&(seg.first + p as u64));
         // Most faults (a write to a page valid here) take no lock.
         if !(lo..=hi).any(missing) {
             return false;
@@ -214,10 +212,7 @@ impl Core {
                 return false;
             }
             let due: Vec<usize> = (lo..=hi).filter(|&p| missing(p)).collect();
-            if !due
-                .iter()
-                .all(|&p| pr.bcast_due.contains(&(seg.first + p as u64)))
-            {
+            if !due.iter().all(|&p| due_by_broadcast(&pr, p)) {
                 return false;
             }
             due
@@ -237,12 +232,7 @@ impl Core {
         let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
         // Also over once the broadcast came and was not installed (it
         // came while this node released: the page is fetched).
-        while !come()
-            && due
-                .iter()
-                .any(|&p| pr.bcast_due.contains(&(seg.first + p as u64)))
-            && self.failure().is_none()
-        {
+        while !come() && due.iter().any(|&p| due_by_broadcast(&pr, p)) && self.failure().is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;

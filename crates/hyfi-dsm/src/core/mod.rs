@@ -490,7 +490,7 @@ mod tests {
         let due: Vec<u64> = c.proto.lock().unwrap().bcast_due.iter().copied().collect();
         assert_eq!(due, [1], "only the page homed elsewhere is due");
         // Page 0 is valid here: nothing to wait for.
-        assert!(!c.await_broadcast_for(&seg, 0, 0, Duration::from_secs(60)));
+        assert!(!c.await_broadcast_of(&seg, 0, 0, Duration::from_secs(60)));
         // The broadcast comes from another thread while this one waits;
         // the wait ends with the page installed (a bound of a minute: the
         // test does not depend on how soon it comes).
@@ -499,7 +499,7 @@ mod tests {
             std::thread::spawn(move || c.frame(1, bcast(0, 1, 1, 1, 6)).expect("a broadcast"))
         };
         // (Whether it waited depends on which thread came first.)
-        c.await_broadcast_for(&seg, 0, 1, Duration::from_secs(60));
+        c.await_broadcast_of(&seg, 0, 1, Duration::from_secs(60));
         assert_eq!(
             seg.state[p].load(Ordering::Acquire),
             READ | page_table::FRESH
@@ -513,7 +513,7 @@ mod tests {
         seg.state[p].store(INVALID, Ordering::Release);
         c.broadcast(&seg, 1, 1);
         let t = Instant::now();
-        assert!(c.await_broadcast_for(&seg, 1, 1, Duration::from_millis(20)));
+        assert!(c.await_broadcast_of(&seg, 1, 1, Duration::from_millis(20)));
         assert!(t.elapsed() >= Duration::from_millis(20));
         assert_eq!(seg.state[p].load(Ordering::Acquire), INVALID);
     }
@@ -531,7 +531,7 @@ mod tests {
         c.next_epoch(0);
         c.broadcast(&seg, 1, 1);
         assert!(c.proto.lock().unwrap().bcast_due.contains(&1));
-        assert!(!c.await_broadcast_for(&seg, 1, 1, Duration::from_secs(60)));
+        assert!(!c.await_broadcast_of(&seg, 1, 1, Duration::from_secs(60)));
 
         c.next_epoch(1);
         seg.state[p].store(INVALID, Ordering::Release);
@@ -542,7 +542,7 @@ mod tests {
         assert_eq!(seg.state[p].load(Ordering::Acquire), INVALID);
         assert!(c.proto.lock().unwrap().bcast_due.is_empty());
         // Not due: the access requests at once.
-        assert!(!c.await_broadcast_for(&seg, 1, 1, Duration::from_secs(60)));
+        assert!(!c.await_broadcast_of(&seg, 1, 1, Duration::from_secs(60)));
     }
 
     #[test]
