@@ -258,6 +258,61 @@ pub(crate) fn waits() {
     drop(kept);
 }
 
+/// The bracket [`until_wait`] or [`phase_end_reached`] kept open, still
+/// open, for the next phase's share to take over.
+pub(crate) fn kept() -> Option<Attend> {
+    COMPUTED.with(|c| c.borrow_mut().take())
+}
+
+thread_local! {
+    /// This thread is the master taking a phase's node-level step
+    /// ([`at_phase_end`]): only there does [`phase_end_reached`] act.
+    static PHASE_END: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs the master's node-level step at a phase's end (`step`: the
+/// phase-end hook, or the link's barrier), after which the master attends
+/// as if computing until it next waits ([`phase_end_reached`], called here
+/// too for a step that did not wait).
+pub(crate) fn at_phase_end<R>(step: impl FnOnce() -> R) -> R {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            PHASE_END.with(|p| p.set(false));
+        }
+    }
+    PHASE_END.with(|p| p.set(true));
+    let reset = Reset;
+    let ended = step();
+    phase_end_reached();
+    drop(reset);
+    ended
+}
+
+/// The master has what its phase's end waited for (the other nodes'
+/// releases are in): from here to its next phase's share it only finishes
+/// the step (installing what came), runs the post-phase code and starts
+/// the next phase, and it reads, at its next wait, whatever comes for the
+/// next phase's end, so those messages need not ring
+/// ([`Attending::Computing`], kept open as [`until_wait`] keeps it after a
+/// share). Without it, a node whose share of the next phase is short
+/// (LU's last steps) sent its next `REL` while this one still installed
+/// the pivot row, and rang: a socket write of 10-20 µs on a virtual
+/// machine, and this node's communication thread woken onto the CPU its
+/// master needs.
+///
+/// A layer whose phase-end hook waits for the other nodes calls it once
+/// that wait is over; it does nothing on any other thread or at any other
+/// time. The bracket ends like the share's ([`waits`]: every wait of the
+/// master calls it first, and post-phase code that sleeps waits for a
+/// message that rings anyway), or the next phase's share takes it over,
+/// or the program's end closes it.
+pub fn phase_end_reached() {
+    if PHASE_END.with(|p| p.get()) && COMPUTED.with(|c| c.borrow().is_none()) {
+        until_wait(Attend::start(Attending::Computing));
+    }
+}
+
 impl Drop for Attend {
     fn drop(&mut self) {
         if self.outer {
@@ -361,3 +416,68 @@ pub(crate) fn idle_progress() -> bool {
 pub use crate::node::{
     Class, ClassTraffic, FrameError, Port, Report, Service, ServiceId, Traffic, MAX_PAYLOAD,
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// What this thread's brackets told the transport: (kind, began).
+        static TOLD: RefCell<Vec<(Attending, bool)>> = const { RefCell::new(Vec::new()) };
+    }
+
+    fn begin(kind: Attending) {
+        TOLD.with(|t| t.borrow_mut().push((kind, true)));
+    }
+
+    fn end(kind: Attending) {
+        TOLD.with(|t| t.borrow_mut().push((kind, false)));
+    }
+
+    fn told() -> Vec<(Attending, bool)> {
+        TOLD.with(|t| std::mem::take(&mut *t.borrow_mut()))
+    }
+
+    const COMPUTING: Attending = Attending::Computing;
+
+    #[test]
+    fn the_phase_end_keeps_the_master_computing_until_it_waits() {
+        assert!(set_attending(begin, end));
+        told();
+        // Outside a node step nothing opens (a fork-join run's release).
+        phase_end_reached();
+        assert!(kept().is_none());
+        assert_eq!(told(), vec![]);
+
+        // The step's wait is over: computing from here, kept for the next
+        // share, which takes it over (no end, no second begin).
+        at_phase_end(phase_end_reached);
+        assert_eq!(told(), vec![(COMPUTING, true)]);
+        let share = kept().expect("kept for the next share");
+        assert_eq!(told(), vec![]);
+        drop(share);
+        assert_eq!(told(), vec![(COMPUTING, false)]);
+
+        // A step that never called it (the link's barrier) is covered too.
+        at_phase_end(|| ());
+        assert_eq!(told(), vec![(COMPUTING, true)]);
+        // A wait ends it, reading what came.
+        waits();
+        assert_eq!(told(), vec![(COMPUTING, false)]);
+        assert!(kept().is_none());
+
+        // A share's bracket still open (a step that did not wait) is kept
+        // as it is: no second one.
+        until_wait(Attend::start(COMPUTING));
+        at_phase_end(phase_end_reached);
+        assert_eq!(told(), vec![(COMPUTING, true)]);
+        waits();
+        assert_eq!(told(), vec![(COMPUTING, false)]);
+
+        // After the step, phase_end_reached does nothing again.
+        phase_end_reached();
+        assert!(kept().is_none());
+        assert_eq!(told(), vec![]);
+    }
+}

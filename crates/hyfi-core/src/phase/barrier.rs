@@ -48,8 +48,12 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
         let t_phase = trace::on().then(trace::now);
         // The master reads what came for the phase's end before it waits
         // (see `link::Attending::Computing` and `link::until_wait`).
-        let computing =
-            (ctx.proc == 0).then(|| crate::link::Attend::start(crate::link::Attending::Computing));
+        // The bracket kept open since the last phase's end, if any
+        // (`link::phase_end_reached`), else a new one.
+        let computing = (ctx.proc == 0).then(|| {
+            crate::link::kept()
+                .unwrap_or_else(|| crate::link::Attend::start(crate::link::Attending::Computing))
+        });
         run_phase(sched, ctx, body, run, cur);
         if let Some(c) = computing {
             crate::link::until_wait(c);
@@ -113,11 +117,12 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
         if let Some(t) = t_phase {
             trace::span(Kind::Phase, t, [cur as u64, ctx.iteration.get(), 0, 0]);
         }
-        // Whatever path the phase's end took (an aborted run skips its
-        // node step), the master's computing is over.
-        crate::link::waits();
         gen += 1;
         if next == DONE {
+            // Whatever path the phase's end took (an aborted run skips its
+            // node step), the master's computing is over: no next phase's
+            // share takes the bracket over.
+            crate::link::waits();
             return;
         }
         cur = next;
@@ -138,9 +143,9 @@ fn post_phase(
     // The reductions at the phase's end run the program's combine
     // functions (and a layer's payload): a panic there is the program's,
     // reported as post-phase code's would be.
-    let ended = catch_unwind(AssertUnwindSafe(|| node_step(ctx, cur, phase)));
-    // A node step that did not wait (one node) kept it open.
-    crate::link::waits();
+    let ended = catch_unwind(AssertUnwindSafe(|| {
+        crate::link::at_phase_end(|| node_step(ctx, cur, phase))
+    }));
     if let Some(t) = t {
         trace::span(Kind::Release, t, [cur as u64, 0, 0, 0]);
     }

@@ -196,12 +196,35 @@ impl Core {
     ) -> Result<(), ReleaseError> {
         let t0 = Instant::now();
         let slot = self.slot();
-        let (epoch, written) = if self.nodes > 1 {
-            let (e, w) = self.release_multi(phase, slot, link, carried)?;
-            (Some(e), w)
-        } else {
-            (None, Written::default())
-        };
+        if self.nodes == 1 {
+            self.finish_release(t0, slot, phase, None, Written::default());
+            return Ok(());
+        }
+        let epoch = self.prepare_release()?;
+        // From its `REL`s' sending to the next epoch, this thread reads what
+        // comes (it polls for the others' `REL`s in between, and installs
+        // what they brought after): a message sent here meanwhile needs no
+        // bell, a socket write of 10-20 us on a virtual machine and this
+        // node's communication thread woken onto its master's CPU. The
+        // waits before (page replies, broadcasts) are not inside: they
+        // sleep on messages that must ring.
+        hyfi_core::link::attending_collective(|| {
+            let written = self.release_round(phase, slot, link, carried, epoch)?;
+            self.finish_release(t0, slot, phase, Some(epoch), written);
+            Ok(())
+        })
+    }
+
+    /// The release's bookkeeping, then the next epoch (after `epoch`, the
+    /// one completed, on several nodes).
+    fn finish_release(
+        &self,
+        t0: Instant,
+        slot: usize,
+        phase: usize,
+        epoch: Option<u64>,
+        written: Written,
+    ) {
         self.ctr(slot)
             .release_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -229,7 +252,6 @@ impl Core {
         if let Some(e) = epoch {
             self.next_epoch(e);
         }
-        Ok(())
     }
 
     /// Counts a release that wrote mostly pages homed elsewhere, or that
@@ -294,16 +316,11 @@ impl Core {
         t.advice = Some(advice);
     }
 
-    /// The release on several nodes, up to the next epoch: returns the
-    /// epoch it completed (`release` starts the next, `next_epoch`), and
-    /// what the node wrote in the phase.
-    fn release_multi(
-        &self,
-        phase: usize,
-        slot: usize,
-        link: &dyn hyfi_core::NodeLink,
-        mut carried: Option<Carried<'_>>,
-    ) -> Result<(u64, Written), ReleaseError> {
+    /// The release on several nodes, up to its `REL`s: waits until no
+    /// request of the phase is in flight and every broadcast expected came,
+    /// applies the `REL`s of this epoch that came early, and returns the
+    /// epoch (`release` starts the next, `next_epoch`).
+    fn prepare_release(&self) -> Result<u64, ReleaseError> {
         // The node's phase work is done: no request of it is in flight.
         while self
             .outstanding
@@ -332,6 +349,20 @@ impl Core {
                 }
             }
         }
+        Ok(epoch)
+    }
+
+    /// The release's exchange: sends this node's `REL`s, waits for the
+    /// others' (and the count's all-reduce on more than two nodes), and
+    /// applies them; returns what the node wrote in the phase.
+    fn release_round(
+        &self,
+        phase: usize,
+        slot: usize,
+        link: &dyn hyfi_core::NodeLink,
+        mut carried: Option<Carried<'_>>,
+        epoch: u64,
+    ) -> Result<Written, ReleaseError> {
         let mut dirty = std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|e| e.into_inner()));
         dirty.sort_unstable();
         dirty.dedup();
@@ -355,6 +386,9 @@ impl Core {
             .pushes_gathered
             .fetch_add(r.gathered.len() as u64, Ordering::Relaxed);
         let (mut notices, mut pushes, others) = self.await_releases(epoch, expected)?;
+        // What the phase's end waited for is in: until the next phase
+        // computes, a `REL` of the next epoch is read at its end.
+        hyfi_core::link::phase_end_reached();
         // The others' notices: in their `REL`s on two nodes, gathered in the
         // all-reduce on more; and the pages their homes pushed through it.
         notices.extend(their_notices);
@@ -374,7 +408,7 @@ impl Core {
             offhome: r.offhome,
             shared: self.shared_written(&mut r),
         };
-        Ok((epoch, written))
+        Ok(written)
     }
 
     /// The first page this node wrote in the phase, homed elsewhere, whose
@@ -751,6 +785,12 @@ impl Core {
                 // lock: it may deliver frames, whose handler takes it).
                 hyfi_core::link::before_wait();
                 hyfi_core::sleep::poll_own_cpu(|| self.got.load(Ordering::Acquire) >= expected);
+                pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+            }
+            if pr.got < expected {
+                // It sleeps: what comes must ring it from now on.
+                drop(pr);
+                hyfi_core::link::before_sleep();
                 pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
             }
             while pr.got < expected {
