@@ -333,6 +333,14 @@ impl<T: Pod> DsmMatrix<T> {
     /// fetched when read, as without this call. Counted in
     /// `pages_carried`.
     ///
+    /// **Memory.** Every row a result names ends up on every node, so the
+    /// call maps, on each node of several, the matrix's pages it does not
+    /// home right away (as zeros, never read as data), rather than at each
+    /// install, where a first-touch fault per page lay on the step's
+    /// critical path: a full replica of the matrix per node from the call
+    /// on, which a factorization reaches by its end anyway. A matrix over
+    /// 1/64 of the machine's memory is not mapped in advance.
+    ///
     /// # Panics
     /// If the matrix's rows are not padded to pages
     /// ([`MatrixAlloc::pad_rows`](crate::MatrixAlloc::pad_rows)), or the
@@ -399,6 +407,7 @@ impl<T: Pod> DsmMatrix<T> {
             "hyfi-dsm: reduce_at_end_with_row sends whole rows, so the matrix's rows must be \
              padded to pages: allocate it with `.pad_rows()`"
         );
+        self.sh.core.prepare_carried(&self.sh.seg);
         let payload = RowPayload {
             m: self,
             row_of,

@@ -292,7 +292,41 @@ impl Core {
 /// global page (u64); its pages' bytes follow.
 pub(crate) const CARRY_HEADER: usize = 1 + 8;
 
+/// The most of the machine's memory, as a fraction (1/`CARRIED_SHARE`),
+/// that [`Core::prepare_carried`] maps in advance for one matrix on one node.
+const CARRIED_SHARE: usize = 64;
+
 impl Core {
+    /// Maps in advance the pages of `seg` (a matrix whose rows ride with a
+    /// reduction at each phase's end) that this node does not home, so that
+    /// installing a carried row takes no first-touch page fault: LU's
+    /// pivot row, installed on every node but its home at every step, took
+    /// one per page on its critical path (1.2-1.5 us a page on a virtual
+    /// machine; LU 512 on 2x1: 0.0080 -> 0.0071 s, BENCHMARKS.md). Each
+    /// chosen row is installed on every node, so a factorization holds the
+    /// whole matrix everywhere by its end anyway; a matrix larger than
+    /// 1/[`CARRIED_SHARE`] of the machine's memory is left to fault page by
+    /// page, as is any matrix on a kernel without `MADV_POPULATE_WRITE`
+    /// (before 5.14). Nothing changes a byte: pages already there are left
+    /// as they are, the others come in as the zeros they would read.
+    pub(crate) fn prepare_carried(&self, seg: &Segment) {
+        let bytes = seg.pages() * crate::region::PAGE;
+        // SAFETY: sysconf has no preconditions.
+        let phys = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+        if self.nodes < 2 || bytes == 0 || phys <= 0 {
+            return;
+        }
+        if bytes > (phys as usize).saturating_mul(crate::region::PAGE) / CARRIED_SHARE {
+            return;
+        }
+        // SAFETY: the segment's pages lie in the region's mapping;
+        // populating maps the missing ones (as zeros, as a first touch
+        // would) and leaves every byte of the others as it is.
+        unsafe {
+            libc::madvise(seg.base.cast(), bytes, libc::MADV_POPULATE_WRITE);
+        }
+    }
+
     /// Offers pages `lo..=hi` of `seg` to ride with a reduction at the
     /// phase's end ([`hyfi_core::layer::Payload`]): if this node is their
     /// home, `out` gets the header and their bytes; otherwise it stays

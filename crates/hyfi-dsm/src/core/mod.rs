@@ -362,6 +362,38 @@ mod tests {
         core
     }
 
+    /// Which of `seg`'s pages are mapped in this process now.
+    fn resident(seg: &Segment) -> Vec<bool> {
+        let mut v = vec![0u8; seg.pages()];
+        // SAFETY: the segment's range lies in the region's mapping, and `v`
+        // has a byte per page of it.
+        let r = unsafe { libc::mincore(seg.base.cast(), seg.pages() * PAGE, v.as_mut_ptr()) };
+        assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
+        v.iter().map(|b| b & 1 == 1).collect()
+    }
+
+    #[test]
+    fn a_carried_matrix_is_mapped_in_advance_on_several_nodes_only() {
+        let c = core();
+        let (seg, _) = page1(&c);
+        assert_eq!(resident(&seg), [false, false]);
+        c.prepare_carried(&seg);
+        // Both pages in (the one homed elsewhere is what an install would
+        // fault on), both still zeros, both still invalid here.
+        assert_eq!(resident(&seg), [true, true]);
+        // SAFETY: a mapped page of the segment; nothing else runs.
+        let bytes = unsafe { std::slice::from_raw_parts(seg.page_ptr(1), PAGE) };
+        assert!(bytes.iter().all(|&b| b == 0));
+        assert_eq!(seg.state[1].load(Ordering::Acquire), INVALID);
+
+        // One node installs nothing: nothing is mapped for it.
+        let region = Region::reserve(1 << 20, None).expect("a small region");
+        let one = Core::new(0, 1, 1, region, None, Arc::new(AtomicU64::new(1)));
+        let seg = Arc::new(one.segment(0, 0, vec![0, 0], WRITE, READ));
+        one.prepare_carried(&seg);
+        assert_eq!(resident(&seg), [false, false]);
+    }
+
     fn frame(c: &Core, bytes: &[u8]) -> String {
         let e = c
             .frame(1, bytes.to_vec())
