@@ -333,13 +333,14 @@ impl<T: Pod> DsmMatrix<T> {
     /// fetched when read, as without this call. Counted in
     /// `pages_carried`.
     ///
-    /// **Memory.** Every row a result names ends up on every node, so the
-    /// call maps, on each node of several, the matrix's pages it does not
-    /// home right away (as zeros, never read as data), rather than at each
-    /// install, where a first-touch fault per page lay on the step's
-    /// critical path: a full replica of the matrix per node from the call
-    /// on, which a factorization reaches by its end anyway. A matrix over
-    /// 1/64 of the machine's memory is not mapped in advance.
+    /// **Memory.** Every row a result names ends up on every node, so for
+    /// a matrix of at most 16 MiB the call maps, on each node of several,
+    /// the pages it does not home right away (as zeros, never read as
+    /// data), rather than at each install, where a first-touch fault per
+    /// page lay on a short step's critical path: a full replica per node
+    /// from the call on, which a factorization reaches by its end anyway.
+    /// Larger matrices fault page by page as rows come (their steps are
+    /// long, and a resident cold replica slowed them).
     ///
     /// # Panics
     /// If the matrix's rows are not padded to pages

@@ -292,31 +292,32 @@ impl Core {
 /// global page (u64); its pages' bytes follow.
 pub(crate) const CARRY_HEADER: usize = 1 + 8;
 
-/// The most of the machine's memory, as a fraction (1/`CARRIED_SHARE`),
-/// that [`Core::prepare_carried`] maps in advance for one matrix on one node.
-const CARRIED_SHARE: usize = 64;
+/// The largest matrix (bytes) whose carried rows' pages
+/// [`Core::prepare_carried`] maps in advance.
+pub(crate) const CARRIED_PREPARED: usize = 16 << 20;
 
 impl Core {
     /// Maps in advance the pages of `seg` (a matrix whose rows ride with a
-    /// reduction at each phase's end) that this node does not home, so that
-    /// installing a carried row takes no first-touch page fault: LU's
-    /// pivot row, installed on every node but its home at every step, took
-    /// one per page on its critical path (1.2-1.5 us a page on a virtual
-    /// machine; LU 512 on 2x1: 0.0080 -> 0.0071 s, BENCHMARKS.md). Each
-    /// chosen row is installed on every node, so a factorization holds the
-    /// whole matrix everywhere by its end anyway; a matrix larger than
-    /// 1/[`CARRIED_SHARE`] of the machine's memory is left to fault page by
-    /// page, as is any matrix on a kernel without `MADV_POPULATE_WRITE`
-    /// (before 5.14). Nothing changes a byte: pages already there are left
-    /// as they are, the others come in as the zeros they would read.
+    /// reduction at each phase's end) that this node does not home, if the
+    /// matrix is at most [`CARRIED_PREPARED`] bytes, so that installing a
+    /// carried row takes no first-touch page fault on its step's critical
+    /// path. LU's pivot row, installed on every node but its home at every
+    /// step, took one per page (1.2-1.5 us measured alone on a virtual
+    /// machine, more in the run): LU 2x1 in one binary with and without it,
+    /// 512 0.0076 -> 0.0068 s, 1024 0.0429 -> 0.0413 s. Not for larger
+    /// matrices: at 2048 (32 MiB) the same made the run 10% slower (15
+    /// alternated rounds), its memory-bound steps' compute 15-25% slower
+    /// with the replica's pages resident and cold (the same with the pages
+    /// written one by one instead), where a step's fault is a small part of
+    /// its time anyway (BENCHMARKS.md). Each chosen row ends up on every
+    /// node, so a factorization holds the whole matrix everywhere by its
+    /// end; this only does it sooner. A kernel without `MADV_POPULATE_WRITE`
+    /// (before 5.14) takes the faults as they come. Nothing changes a byte:
+    /// pages already there are left as they are, the others come in as the
+    /// zeros they would read.
     pub(crate) fn prepare_carried(&self, seg: &Segment) {
         let bytes = seg.pages() * crate::region::PAGE;
-        // SAFETY: sysconf has no preconditions.
-        let phys = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
-        if self.nodes < 2 || bytes == 0 || phys <= 0 {
-            return;
-        }
-        if bytes > (phys as usize).saturating_mul(crate::region::PAGE) / CARRIED_SHARE {
+        if self.nodes < 2 || bytes == 0 || bytes > CARRIED_PREPARED {
             return;
         }
         // SAFETY: the segment's pages lie in the region's mapping;

@@ -386,6 +386,16 @@ mod tests {
         assert!(bytes.iter().all(|&b| b == 0));
         assert_eq!(seg.state[1].load(Ordering::Acquire), INVALID);
 
+        // A larger matrix is left to fault as its rows come.
+        let region =
+            Region::reserve(2 * super::broadcast::CARRIED_PREPARED, None).expect("a region");
+        let big = Core::new(0, 2, 1, region, None, Arc::new(AtomicU64::new(1)));
+        let pages = super::broadcast::CARRIED_PREPARED / PAGE + 1;
+        let homes = (0..pages).map(|p| (p % 2) as u16).collect();
+        let seg = Arc::new(big.segment(0, 0, homes, INVALID, READ));
+        big.prepare_carried(&seg);
+        assert!(resident(&seg).iter().all(|&r| !r));
+
         // One node installs nothing: nothing is mapped for it.
         let region = Region::reserve(1 << 20, None).expect("a small region");
         let one = Core::new(0, 1, 1, region, None, Arc::new(AtomicU64::new(1)));
