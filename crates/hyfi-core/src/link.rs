@@ -294,7 +294,7 @@ pub(crate) fn at_phase_end<R>(step: impl FnOnce() -> R) -> R {
 /// the step (installing what came), runs the post-phase code and starts
 /// the next phase, and it reads, at its next wait, whatever comes for the
 /// next phase's end, so those messages need not ring
-/// ([`Attending::Computing`], kept open as [`until_wait`] keeps it after a
+/// ([`Attending::Computing`], kept open as `until_wait` keeps it after a
 /// share). Without it, a node whose share of the next phase is short
 /// (LU's last steps) sent its next `REL` while this one still installed
 /// the pivot row, and rang: a socket write of 10-20 µs on a virtual
@@ -303,7 +303,7 @@ pub(crate) fn at_phase_end<R>(step: impl FnOnce() -> R) -> R {
 ///
 /// A layer whose phase-end hook waits for the other nodes calls it once
 /// that wait is over; it does nothing on any other thread or at any other
-/// time. The bracket ends like the share's ([`waits`]: every wait of the
+/// time. The bracket ends like the share's (`waits`: every wait of the
 /// master calls it first, and post-phase code that sleeps waits for a
 /// message that rings anyway), or the next phase's share takes it over,
 /// or the program's end closes it.
