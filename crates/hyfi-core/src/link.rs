@@ -243,10 +243,11 @@ thread_local! {
 /// whatever was left for the phase's end, and a `REL` that comes meanwhile
 /// (the other node ended its share at about the same time) need not ring.
 /// Every wait of the master between its share and its release's wait
-/// calls [`waits`] first: the node barrier's, the link's (polling
-/// starts, [`before_wait`]), and the post-phase code (after its node step).
-/// The others (the release's wait for its page replies and broadcasts)
-/// wait for messages that ring anyway.
+/// that reads the transport calls [`waits`] first (the link's: polling
+/// starts, [`before_wait`]). The node barrier's wait for the node's other
+/// processors does not: what it would read is for the release, which
+/// follows it. The others (the release's wait for its page replies and
+/// broadcasts) wait for messages that ring anyway.
 pub(crate) fn until_wait(computing: Attend) {
     COMPUTED.with(|c| *c.borrow_mut() = Some(computing));
 }

@@ -65,7 +65,12 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
             // post-phase code, then release everyone with the decision.
             let parker = ctx.ws().parker();
             if run.arrived.load(Ordering::SeqCst) != p - 1 {
-                crate::link::waits();
+                // Still computing for the transport (no `link::waits`): a
+                // `REL` or a collective's piece that comes while the node's
+                // other processors finish is read at the release, which
+                // cannot start before they do anyway; rung, it woke the
+                // communication thread onto a CPU they compute on (2x2:
+                // half the bells of a run).
                 // Recorded only when it will block: a phase of one processor
                 // (or one whose others are done) pays nothing for the report.
                 let _w = crate::waits::waiting(
