@@ -255,8 +255,7 @@ pub(crate) fn until_wait(computing: Attend) {
 /// The thread is about to wait: ends the bracket [`until_wait`] kept open,
 /// if any (reading what came while it was open).
 pub(crate) fn waits() {
-    let kept = COMPUTED.with(|c| c.borrow_mut().take());
-    drop(kept);
+    drop(kept());
 }
 
 /// The bracket [`until_wait`] or [`phase_end_reached`] kept open, still
@@ -392,6 +391,23 @@ pub fn before_sleep() {
 pub fn before_wait() {
     waits();
     idle_progress();
+}
+
+/// A layer's wait for what its peers send, up to the point where it may
+/// sleep: [`before_wait`], then, on a node that owns its CPUs, a poll of
+/// `ready` for up to `OWN_CPU_POLL` ([`crate::sleep::poll_own_cpu`],
+/// which reads the transport itself); true if `ready` held. False: the
+/// caller sleeps next, and [`before_sleep`] has ended a collective's
+/// polling bracket it was in, so that what comes now rings it. (The DSM's
+/// release wait once slept inside its release's bracket, and what came
+/// waited for the communication thread's timer.)
+pub fn poll_before_sleep(ready: impl FnMut() -> bool) -> bool {
+    before_wait();
+    if crate::sleep::poll_own_cpu(ready) {
+        return true;
+    }
+    before_sleep();
+    false
 }
 
 /// Polls the transports' progress functions, if any: for a thread with

@@ -224,11 +224,9 @@ impl Core {
         // As a release waits for the others' `REL`s: what the transport
         // holds back goes first, then a node that owns its CPU polls
         // (reading the transport: no bell needed), and only then sleeps.
-        hyfi_core::link::before_wait();
-        if hyfi_core::sleep::poll_own_cpu(|| come() || Instant::now() >= deadline) {
+        if hyfi_core::link::poll_before_sleep(|| come() || Instant::now() >= deadline) {
             return true;
         }
-        hyfi_core::link::before_sleep();
         let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
         // Also over once the broadcast came and was not installed (it
         // came while this node released: the page is fetched).

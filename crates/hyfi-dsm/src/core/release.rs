@@ -780,17 +780,10 @@ impl Core {
                 [epoch, pr.got as u64, expected as u64],
             );
             if pr.got < expected {
+                // Not under the lock: the transport may deliver frames
+                // here, whose handler takes it.
                 drop(pr);
-                // What the transport holds back goes first (not under the
-                // lock: it may deliver frames, whose handler takes it).
-                hyfi_core::link::before_wait();
-                hyfi_core::sleep::poll_own_cpu(|| self.got.load(Ordering::Acquire) >= expected);
-                pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
-            }
-            if pr.got < expected {
-                // It sleeps: what comes must ring it from now on.
-                drop(pr);
-                hyfi_core::link::before_sleep();
+                hyfi_core::link::poll_before_sleep(|| self.got.load(Ordering::Acquire) >= expected);
                 pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
             }
             while pr.got < expected {
