@@ -148,6 +148,10 @@ fn check_jacobi_trace(what: &str, trace: &Path, nodes: usize, out: &[String]) {
     let mut phases: BTreeMap<u64, u64> = BTreeMap::new();
     let mut pages_in: BTreeMap<u64, u64> = BTreeMap::new();
     let mut waits = 0;
+    // Messages each node sent and received (to or from another node),
+    // over whichever transport: TCP's and MPI's both trace them.
+    let mut sent: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut received: BTreeMap<u64, u64> = BTreeMap::new();
     for e in evs {
         let pid = e["pid"].as_u64().expect("pid");
         let tid = e["tid"].as_u64().expect("tid");
@@ -161,6 +165,17 @@ fn check_jacobi_trace(what: &str, trace: &Path, nodes: usize, out: &[String]) {
             }
             (n, "X") if n.starts_with("phase ") => *phases.entry(pid).or_default() += 1,
             ("pages in", "i") => *pages_in.entry(pid).or_default() += num(e, "pages"),
+            ("send", "i") => {
+                let to = num(e, "to");
+                assert!(to < nodes as u64 && to != pid, "{what}: {e}");
+                assert!(num(e, "bytes") > 0, "{what}: {e}");
+                *sent.entry(pid).or_default() += 1;
+            }
+            ("recv", "i") => {
+                let from = num(e, "from");
+                assert!(from < nodes as u64 && from != pid, "{what}: {e}");
+                *received.entry(pid).or_default() += 1;
+            }
             ("page wait", "b") => {
                 // A page wait names the page and its home, another node.
                 let home = num(e, "home");
@@ -177,6 +192,15 @@ fn check_jacobi_trace(what: &str, trace: &Path, nodes: usize, out: &[String]) {
         "{what}: no page wait in a job that fetches pages"
     );
     for node in 0..nodes as u64 {
+        // A release sends and receives at least one message a phase.
+        let p = phases.get(&node).copied().unwrap_or(0);
+        assert!(
+            sent.get(&node).copied().unwrap_or(0) >= p
+                && received.get(&node).copied().unwrap_or(0) >= p,
+            "{what}: node {node}: {p} phases, {:?} messages sent, {:?} received",
+            sent.get(&node),
+            received.get(&node)
+        );
         let segs = segments
             .get(&(node, 0))
             .unwrap_or_else(|| panic!("{what}: no segment of node {node}'s processor 0"));

@@ -19,6 +19,7 @@ use hyfi_core::Step;
 
 use super::{decode_abort, lock, tag, Out, Outbox, RawJob, Shared};
 use super::{BULK_IN_FLIGHT, HOT, NAP_MAX, NAP_MIN, NAP_QUIET, PIECE, PIECED_MAX, QUIET};
+use super::{STEPS_HELD_FOR, STEP_RECORD};
 use crate::cause::{Cause, CauseKind};
 use crate::error::NetError;
 use crate::since_start;
@@ -92,6 +93,7 @@ fn run(heartbeat: Duration, tx: std::sync::mpsc::Sender<Result<Arc<Shared>, Stri
         failure: Mutex::new(None),
         steps: Mutex::new(Steps::new(rank)),
         counters: Default::default(),
+        steps_held: Default::default(),
         heartbeat,
     });
     let e = Engine {
@@ -135,6 +137,10 @@ static SERIALIZED: AtomicBool = AtomicBool::new(false);
 /// An idle processor's poll (see `hyfi_core::link::set_idle_progress`):
 /// one pass of the engine if no other thread is in MPI.
 fn idle_progress() -> bool {
+    // A thread of this node waits for a peer: the step records held back
+    // go now (by whichever thread holds the engine next), so a node that
+    // diverged is named as soon as it waits.
+    STEPS_DUE.store(true, Ordering::Release);
     let Ok(mut g) = ENGINE.try_lock() else {
         return false;
     };
@@ -143,6 +149,10 @@ fn idle_progress() -> bool {
     // another probe (the communication thread takes the rest).
     g.as_mut().is_some_and(|e| e.pass(1))
 }
+
+/// A thread waits ([`idle_progress`]): the next [`Engine::post`] sends the
+/// held step records.
+static STEPS_DUE: AtomicBool = AtomicBool::new(false);
 
 /// When a pass by any thread last moved a message (`crate::since_start`
 /// units):
@@ -183,6 +193,7 @@ fn comm_loop(s: &Arc<Shared>) {
             let mut g = lock(&ENGINE);
             let e = g.as_mut().expect("the engine lives until this loop ends");
             let moved = e.pass(4);
+            e.flush_steps(Some(STEPS_HELD_FOR));
             if now >= next_beat {
                 e.beat();
                 e.judge(now);
@@ -293,6 +304,7 @@ impl Engine {
         let o = lock(&self.s.out);
         let all_left = (0..self.s.nodes).all(|p| p == self.s.rank || self.byes[p] >= 2);
         all_left
+            && o.steps.is_empty()
             && o.control.is_empty()
             && o.bulk.is_empty()
             && self.held.is_empty()
@@ -302,6 +314,9 @@ impl Engine {
     /// Posts queued messages: control first, bulk as far as the in-flight
     /// limit allows.
     fn post(&mut self) -> bool {
+        if STEPS_DUE.swap(false, Ordering::AcqRel) {
+            self.flush_steps(None);
+        }
         let (control, bulk) = {
             let mut o = lock(&self.s.out);
             (std::mem::take(&mut o.control), std::mem::take(&mut o.bulk))
@@ -325,16 +340,63 @@ impl Engine {
         moved
     }
 
+    /// Posts the held step records ([`super::STEPS_HELD`]) to the ring
+    /// successor as a message of their own, if any were held since at
+    /// least `min_age` (`None`: whatever their age).
+    fn flush_steps(&mut self, min_age: Option<Duration>) {
+        let s = &self.s;
+        if !s.steps_held.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(data) = lock(&s.out).take_steps(min_age) else {
+            return;
+        };
+        s.steps_held.store(false, Ordering::Release);
+        self.isend(Out {
+            to: (s.rank + 1) % s.nodes,
+            tag: tag::STEP,
+            class: Class::Control,
+            data,
+        });
+    }
+
     fn isend(&mut self, m: Out) {
         let Out {
             to,
             tag,
             class,
-            data,
+            mut data,
         } = m;
+        let service = (1..=127).contains(&tag);
+        let mut steps = false;
+        if service
+            && to == (self.s.rank + 1) % self.s.nodes
+            && self.s.steps_held.load(Ordering::Acquire)
+        {
+            // The held step records ride on this frame to the successor:
+            // no message of their own.
+            if let Some(held) = lock(&self.s.out).take_steps(None) {
+                self.s.steps_held.store(false, Ordering::Release);
+                data.extend_from_slice(&held);
+                data.push((held.len() / STEP_RECORD) as u8);
+                steps = true;
+            }
+        }
         if class == Class::Bulk {
             self.in_flight[to] += data.len();
         }
+        if tag != tag::HEARTBEAT {
+            hyfi_core::trace::instant(
+                hyfi_core::trace::Kind::Send,
+                [
+                    to as u64,
+                    u64::from(class == Class::Bulk),
+                    data.len() as u64,
+                    0,
+                ],
+            );
+        }
+        let flag = if steps { tag::STEPS } else { 0 };
         let comm = self.comm(class);
         let buf: &'static mut [u8] = Box::leak(data.into_boxed_slice());
         let ptr: *mut [u8] = buf;
@@ -343,7 +405,7 @@ impl Engine {
         let bytes: &'static [u8] = unsafe { &*ptr };
         let peer = comm.process_at_rank(to as i32);
         let reqs = match pieces(bytes.len(), tag) {
-            None => vec![peer.immediate_send_with_tag(StaticScope, bytes, tag)],
+            None => vec![peer.immediate_send_with_tag(StaticScope, bytes, tag | flag)],
             Some(n) => {
                 // In pieces under the eager limit, back to back under the
                 // engine's lock: the receiver takes the first piece's
@@ -354,7 +416,11 @@ impl Engine {
                     .next()
                     .expect("a pieced frame is longer than a piece");
                 let mut reqs = Vec::with_capacity(n);
-                reqs.push(peer.immediate_send_with_tag(StaticScope, first, pieced_tag(tag, n)));
+                reqs.push(peer.immediate_send_with_tag(
+                    StaticScope,
+                    first,
+                    pieced_tag(tag, n) | flag,
+                ));
                 reqs.extend(
                     chunks.map(|c| peer.immediate_send_with_tag(StaticScope, c, tag::PIECE)),
                 );
@@ -422,9 +488,11 @@ impl Engine {
     /// of a pieced frame, and dispatches the frame.
     fn take(&mut self, (msg, st): (Message, Status), class: Class) {
         let from = st.source_rank() as usize;
-        let Some((tag, n)) = unpieced_tag(st.tag()) else {
+        let steps = st.tag() & tag::STEPS != 0;
+        let t = st.tag() & !tag::STEPS;
+        let Some((tag, n)) = unpieced_tag(t) else {
             let (data, _) = (msg, st).matched_receive_vec::<u8>();
-            self.dispatch(from, st.tag(), class, data);
+            self.dispatch_carrying(from, t, class, data, steps);
             return;
         };
         let mut data = Vec::with_capacity(n * PIECE);
@@ -457,7 +525,57 @@ impl Engine {
                 std::hint::spin_loop();
             }
         }
+        self.dispatch_carrying(from, tag, class, data, steps);
+    }
+
+    /// Dispatches a frame that may carry step records at its end
+    /// (`steps`: its tag had [`tag::STEPS`]): the records first, as the
+    /// sender entered them before it sent the frame.
+    fn dispatch_carrying(
+        &mut self,
+        from: usize,
+        tag: i32,
+        class: Class,
+        mut data: Vec<u8>,
+        steps: bool,
+    ) {
+        if steps {
+            let n = data.last().map_or(0, |&n| usize::from(n));
+            let Some(at) = data.len().checked_sub(n * STEP_RECORD + 1) else {
+                self.s.fail(Cause::new(
+                    self.s.rank,
+                    CauseKind::Program,
+                    format!(
+                        "a frame of {} bytes from node {from} that says it carries {n} step records: is another library sending on hyfi's communicators?",
+                        data.len()
+                    ),
+                ));
+                return;
+            };
+            self.on_steps(from, &data[at..data.len() - 1]);
+            data.truncate(at);
+        }
         self.dispatch(from, tag, class, data);
+    }
+
+    /// Checks the ring predecessor's step records.
+    fn on_steps(&mut self, from: usize, records: &[u8]) {
+        let s = &self.s;
+        for r in records.chunks(STEP_RECORD) {
+            let w = words(r);
+            let r = match Step::from_words([w[1], w[2], w[3], w[4]]) {
+                Some(step) => lock(&s.steps)
+                    .on_step(from, w[0], step)
+                    .map_err(|e| e.to_string()),
+                None => Err(format!(
+                    "a step message from node {from} that names no step"
+                )),
+            };
+            if let Err(why) = r {
+                s.fail(Cause::new(s.rank, CauseKind::Program, why));
+                return;
+            }
+        }
     }
 
     fn dispatch(&mut self, from: usize, tag: i32, class: Class, data: Vec<u8>) {
@@ -466,6 +584,15 @@ impl Engine {
         match tag {
             t @ 1..=127 => {
                 s.counters.count_received(class, data.len());
+                hyfi_core::trace::instant(
+                    hyfi_core::trace::Kind::Recv,
+                    [
+                        from as u64,
+                        u64::from(class == Class::Bulk),
+                        data.len() as u64,
+                        0,
+                    ],
+                );
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     s.services.deliver(from, t as u8, data)
                 }));
@@ -488,21 +615,7 @@ impl Engine {
                 };
                 s.fail(Cause::new(s.rank, CauseKind::Program, why));
             }
-            tag::STEP => {
-                let w = words(&data);
-                let step = Step::from_words([w[1], w[2], w[3], w[4]]);
-                let r = match step {
-                    Some(step) => lock(&s.steps)
-                        .on_step(from, w[0], step)
-                        .map_err(|e| e.to_string()),
-                    None => Err(format!(
-                        "a step message from node {from} that names no step"
-                    )),
-                };
-                if let Err(why) = r {
-                    s.fail(Cause::new(s.rank, CauseKind::Program, why));
-                }
-            }
+            tag::STEP => self.on_steps(from, &data),
             tag::BYE => {
                 self.byes[from] += 1;
                 if self.byes[from] == 2 {

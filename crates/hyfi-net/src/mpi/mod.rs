@@ -90,7 +90,8 @@
 //! * a dead process is seen by the MPI launcher, which ends the job and
 //!   says which rank died; hyfi learns nothing it could add;
 //! * SPMD steps are checked along the ring as over TCP
-//!   ([`hyfi_core::link::spmd`]).
+//!   ([`hyfi_core::link::spmd`]); a node's step records ride on its next
+//!   frame to its successor, or go alone when it waits ([`STEPS_HELD`]).
 
 mod engine;
 
@@ -167,7 +168,34 @@ pub(crate) mod tag {
     /// | service)` for `n` pieces (at most 17, so at most 10 495: within
     /// the 32 767 every MPI allows).
     pub const PIECED: i32 = 8192;
+    /// A flag on a service frame's tag (or its first piece's): the frame
+    /// ends with SPMD step records the sender held back for its ring
+    /// successor (see [`super::STEPS_HELD`]), then one byte that counts
+    /// them. Above every other tag: at most 16 384 + 10 495.
+    pub const STEPS: i32 = 1 << 14;
 }
+
+/// The bytes of one SPMD step record: the step's number and its four
+/// words, little-endian.
+pub(crate) const STEP_RECORD: usize = 40;
+
+/// Most SPMD step records a node holds back for its ring successor.
+///
+/// A step is entered as a phase starts, and a message of its own per step
+/// cost both nodes an MPI send and a receive in every phase: 0.8 µs a
+/// step of LU 512 on 2×1, a tenth of the step's communication (2-vCPU VM,
+/// `mpirun -np 2`; BENCHMARKS.md). Held back, the records ride on the
+/// next frame this node sends its successor (a release's `REL`, a page
+/// request), in the same MPI message; they go alone, as one message, when
+/// this node waits for a peer (a node that diverged is still named as soon
+/// as it waits), when this many are held, or when the oldest was held for
+/// [`STEPS_HELD_FOR`]. As over TCP.
+pub const STEPS_HELD: usize = 16;
+/// The bytes held step records add to a frame at most.
+const STEPS_ROOM: usize = STEPS_HELD * STEP_RECORD + 1;
+/// Longest a step record is held back (the communication thread sends
+/// older ones at its next turn).
+pub const STEPS_HELD_FOR: Duration = Duration::from_millis(2);
 
 /// A message waiting to be posted.
 pub(crate) struct Out {
@@ -188,6 +216,24 @@ pub(crate) struct Outbox {
     pub abort: Option<i32>,
     /// A raw ping-pong to time ([`raw_round_trips`]).
     pub raw: Option<RawJob>,
+    /// SPMD step records held back for the ring successor
+    /// ([`STEPS_HELD`]), [`STEP_RECORD`] bytes each.
+    pub steps: Vec<u8>,
+    /// When the oldest of `steps` was held back.
+    pub steps_since: Option<std::time::Instant>,
+}
+
+impl Outbox {
+    /// Takes the held step records, if any, and whether any were held
+    /// since at least `min_age` (`None`: whatever their age).
+    pub(crate) fn take_steps(&mut self, min_age: Option<Duration>) -> Option<Vec<u8>> {
+        let since = self.steps_since?;
+        if min_age.is_some_and(|age| since.elapsed() < age) {
+            return None;
+        }
+        self.steps_since = None;
+        Some(std::mem::take(&mut self.steps))
+    }
 }
 
 /// A raw ping-pong for the communication thread to run and time.
@@ -285,6 +331,9 @@ pub(crate) struct Shared {
     pub failure: Mutex<Option<Cause>>,
     pub steps: Mutex<Steps>,
     pub counters: TrafficCounters,
+    /// [`Outbox::steps`] is not empty (read without the lock by every
+    /// post to the successor).
+    pub steps_held: AtomicBool,
     /// Silence after which a peer counts as stopped.
     pub heartbeat: Duration,
 }
@@ -308,6 +357,23 @@ impl Shared {
         // reply while the processors compute.
         engine::post_now();
         self.wake();
+    }
+
+    /// Sends the held SPMD step records ([`STEPS_HELD`]) to the ring
+    /// successor now, as one message.
+    pub(crate) fn flush_steps(&self) {
+        if !self.steps_held.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let Some(data) = lock(&self.out).take_steps(None) else {
+            return;
+        };
+        self.push(Out {
+            to: (self.rank + 1) % self.nodes,
+            tag: tag::STEP,
+            class: Class::Control,
+            data,
+        });
     }
 
     pub(crate) fn wake(&self) {
@@ -421,7 +487,8 @@ impl Port for MpiPort {
         len_hint: usize,
         fill: &mut dyn FnMut(&mut Vec<u8>),
     ) -> Result<usize, LinkError> {
-        let mut data = Vec::with_capacity(len_hint);
+        // Room for held step records, which may ride on it (no copy).
+        let mut data = Vec::with_capacity(len_hint + STEPS_ROOM);
         fill(&mut data);
         self.send_vec(to, service, class, data)
     }
@@ -662,16 +729,22 @@ impl NodeLink for MpiLink {
         let entered = lock(&s.steps).enter(prev, step);
         match entered {
             Ok(k) => {
-                let mut data = k.to_le_bytes().to_vec();
-                for w in step.to_words() {
-                    data.extend_from_slice(&w.to_le_bytes());
+                // Held back for the successor (see `STEPS_HELD`).
+                let full = {
+                    let mut o = lock(&s.out);
+                    if o.steps.is_empty() {
+                        o.steps_since = Some(std::time::Instant::now());
+                    }
+                    o.steps.extend_from_slice(&k.to_le_bytes());
+                    for w in step.to_words() {
+                        o.steps.extend_from_slice(&w.to_le_bytes());
+                    }
+                    s.steps_held.store(true, Ordering::Release);
+                    o.steps.len() >= STEPS_HELD * STEP_RECORD
+                };
+                if full {
+                    s.flush_steps();
                 }
-                s.push(Out {
-                    to: (s.rank + 1) % s.nodes,
-                    tag: tag::STEP,
-                    class: Class::Control,
-                    data,
-                });
                 Ok(())
             }
             Err(e) => {
@@ -711,6 +784,17 @@ impl Drop for MpiLink {
         }
         {
             let mut o = lock(&s.out);
+            // The held steps first: the successor checks them before the
+            // goodbye's count.
+            if let Some(data) = o.take_steps(None) {
+                s.steps_held.store(false, Ordering::Release);
+                o.control.push_back(Out {
+                    to: (s.rank + 1) % s.nodes,
+                    tag: tag::STEP,
+                    class: Class::Control,
+                    data,
+                });
+            }
             for to in (0..s.nodes).filter(|&p| p != s.rank) {
                 for class in [Class::Control, Class::Bulk] {
                     let out = Out {
