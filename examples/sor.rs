@@ -19,10 +19,13 @@
 //! folded in a register (`Reduction::local`), combined by the black
 //! phase's post-phase code, which decides whether to go on.
 //!
-//! On several nodes the halo rows are another node's: a write view makes
-//! its pages writable here, so each phase fetches them (a twin is taken),
-//! and the release sends a write notice for them although they were only
-//! read. The program prints the shared memory's traffic per sweep.
+//! On several nodes a block's halo rows are another node's: the write view
+//! makes their pages writable here (a twin is taken), but nothing is
+//! stored into them, so the release finds them unchanged and treats this
+//! node as a reader of them: no diff, no write notice, and the copy stays,
+//! refreshed by its home's push (`unchanged` in the counters). The
+//! program prints the shared memory's traffic per sweep: after the first,
+//! no page is fetched.
 //!
 //! ```text
 //! cargo run --release --example sor -- --n 1024 --procs 2           # 1 node × 2
@@ -92,7 +95,8 @@ pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, Box<dyn std::error:
     let (mut iters, mut last, mut converged) = (0usize, 0.0f64, false);
 
     // Per segment (one row of one colour): the row with its neighbours,
-    // written in place, and the largest change in a register.
+    // written in place (only the row itself is stored into), and the
+    // largest change in a register.
     let bind = |ctx: &hyfi::Ctx, span: &hyfi::Span| {
         (
             u.write_rows(ctx, span.rows_with_halo(1, n)),

@@ -274,6 +274,54 @@ fn sor_gives_the_same_bits_on_every_configuration() {
     );
 }
 
+/// The number after `key` (a phrase such as `pages fetched`) in the node's
+/// DSM counters line (`dsm node K: ...`, the `Display` of its total).
+fn counter(lines: &[String], key: &str) -> u64 {
+    let line = lines
+        .iter()
+        .find(|l| l.starts_with("dsm node ") && l.contains(" releases; "))
+        .unwrap_or_else(|| panic!("no DSM counters line in {lines:?}"));
+    let rest = &line[line
+        .find(&format!(" {key} "))
+        .unwrap_or_else(|| panic!("no {key:?} in {line:?}"))
+        + key.len()
+        + 2..];
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count after {key:?} in {line:?}"))
+}
+
+/// SOR's write view covers each segment's halo rows, which on 2×1 are
+/// the other node's boundary row for a block's last and first rows. Its
+/// filaments store only into their own row, so the halo page is made
+/// writable and left unchanged: it is no page this node wrote (no notice),
+/// its copy stays and takes its home's push, and only the first phase
+/// fetches it. (Counted as a writer, each node dropped the copy at every
+/// release and fetched it again in every phase.)
+#[test]
+fn a_halo_made_writable_but_unchanged_is_not_fetched_again() {
+    let sweeps = 20;
+    let what = "sor 2x1, 20 sweeps";
+    let out = run_ok(
+        what,
+        on(&bins().sor, 2, 1, &["--iters", &sweeps.to_string()]),
+        2,
+    );
+    all_say(what, &out, "OK: hyfi and sequential results are identical");
+    for (node, lines) in &out {
+        // One halo page a node, in each of two phases a sweep.
+        assert_eq!(
+            counter(lines, "unchanged"),
+            2 * sweeps,
+            "{what}: node {node}"
+        );
+        assert_eq!(counter(lines, "pages fetched"), 1, "{what}: node {node}");
+        assert_eq!(counter(lines, "notices"), 0, "{what}: node {node}");
+        assert_eq!(counter(lines, "invalidations"), 0, "{what}: node {node}");
+    }
+}
+
 /// A stencil without a reduction, per point and per row, rows contiguous
 /// (the pages at block boundaries written by two nodes) and padded.
 #[test]

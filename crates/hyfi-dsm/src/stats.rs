@@ -51,6 +51,10 @@ counters! {
     diff_bytes_sent,
     /// Diffs applied here as a home.
     diffs_applied,
+    /// Pages homed elsewhere that a write view made writable here and the
+    /// phase left unchanged (a stencil's halo rows): no diff and no notice,
+    /// and the copy stays, to be pushed to or invalidated like a reader's.
+    pages_unchanged,
     /// Pages named in this node's write notices, counted once per receiving node.
     notices_sent,
     /// Pages this node, as their home, pushed to nodes holding a copy.
@@ -124,7 +128,7 @@ impl fmt::Display for DsmCounters {
         write!(
             f,
             "read faults {}, write faults {}, pages fetched {} served {} (deferred {}), \
-             diffs sent {} ({} B) applied {}, notices {}, invalidations {}, \
+             diffs sent {} ({} B) applied {}, unchanged {}, notices {}, invalidations {}, \
              pushed {} installed {} declined {} withheld {} gathered {}, \
              waiting {:.3} ms, releases {:.3} ms, {} messages ({} B), \
              write views plain {} atomic {} (requests waited for plain stores {}), \
@@ -138,6 +142,7 @@ impl fmt::Display for DsmCounters {
             self.diffs_sent,
             self.diff_bytes_sent,
             self.diffs_applied,
+            self.pages_unchanged,
             self.notices_sent,
             self.invalidations,
             self.pages_pushed,

@@ -278,9 +278,9 @@ impl Core {
              other's bytes), and the next phase fetches it again, a round trip on its critical \
              path. Two nodes' blocks that share a page do this: a vector, or a matrix made \
              without pad_rows, split between nodes inside a page (pad the matrix's rows, or \
-             size the vector so that each node's block starts on a page of {} bytes), or a \
-             write view over rows another node writes (a halo bound with write_rows: bind \
-             the rows this node only reads with read_rows). Dsm::stats counts it (pages \
+             size the vector so that each node's block starts on a page of {} bytes), or \
+             filaments that store into rows another node writes (a halo in a write view \
+             costs nothing while nothing is stored into it). Dsm::stats counts it (pages \
              fetched).",
             self.me,
             crate::region::PAGE
@@ -516,6 +516,8 @@ impl Core {
             ..
         } = r;
         let mut noticed_home: Vec<u64> = Vec::new();
+        // Pages homed elsewhere made writable here but not changed.
+        let mut unchanged: Vec<u64> = Vec::new();
         for &gp in dirty.iter() {
             let (seg, p) = self
                 .find_cached(gp, cache)
@@ -523,7 +525,6 @@ impl Core {
             let home = seg.homes[p] as usize;
             let mut m = seg.lock(p);
             if home != self.me {
-                *offhome += 1;
                 let twin = m
                     .twin
                     .take()
@@ -531,11 +532,22 @@ impl Core {
                 let page = seg.page_ptr(p);
                 // SAFETY: a page of a live segment; no filament runs now.
                 let runs = |out: &mut Vec<u8>| unsafe { diff::encode(page, &twin, out) };
-                // No runs: written, but back to what it was (no diff).
                 if let Some(bytes) = bodies[home].diff(gp, runs) {
+                    *offhome += 1;
                     let c = self.ctr(*slot);
                     c.diffs_sent.fetch_add(1, Ordering::Relaxed);
                     c.diff_bytes_sent.fetch_add(bytes as u64, Ordering::Relaxed);
+                } else {
+                    // No byte differs from the twin: a write view's halo
+                    // (a red-black sweep binds the rows around its own
+                    // with it), or bytes written back to what they were.
+                    // This node then wrote nothing the others lack, so it
+                    // is no writer of the page: no notice, and its copy,
+                    // back to `READ`, takes the home's push like any
+                    // reader's (or the notice of another writer drops it).
+                    // As a writer it dropped its copy at every release and
+                    // fetched it again in the next phase.
+                    unchanged.push(gp);
                 }
             } else if m
                 .twin
@@ -587,6 +599,13 @@ impl Core {
             // no fault (no twin, nobody to tell) until a node is served it.
             let home_alone = home == self.me && m.copies.is_empty() && !m.presumed;
             seg.state[p].store(if home_alone { WRITE } else { READ }, Ordering::Release);
+        }
+        if !unchanged.is_empty() {
+            // Both sorted: `dirty` is, and `unchanged` follows it.
+            dirty.retain(|gp| unchanged.binary_search(gp).is_err());
+            self.ctr(*slot)
+                .pages_unchanged
+                .fetch_add(unchanged.len() as u64, Ordering::Relaxed);
         }
         noticed_home
     }
