@@ -484,7 +484,7 @@ fn main() {
     print!("{st}");
     print!("{}", rt.stats());
     println!(
-        "stats: node={} fetched={} read_faults={} write_faults={} diffs={} diff_bytes={} invalidations={} pushed={} gathered={} installed={} declined={} deferred={} suspensions={}",
+        "stats: node={} fetched={} read_faults={} write_faults={} diffs={} diff_bytes={} invalidations={} pushed={} as_diffs={} gathered={} installed={} declined={} deferred={} suspensions={}",
         rt.node(),
         t.pages_fetched,
         t.read_faults,
@@ -493,6 +493,7 @@ fn main() {
         t.diff_bytes_sent,
         t.invalidations,
         t.pages_pushed,
+        t.pushes_as_diffs,
         t.pushes_gathered,
         t.pushes_installed,
         t.pushes_declined,

@@ -63,6 +63,10 @@ counters! {
     pushes_installed,
     /// Pages pushed here that no access used before the next release: dropped and declined.
     pushes_declined,
+    /// Pushes this node, as their home, sent as a diff of its own writes (a
+    /// page another node wrote lately: the diff applies to that writer's
+    /// copy too), counted once per receiving node (and in `pages_pushed`).
+    pushes_as_diffs,
     /// Pushes this node, as their home, did not send: another node wrote the
     /// page in the same phase, so every receiver would have dropped it.
     pushes_withheld,
@@ -129,7 +133,7 @@ impl fmt::Display for DsmCounters {
             f,
             "read faults {}, write faults {}, pages fetched {} served {} (deferred {}), \
              diffs sent {} ({} B) applied {}, unchanged {}, notices {}, invalidations {}, \
-             pushed {} installed {} declined {} withheld {} gathered {}, \
+             pushed {} (as diffs {}) installed {} declined {} withheld {} gathered {}, \
              waiting {:.3} ms, releases {:.3} ms, {} messages ({} B), \
              write views plain {} atomic {} (requests waited for plain stores {}), \
              broadcast sent {} received {} installed {} dropped {}, \
@@ -146,6 +150,7 @@ impl fmt::Display for DsmCounters {
             self.notices_sent,
             self.invalidations,
             self.pages_pushed,
+            self.pushes_as_diffs,
             self.pushes_installed,
             self.pushes_declined,
             self.pushes_withheld,

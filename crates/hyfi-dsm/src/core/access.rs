@@ -60,6 +60,23 @@ impl Core {
                             m.twin = Some(unsafe { elem::twin(seg.page_ptr(p)) });
                         } else {
                             m.faulted = true;
+                            // Another node wrote this page in one of the
+                            // last two releases: snapshot it, so that the
+                            // release can push the home's own writes as a
+                            // diff (core/README.md, "pages two nodes
+                            // write").
+                            let epoch = self.completed.load(Ordering::Acquire);
+                            if m.twin.is_none()
+                                && !m.copies.is_empty()
+                                && m.diffed != 0
+                                && m.diffed + 1 >= epoch
+                            {
+                                // SAFETY: a page of this segment, homed and
+                                // valid here; nothing stores into it before
+                                // its state says WRITE (below).
+                                m.twin = Some(unsafe { elem::twin(seg.page_ptr(p)) });
+                                m.own_twin = true;
+                            }
                         }
                         self.dirty
                             .lock()

@@ -94,6 +94,11 @@ impl<'a> Diff<'a> {
         })
     }
 
+    /// The run count and the runs' bytes, to keep (and parse again).
+    pub(super) fn raw(&self) -> (u32, &'a [u8]) {
+        (self.runs, self.bytes)
+    }
+
     /// The runs' length in bytes (headers included).
     pub(super) fn len(&self) -> usize {
         self.bytes.len()

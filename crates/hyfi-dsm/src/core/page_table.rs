@@ -123,6 +123,12 @@ pub(crate) struct Meta {
     /// At the home: one more than the epoch of the last release in which
     /// another node's diff of the page was applied here (0: none).
     pub(super) diffed: u64,
+    /// At the home: `twin` was taken at the home's write fault because
+    /// another node wrote the page lately (`diffed`): the release pushes
+    /// the home's own writes to the copies as a diff against it, which a
+    /// copy that another writer changed can take too (see
+    /// `Core::diffs_and_pushes`).
+    pub(super) own_twin: bool,
     /// A broadcast installed the page while this node's request for it was
     /// in flight: the reply is dropped when it comes (core/broadcast.rs).
     pub(super) reply_due: bool,

@@ -36,6 +36,10 @@ struct Round {
     cache: Option<Arc<Segment>>,
 }
 
+/// A push of a page as its home's own writes: (global page, run count,
+/// runs as `diff::encode` wrote them).
+pub(super) type PushDiff = (u64, u32, Vec<u8>);
+
 pub(super) struct Proto {
     /// `REL` messages of the current epoch received.
     pub(super) got: usize,
@@ -54,6 +58,10 @@ pub(super) struct Proto {
     /// Pages pushed to this node in the current release: (global page,
     /// bytes), installed once every `REL` is in.
     pub(super) pushes: Vec<(u64, Vec<u8>)>,
+    /// Pages pushed to this node in the current release as their home's
+    /// own writes: (global page, run count, runs), applied to this node's
+    /// copy once every `REL` is in.
+    pub(super) push_diffs: Vec<PushDiff>,
     /// Broadcasts of a later epoch than this node's (their root finished a
     /// release this node is still in): (epoch, frame), installed when this
     /// node's epoch reaches theirs (core/broadcast.rs).
@@ -169,6 +177,11 @@ impl Core {
         for (gp, bytes) in rel.pushes() {
             self.page_homed_at(gp, from, "a push of")?;
             pr.pushes.push((gp, bytes.to_vec()));
+        }
+        for d in rel.push_diffs() {
+            self.page_homed_at(d.page, from, "a push of")?;
+            let (runs, bytes) = d.raw();
+            pr.push_diffs.push((d.page, runs, bytes.to_vec()));
         }
         pr.carried.push((from, rel.carried.to_vec()));
         for gp in rel.declines() {
@@ -385,7 +398,7 @@ impl Core {
         self.ctr(slot)
             .pushes_gathered
             .fetch_add(r.gathered.len() as u64, Ordering::Relaxed);
-        let (mut notices, mut pushes, others) = self.await_releases(epoch, expected)?;
+        let (mut notices, mut pushes, push_diffs, others) = self.await_releases(epoch, expected)?;
         // What the phase's end waited for is in: until the next phase
         // computes, a `REL` of the next epoch is read at its end.
         hyfi_core::link::phase_end_reached();
@@ -401,7 +414,7 @@ impl Core {
             self.combine_carried(phase, carried, others)?;
         }
         let invalidated = self.invalidate_noticed(&notices, &mut r)?;
-        self.install_pushes(notices, pushes, invalidated, &mut r);
+        self.install_pushes(notices, pushes, push_diffs, invalidated, &mut r);
         self.settle_fresh();
         let written = Written {
             pages: r.dirty.len(),
@@ -549,15 +562,9 @@ impl Core {
                     // fetched it again in the next phase.
                     unchanged.push(gp);
                 }
-            } else if m
-                .twin
-                .take()
-                // SAFETY: a page of a live segment homed here; no filament
-                // runs now.
-                .is_some_and(|t| unsafe { elem::same(seg.page_ptr(p), &t) })
-            {
-                // Served this phase from a page nobody else held, and not
-                // written since: every holder has it as it is.
+            } else if self.twin_settles(&mut m, seg.page_ptr(p), gp, bodies, *slot) {
+                // Snapshotted and unchanged by the home, or its own writes
+                // pushed as a diff (see there).
             } else if m.presumed {
                 // Copies nobody was served: a notice to every node (below).
                 m.presumed = false;
@@ -608,6 +615,52 @@ impl Core {
                 .fetch_add(unchanged.len() as u64, Ordering::Relaxed);
         }
         noticed_home
+    }
+
+    /// A home page written this phase, by its twin (taken when the page
+    /// was served from `WRITE`, or at the home's write fault because
+    /// another node wrote it lately, `Meta::own_twin`): true if that
+    /// settles what its holders get, false if the release goes on as
+    /// without a twin.
+    ///
+    /// - Unchanged since the twin: every holder has the home's bytes
+    ///   (another writer's are in its diff, and its notice tells them).
+    /// - Changed, and the twin taken for another writer: the home's own
+    ///   writes go to every holder as a diff against the twin (to which
+    ///   the others' diffs were applied as to the page), which applies to
+    ///   a copy another writer changed as well. A whole page would not:
+    ///   each writer dropped it (it lacks the writer's bytes) and fetched
+    ///   the page again in the next phase (core/README.md, "pages two
+    ///   nodes write").
+    fn twin_settles(
+        &self,
+        m: &mut super::page_table::Meta,
+        page: *mut u8,
+        gp: u64,
+        bodies: &mut [ReleaseBody],
+        slot: usize,
+    ) -> bool {
+        let own = std::mem::take(&mut m.own_twin);
+        let Some(twin) = m.twin.take() else {
+            return false;
+        };
+        // SAFETY: a page of a live segment homed here; no filament runs now.
+        if unsafe { elem::same(page, &twin) } {
+            return true;
+        }
+        if !own || m.presumed || self.gathers(m.copies.len()) {
+            return false;
+        }
+        let mut runs_out = Vec::new();
+        // SAFETY: as above.
+        let runs = unsafe { diff::encode(page, &twin, &mut runs_out) };
+        for q in m.copies.iter() {
+            bodies[q].push_diff(gp, runs, &runs_out);
+        }
+        self.ctr(slot)
+            .pushes_as_diffs
+            .fetch_add(m.copies.len() as u64, Ordering::Relaxed);
+        true
     }
 
     /// 2. A `REL` to every other node there is something for: diffs,
@@ -786,7 +839,15 @@ impl Core {
         &self,
         epoch: u64,
         expected: usize,
-    ) -> Result<(Vec<(u64, u32)>, Vec<(u64, Vec<u8>)>, Vec<(usize, Vec<u8>)>), ReleaseError> {
+    ) -> Result<
+        (
+            Vec<(u64, u32)>,
+            Vec<(u64, Vec<u8>)>,
+            Vec<PushDiff>,
+            Vec<(usize, Vec<u8>)>,
+        ),
+        ReleaseError,
+    > {
         let got = {
             let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
             let _w = hyfi_core::waits::waiting(
@@ -821,6 +882,7 @@ impl Core {
             (
                 std::mem::take(&mut pr.notices),
                 std::mem::take(&mut pr.pushes),
+                std::mem::take(&mut pr.push_diffs),
                 std::mem::take(&mut pr.carried),
             )
         };
@@ -909,6 +971,7 @@ impl Core {
         &self,
         mut notices: Vec<(u64, u32)>,
         pushes: Vec<(u64, Vec<u8>)>,
+        push_diffs: Vec<PushDiff>,
         mut invalidated: u64,
         r: &mut Round,
     ) {
@@ -943,6 +1006,33 @@ impl Core {
             // runs now, and the next phase's barrier orders these bytes
             // before its accesses.
             unsafe { elem::copy_in(seg.page_ptr(p), &bytes) };
+            seg.state[p].store(READ | PUSHED, Ordering::Release);
+            installed.push(gp);
+        }
+        // Pushes of the home's own writes: they bring a copy up to date
+        // that is the home's page as of the last release, changed since
+        // only by this node's own writes (or by none), which the home's
+        // writes do not touch. So they apply to a copy this node wrote
+        // too, unlike a whole page, but not to a copy it lacks, nor to one
+        // a third writer's notice names (its diff is missing from both).
+        for (gp, runs, bytes) in push_diffs {
+            let (seg, p) = self
+                .find_cached(gp, &mut r.cache)
+                .expect("checked on arrival");
+            let _m = seg.lock(p);
+            let st = seg.state[p].load(Ordering::Acquire);
+            if named(gp) || r.declined.binary_search(&gp).is_ok() || st < READ {
+                if st != INVALID {
+                    seg.state[p].store(INVALID, Ordering::Release);
+                    invalidated += 1;
+                }
+                continue;
+            }
+            let d = diff::Diff::parse(gp, runs, &bytes).expect("checked on arrival");
+            // SAFETY: a page of a live segment homed elsewhere, valid here;
+            // no filament runs now, and the next phase's barrier orders
+            // these bytes before its accesses.
+            unsafe { d.apply(seg.page_ptr(p)) };
             seg.state[p].store(READ | PUSHED, Ordering::Release);
             installed.push(gp);
         }

@@ -304,6 +304,10 @@ pub(super) struct ReleaseBody {
     /// Pages homed here that it holds a copy of: (page u64, bytes)...
     pushes: Vec<u8>,
     npushes: u32,
+    /// Pages homed here that it holds a copy of, as the home's own writes
+    /// (a diff, encoded as `diffs` are): (page u64, runs u32, runs)...
+    push_diffs: Vec<u8>,
+    npush_diffs: u32,
     /// Pages it pushed here that went unused.
     declines: Vec<u64>,
 }
@@ -344,19 +348,28 @@ impl ReleaseBody {
         self.npushes += 1;
     }
 
+    /// Adds a push of `page` as a diff: `encoded`, its run count and runs
+    /// as [`super::diff::encode`] wrote them.
+    pub(super) fn push_diff(&mut self, page: u64, runs: u32, encoded: &[u8]) {
+        put_u64(&mut self.push_diffs, page);
+        put_u32(&mut self.push_diffs, runs);
+        self.push_diffs.extend_from_slice(encoded);
+        self.npush_diffs += 1;
+    }
+
     /// Adds a decline of `page`.
     pub(super) fn decline(&mut self, page: u64) {
         self.declines.push(page);
     }
 
-    /// The pages pushed so far.
+    /// The pages pushed so far, whole or as diffs.
     pub(super) fn pushes(&self) -> u32 {
-        self.npushes
+        self.npushes + self.npush_diffs
     }
 
     /// Nothing for its node: no diff, push or decline.
     pub(super) fn is_empty(&self) -> bool {
-        self.ndiffs == 0 && self.npushes == 0 && self.declines.is_empty()
+        self.ndiffs == 0 && self.npushes == 0 && self.npush_diffs == 0 && self.declines.is_empty()
     }
 }
 
@@ -386,6 +399,8 @@ impl Encode for ReleaseOut<'_> {
             + 4
             + b.pushes.len()
             + 4
+            + b.push_diffs.len()
+            + 4
             + 8 * b.declines.len()
             + 4
             + self.carried.len()
@@ -404,6 +419,8 @@ impl Encode for ReleaseOut<'_> {
         out.extend_from_slice(&b.diffs);
         put_u32(out, b.npushes);
         out.extend_from_slice(&b.pushes);
+        put_u32(out, b.npush_diffs);
+        out.extend_from_slice(&b.push_diffs);
         put_u32(out, count(b.declines.len()));
         for &gp in &b.declines {
             put_u64(out, gp);
@@ -421,6 +438,8 @@ pub(super) struct Release<'a> {
     ndiffs: u32,
     diffs: &'a [u8],
     pushes: &'a [u8],
+    npush_diffs: u32,
+    push_diffs: &'a [u8],
     declines: PageList<'a>,
     /// The sender's phase-end reductions (empty if none).
     pub(super) carried: &'a [u8],
@@ -459,6 +478,15 @@ impl<'a> Release<'a> {
             r.bytes(PAGE)?;
         }
         let pushes = r.since(from);
+        let npush_diffs = r.u32()?;
+        let from = r.at;
+        for _ in 0..npush_diffs {
+            let gp = r.u64()?;
+            let runs = r.u32()?;
+            let d = Diff::parse(gp, runs, r.rest())?;
+            r.bytes(d.len())?;
+        }
+        let push_diffs = r.since(from);
         let n = r.u32()? as usize;
         let declines = r.pages(n)?;
         let n = r.u32()? as usize;
@@ -474,6 +502,8 @@ impl<'a> Release<'a> {
             ndiffs,
             diffs,
             pushes,
+            npush_diffs,
+            push_diffs,
             declines,
             carried,
         })
@@ -499,6 +529,15 @@ impl<'a> Release<'a> {
         self.pushes
             .chunks_exact(PUSH)
             .map(|c| (le_u64(&c[..8]), &c[8..]))
+    }
+
+    /// The pages pushed to the receiver as the home's own writes: diffs,
+    /// each to apply to a copy the receiver holds.
+    pub(super) fn push_diffs(&self) -> Diffs<'a> {
+        Diffs {
+            left: self.npush_diffs,
+            rest: self.push_diffs,
+        }
     }
 
     /// The pages the sender declines (pushed by the receiver, unused).

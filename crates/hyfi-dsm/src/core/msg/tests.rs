@@ -177,6 +177,9 @@ fn release() -> (Vec<u8>, Vec<OwnedDiff>) {
     b.push(5, |out| out.extend_from_slice(&page(5)));
     b.push(6, |out| out.extend_from_slice(&page(6)));
     assert_eq!(b.pushes(), 2);
+    // A push of the home's own writes, as a diff: one run of 3 bytes at 40.
+    b.push_diff(7, 1, &[40, 0, 3, 0, 1, 2, 3]);
+    assert_eq!(b.pushes(), 3);
     b.decline(8);
     let notices = [(100u64, 3u32), (200, 1), (1 << 33, u32::MAX)];
     let m = encoded(ReleaseOut {
@@ -209,27 +212,33 @@ fn releases_round_trip() {
     assert_eq!((pushes[0].0, pushes[0].1), (5, &page(5)[..]));
     assert_eq!((pushes[1].0, pushes[1].1), (6, &page(6)[..]));
     assert!(m.as_ptr_range().contains(&pushes[1].1.as_ptr()));
+    let push_diffs: Vec<OwnedDiff> = r
+        .push_diffs()
+        .map(|d| (d.page, d.runs().map(|(o, b)| (o, b.to_vec())).collect()))
+        .collect();
+    assert_eq!(push_diffs, [(7, vec![(40, vec![1, 2, 3])])]);
     assert_eq!(r.declines().collect::<Vec<_>>(), [8]);
     assert_eq!(r.carried, [1, 2, 3, 4, 5]);
 
-    // An empty release: the epoch and five zero counts.
+    // An empty release: the epoch and six zero counts.
     let e = encoded(ReleaseOut {
         epoch: 0,
         notices: &[],
         body: &ReleaseBody::default(),
         carried: &[],
     });
-    assert_eq!(e.len(), 1 + 8 + 20);
+    assert_eq!(e.len(), 1 + 8 + 24);
     let r = Release::decode(&e).unwrap();
     assert_eq!(
         (
             r.notices().len(),
             r.diffs().len(),
             r.pushes().len(),
+            r.push_diffs().len(),
             r.declines().len(),
             r.carried.len()
         ),
-        (0, 0, 0, 0, 0)
+        (0, 0, 0, 0, 0, 0)
     );
 }
 
@@ -265,8 +274,14 @@ fn releases_cut_short_say_where() {
     // In a push's bytes: at the bytes, after its page.
     let pushes = diffs + (12 + 10) + (12 + 6) + 4;
     assert_eq!(cut(1 + pushes + 8 + 10), truncated(pushes + 8));
+    // In the pushed diff's runs.
+    let push_diffs = pushes + 2 * (8 + PAGE) + 4;
+    assert_eq!(
+        cut(1 + push_diffs + 12 + 5),
+        ProtocolError::MalformedDiff { page: 7 }
+    );
     // In the carried bytes: at the bytes, after their length.
-    let carried = pushes + 2 * (8 + PAGE) + 4 + 8;
+    let carried = push_diffs + (12 + 7) + 4 + 8;
     assert_eq!(cut(1 + carried + 4 + 2), truncated(carried + 4));
 }
 
