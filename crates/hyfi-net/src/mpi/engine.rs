@@ -150,6 +150,11 @@ fn idle_progress() -> bool {
     g.as_mut().is_some_and(|e| e.pass(1))
 }
 
+/// When a request (a service's control message: a page or steal request)
+/// was last posted or received (`crate::since_start` units): the
+/// communication thread naps short for [`QUIET`] after it (module docs).
+static REQUESTS_MOVED: AtomicU64 = AtomicU64::new(0);
+
 /// A thread waits ([`idle_progress`]): the next [`Engine::post`] sends the
 /// held step records.
 static STEPS_DUE: AtomicBool = AtomicBool::new(false);
@@ -232,23 +237,26 @@ fn comm_loop(s: &Arc<Shared>) {
             std::thread::yield_now();
             continue;
         }
-        // Idle: sleep between polls; a sender wakes the thread.
+        // Idle: sleep between polls; a sender wakes the thread. Short naps
+        // only while requests move: what else comes is awaited by a
+        // thread that polls itself.
+        let requests = t.saturating_sub(REQUESTS_MOVED.load(Ordering::Relaxed));
+        let this_nap = if requests < QUIET.as_nanos() as u64 {
+            nap
+        } else {
+            NAP_QUIET
+        };
         s.asleep.store(true, Ordering::Release);
         let pending = {
             let o = lock(&s.out);
             !o.control.is_empty() || !o.bulk.is_empty() || o.abort.is_some()
         };
         if !pending {
-            std::thread::park_timeout(nap.min(next_beat.saturating_duration_since(now)));
+            std::thread::park_timeout(this_nap.min(next_beat.saturating_duration_since(now)));
         }
         s.asleep.store(false, Ordering::Release);
         if !moved {
-            let cap = if still < QUIET.as_nanos() as u64 {
-                NAP_MAX
-            } else {
-                NAP_QUIET
-            };
-            nap = (nap * 2).min(cap);
+            nap = (nap * 2).min(NAP_MAX);
         }
     }
 }
@@ -385,6 +393,9 @@ impl Engine {
         if class == Class::Bulk {
             self.in_flight[to] += data.len();
         }
+        if service && class == Class::Control {
+            REQUESTS_MOVED.store(since_start(), Ordering::Relaxed);
+        }
         if tag != tag::HEARTBEAT {
             hyfi_core::trace::instant(
                 hyfi_core::trace::Kind::Send,
@@ -490,6 +501,11 @@ impl Engine {
         let from = st.source_rank() as usize;
         let steps = st.tag() & tag::STEPS != 0;
         let t = st.tag() & !tag::STEPS;
+        // A service's frame (whole or in pieces), not the transport's own.
+        let service = (1..=127).contains(&t) || unpieced_tag(t).is_some();
+        if service && class == Class::Control {
+            REQUESTS_MOVED.store(since_start(), Ordering::Relaxed);
+        }
         let Some((tag, n)) = unpieced_tag(t) else {
             let (data, _) = (msg, st).matched_receive_vec::<u8>();
             self.dispatch_carrying(from, t, class, data, steps);

@@ -59,11 +59,20 @@
 //! thread polls while messages flow, yielding the CPU between polls
 //! (`sched_yield`, so a server thread that wants the CPU gets it); once
 //! nothing has moved for [`HOT`] it sleeps between polls, for intervals
-//! growing from [`NAP_MIN`] to [`NAP_MAX`], and after [`QUIET`] without a
-//! message on to [`NAP_QUIET`]; a sender wakes it at once. A node that
-//! computes without communicating so costs its servers a poll every
-//! [`NAP_QUIET`]; a message that arrives while every thread sleeps waits
-//! at most that long (a thread that waits for a message polls itself).
+//! growing from [`NAP_MIN`] to [`NAP_MAX`] while *requests* moved in the
+//! last [`QUIET`], and of [`NAP_QUIET`] otherwise; a sender wakes it at
+//! once. A request (a service's control message: a page or steal request,
+//! sent or received) is what a computing node must answer, or await the
+//! answer of, without a thread of its own polling; everything else is
+//! awaited by a thread that polls itself (a release's `REL`s, a
+//! collective's pieces). Each wake-up costs the core the communication
+//! thread shares with a server thread: on Jacobi 2048² over 2×1, which
+//! moves its pages in `REL`s alone, naps that restarted at [`NAP_MIN`]
+//! after every release cost 5 % of the run (0.493 → 0.468 s, the same
+//! binary, 7 alternated rounds; BENCHMARKS.md). A node that computes
+//! without requests so costs its servers a poll every [`NAP_QUIET`]; a
+//! request that arrives while every thread sleeps waits at most that long
+//! (a thread that waits for a message polls itself).
 //!
 //! # Classes on two communicators
 //!
@@ -119,10 +128,11 @@ use crate::signals::{self, SignalEvent, SignalThread};
 pub const HOT: Duration = Duration::from_micros(50);
 /// Its first sleep between polls once idle.
 pub const NAP_MIN: Duration = Duration::from_micros(20);
-/// Its longest sleep between polls while messages moved in the last
-/// [`QUIET`].
+/// Its longest sleep between polls while requests (services' control
+/// messages) moved in the last [`QUIET`].
 pub const NAP_MAX: Duration = Duration::from_micros(100);
-/// After this long without a message, naps grow on to [`NAP_QUIET`].
+/// After this long without a request, the thread naps [`NAP_QUIET`] at a
+/// time.
 pub const QUIET: Duration = Duration::from_millis(10);
 /// Its longest sleep between polls once nothing has moved for [`QUIET`]:
 /// the node computes alone, or the program runs code of its own between
