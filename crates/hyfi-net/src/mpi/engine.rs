@@ -155,6 +155,15 @@ fn idle_progress() -> bool {
 /// communication thread naps short for [`QUIET`] after it (module docs).
 static REQUESTS_MOVED: AtomicU64 = AtomicU64::new(0);
 
+/// Whether a message of `class` with (unpieced) `tag` is a request: a
+/// service's control message other than a collective's piece, which its
+/// waiter polls for itself.
+fn is_request(class: Class, tag: i32) -> bool {
+    class == Class::Control
+        && (1..=127).contains(&tag)
+        && tag != i32::from(hyfi_core::link::collective::SERVICE.number())
+}
+
 /// A thread waits ([`idle_progress`]): the next [`Engine::post`] sends the
 /// held step records.
 static STEPS_DUE: AtomicBool = AtomicBool::new(false);
@@ -393,7 +402,7 @@ impl Engine {
         if class == Class::Bulk {
             self.in_flight[to] += data.len();
         }
-        if service && class == Class::Control {
+        if is_request(class, tag) {
             REQUESTS_MOVED.store(since_start(), Ordering::Relaxed);
         }
         if tag != tag::HEARTBEAT {
@@ -501,9 +510,7 @@ impl Engine {
         let from = st.source_rank() as usize;
         let steps = st.tag() & tag::STEPS != 0;
         let t = st.tag() & !tag::STEPS;
-        // A service's frame (whole or in pieces), not the transport's own.
-        let service = (1..=127).contains(&t) || unpieced_tag(t).is_some();
-        if service && class == Class::Control {
+        if is_request(class, unpieced_tag(t).map_or(t, |(tag, _)| tag)) {
             REQUESTS_MOVED.store(since_start(), Ordering::Relaxed);
         }
         let Some((tag, n)) = unpieced_tag(t) else {

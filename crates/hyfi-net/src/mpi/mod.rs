@@ -62,10 +62,10 @@
 //! growing from [`NAP_MIN`] to [`NAP_MAX`] while *requests* moved in the
 //! last [`QUIET`], and of [`NAP_QUIET`] otherwise; a sender wakes it at
 //! once. A request (a service's control message: a page or steal request,
-//! sent or received) is what a computing node must answer, or await the
-//! answer of, without a thread of its own polling; everything else is
-//! awaited by a thread that polls itself (a release's `REL`s, a
-//! collective's pieces). Each wake-up costs the core the communication
+//! sent or received; not a collective's piece) is what a computing node
+//! must answer, or await the answer of, without a thread of its own
+//! polling; everything else is awaited by a thread that polls itself (a
+//! release's `REL`s, a collective's pieces). Each wake-up costs the core the communication
 //! thread shares with a server thread: on Jacobi 2048² over 2×1, which
 //! moves its pages in `REL`s alone, naps that restarted at [`NAP_MIN`]
 //! after every release cost 5 % of the run (0.493 → 0.468 s, the same
