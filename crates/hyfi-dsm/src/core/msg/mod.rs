@@ -462,15 +462,7 @@ impl<'a> Release<'a> {
             r.u32()?;
         }
         let notices = r.since(from);
-        let ndiffs = r.u32()?;
-        let from = r.at;
-        for _ in 0..ndiffs {
-            let gp = r.u64()?;
-            let runs = r.u32()?;
-            let d = Diff::parse(gp, runs, r.rest())?;
-            r.bytes(d.len())?;
-        }
-        let diffs = r.since(from);
+        let (ndiffs, diffs) = Self::diff_list(&mut r)?;
         let n = r.u32()? as usize;
         let from = r.at;
         for _ in 0..n {
@@ -478,15 +470,7 @@ impl<'a> Release<'a> {
             r.bytes(PAGE)?;
         }
         let pushes = r.since(from);
-        let npush_diffs = r.u32()?;
-        let from = r.at;
-        for _ in 0..npush_diffs {
-            let gp = r.u64()?;
-            let runs = r.u32()?;
-            let d = Diff::parse(gp, runs, r.rest())?;
-            r.bytes(d.len())?;
-        }
-        let push_diffs = r.since(from);
+        let (npush_diffs, push_diffs) = Self::diff_list(&mut r)?;
         let n = r.u32()? as usize;
         let declines = r.pages(n)?;
         let n = r.u32()? as usize;
@@ -507,6 +491,20 @@ impl<'a> Release<'a> {
             declines,
             carried,
         })
+    }
+
+    /// A count of diffs and the diffs (page, run count, runs), each
+    /// checked; returns the count and their bytes, in place.
+    fn diff_list(r: &mut Rd<'a>) -> Result<(u32, &'a [u8]), ProtocolError> {
+        let n = r.u32()?;
+        let from = r.at;
+        for _ in 0..n {
+            let gp = r.u64()?;
+            let runs = r.u32()?;
+            let d = Diff::parse(gp, runs, r.rest())?;
+            r.bytes(d.len())?;
+        }
+        Ok((n, r.since(from)))
     }
 
     /// The write notices: (first page, pages).
