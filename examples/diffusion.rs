@@ -10,7 +10,8 @@
 //! two double-buffered DSM grids, each block of rows homed where it is
 //! computed. `--pad-rows` pads every row to whole pages, as the README's
 //! Jacobi does; without it rows are contiguous and only the pages at
-//! block boundaries are written by two nodes (diffs at the release).
+//! block boundaries are written by two nodes (a diff each way at the
+//! release: the other node's to the home, the home's own writes back).
 //!
 //! ```text
 //! cargo run --release --example diffusion -- --n 1026 --per-row --procs 2

@@ -292,7 +292,12 @@ impl<T: Pod + Send + Sync> MatrixAlloc<'_, T> {
         self
     }
     /// Pads every row to whole pages, so no page holds two rows (rows owned
-    /// by different nodes then never share a page).
+    /// by different nodes then never share a page). Without it, the page
+    /// two nodes' blocks share is written by both in every phase: each
+    /// release moves a diff from the other node to its home and the home's
+    /// own writes back as a diff (after two releases to settle, on two
+    /// nodes; on more, a page held by half the others or more is fetched
+    /// again in every phase).
     pub fn pad_rows(mut self) -> Self {
         self.pad = true;
         self
