@@ -644,16 +644,18 @@ impl Core {
         let Some(twin) = m.twin.take() else {
             return false;
         };
-        // SAFETY: a page of a live segment homed here; no filament runs now.
-        if unsafe { elem::same(page, &twin) } {
-            return true;
-        }
         if !own || m.presumed || self.gathers(m.copies.len()) {
-            return false;
+            // SAFETY: a page of a live segment homed here; no filament
+            // runs now.
+            return unsafe { elem::same(page, &twin) };
         }
+        // One pass: no run is no change.
         let mut runs_out = Vec::new();
         // SAFETY: as above.
         let runs = unsafe { diff::encode(page, &twin, &mut runs_out) };
+        if runs == 0 {
+            return true;
+        }
         for q in m.copies.iter() {
             bodies[q].push_diff(gp, runs, &runs_out);
         }
