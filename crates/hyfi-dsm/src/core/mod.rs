@@ -108,7 +108,6 @@ impl Core {
                 releasing: false,
                 deferred: Vec::new(),
                 pushes: Vec::new(),
-                push_diffs: Vec::new(),
                 early_broadcasts: Vec::new(),
                 bcast_expected: 0,
                 bcast_received: 0,

@@ -36,9 +36,12 @@ struct Round {
     cache: Option<Arc<Segment>>,
 }
 
-/// A push of a page as its home's own writes: (global page, run count,
-/// runs as `diff::encode` wrote them).
-pub(super) type PushDiff = (u64, u32, Vec<u8>);
+/// A page its home pushed to this node: the whole page, or the home's own
+/// writes as a diff (its run count and runs as `diff::encode` wrote them).
+pub(super) enum Pushed {
+    Page(Vec<u8>),
+    Diff { runs: u32, bytes: Vec<u8> },
+}
 
 pub(super) struct Proto {
     /// `REL` messages of the current epoch received.
@@ -55,13 +58,9 @@ pub(super) struct Proto {
     pub(super) releasing: bool,
     /// Page requests waiting for this node's epoch: (from, epoch, pages).
     pub(super) deferred: Vec<(usize, u64, Vec<u64>)>,
-    /// Pages pushed to this node in the current release: (global page,
-    /// bytes), installed once every `REL` is in.
-    pub(super) pushes: Vec<(u64, Vec<u8>)>,
-    /// Pages pushed to this node in the current release as their home's
-    /// own writes: (global page, run count, runs), applied to this node's
-    /// copy once every `REL` is in.
-    pub(super) push_diffs: Vec<PushDiff>,
+    /// Pages pushed to this node in the current release, whole or as
+    /// their home's own writes, installed once every `REL` is in.
+    pub(super) pushes: Vec<(u64, Pushed)>,
     /// Broadcasts of a later epoch than this node's (their root finished a
     /// release this node is still in): (epoch, frame), installed when this
     /// node's epoch reaches theirs (core/broadcast.rs).
@@ -176,12 +175,13 @@ impl Core {
         }
         for (gp, bytes) in rel.pushes() {
             self.page_homed_at(gp, from, "a push of")?;
-            pr.pushes.push((gp, bytes.to_vec()));
+            pr.pushes.push((gp, Pushed::Page(bytes.to_vec())));
         }
         for d in rel.push_diffs() {
             self.page_homed_at(d.page, from, "a push of")?;
             let (runs, bytes) = d.raw();
-            pr.push_diffs.push((d.page, runs, bytes.to_vec()));
+            let bytes = bytes.to_vec();
+            pr.pushes.push((d.page, Pushed::Diff { runs, bytes }));
         }
         pr.carried.push((from, rel.carried.to_vec()));
         for gp in rel.declines() {
@@ -398,7 +398,7 @@ impl Core {
         self.ctr(slot)
             .pushes_gathered
             .fetch_add(r.gathered.len() as u64, Ordering::Relaxed);
-        let (mut notices, mut pushes, push_diffs, others) = self.await_releases(epoch, expected)?;
+        let (mut notices, mut pushes, others) = self.await_releases(epoch, expected)?;
         // What the phase's end waited for is in: until the next phase
         // computes, a `REL` of the next epoch is read at its end.
         hyfi_core::link::phase_end_reached();
@@ -414,7 +414,7 @@ impl Core {
             self.combine_carried(phase, carried, others)?;
         }
         let invalidated = self.invalidate_noticed(&notices, &mut r)?;
-        self.install_pushes(notices, pushes, push_diffs, invalidated, &mut r);
+        self.install_pushes(notices, pushes, invalidated, &mut r);
         self.settle_fresh();
         let written = Written {
             pages: r.dirty.len(),
@@ -841,15 +841,7 @@ impl Core {
         &self,
         epoch: u64,
         expected: usize,
-    ) -> Result<
-        (
-            Vec<(u64, u32)>,
-            Vec<(u64, Vec<u8>)>,
-            Vec<PushDiff>,
-            Vec<(usize, Vec<u8>)>,
-        ),
-        ReleaseError,
-    > {
+    ) -> Result<(Vec<(u64, u32)>, Vec<(u64, Pushed)>, Vec<(usize, Vec<u8>)>), ReleaseError> {
         let got = {
             let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
             let _w = hyfi_core::waits::waiting(
@@ -884,7 +876,6 @@ impl Core {
             (
                 std::mem::take(&mut pr.notices),
                 std::mem::take(&mut pr.pushes),
-                std::mem::take(&mut pr.push_diffs),
                 std::mem::take(&mut pr.carried),
             )
         };
@@ -955,25 +946,29 @@ impl Core {
     fn pushed_here(
         &self,
         gathered: Vec<(usize, u64, Vec<u8>)>,
-        pushes: &mut Vec<(u64, Vec<u8>)>,
+        pushes: &mut Vec<(u64, Pushed)>,
     ) -> Result<(), ReleaseError> {
         for (from, gp, bytes) in gathered {
             self.page_homed_at(gp, from, "a gathered push of")
                 .map_err(ReleaseError::Notice)?;
-            pushes.push((gp, bytes));
+            pushes.push((gp, Pushed::Page(bytes)));
         }
         Ok(())
     }
 
     /// 5. Installs the pushed pages, unless another writer's notice names
-    ///    the page (its diff may be missing from the push), this node wrote
-    ///    it too, or this node declined it in this release: then the copy is
-    ///    dropped.
+    ///    the page (its diff may be missing from the push), or this node
+    ///    declined it in this release: then the copy is dropped. A whole
+    ///    page is dropped as well where this node wrote it too (it lacks
+    ///    this node's bytes). The home's own writes (a diff) bring up to
+    ///    date a copy that is the home's page as of the last release,
+    ///    changed since only by this node's own writes (or by none), which
+    ///    the home's do not touch: they apply to a copy this node wrote,
+    ///    but not to one it lacks.
     fn install_pushes(
         &self,
         mut notices: Vec<(u64, u32)>,
-        pushes: Vec<(u64, Vec<u8>)>,
-        push_diffs: Vec<PushDiff>,
+        pushes: Vec<(u64, Pushed)>,
         mut invalidated: u64,
         r: &mut Round,
     ) {
@@ -989,52 +984,36 @@ impl Core {
             k > 0 && gp < spans[k - 1].1
         };
         let mut installed = Vec::with_capacity(pushes.len());
-        for (gp, bytes) in pushes {
-            let (seg, p) = self
-                .find_cached(gp, &mut r.cache)
-                .expect("checked on arrival");
-            let _m = seg.lock(p);
-            if named(gp)
-                || r.dirty.binary_search(&gp).is_ok()
-                || r.declined.binary_search(&gp).is_ok()
-            {
-                if seg.state[p].load(Ordering::Acquire) != INVALID {
-                    seg.state[p].store(INVALID, Ordering::Release);
-                    invalidated += 1;
-                }
-                continue;
-            }
-            // SAFETY: a page of a live segment homed elsewhere; no filament
-            // runs now, and the next phase's barrier orders these bytes
-            // before its accesses.
-            unsafe { elem::copy_in(seg.page_ptr(p), &bytes) };
-            seg.state[p].store(READ | PUSHED, Ordering::Release);
-            installed.push(gp);
-        }
-        // Pushes of the home's own writes: they bring a copy up to date
-        // that is the home's page as of the last release, changed since
-        // only by this node's own writes (or by none), which the home's
-        // writes do not touch. So they apply to a copy this node wrote
-        // too, unlike a whole page, but not to a copy it lacks, nor to one
-        // a third writer's notice names (its diff is missing from both).
-        for (gp, runs, bytes) in push_diffs {
+        for (gp, push) in pushes {
             let (seg, p) = self
                 .find_cached(gp, &mut r.cache)
                 .expect("checked on arrival");
             let _m = seg.lock(p);
             let st = seg.state[p].load(Ordering::Acquire);
-            if named(gp) || r.declined.binary_search(&gp).is_ok() || st < READ {
+            let applies = match push {
+                Pushed::Page(_) => r.dirty.binary_search(&gp).is_err(),
+                Pushed::Diff { .. } => st >= READ,
+            };
+            if !applies || named(gp) || r.declined.binary_search(&gp).is_ok() {
                 if st != INVALID {
                     seg.state[p].store(INVALID, Ordering::Release);
                     invalidated += 1;
                 }
                 continue;
             }
-            let d = diff::Diff::parse(gp, runs, &bytes).expect("checked on arrival");
-            // SAFETY: a page of a live segment homed elsewhere, valid here;
-            // no filament runs now, and the next phase's barrier orders
-            // these bytes before its accesses.
-            unsafe { d.apply(seg.page_ptr(p)) };
+            let page = seg.page_ptr(p);
+            match push {
+                // SAFETY: a page of a live segment homed elsewhere; no
+                // filament runs now, and the next phase's barrier orders
+                // these bytes before its accesses.
+                Pushed::Page(bytes) => unsafe { elem::copy_in(page, &bytes) },
+                Pushed::Diff { runs, bytes } => {
+                    let d = diff::Diff::parse(gp, runs, &bytes).expect("checked on arrival");
+                    // SAFETY: as for a whole page, and the copy is valid
+                    // here (checked above).
+                    unsafe { d.apply(page) }
+                }
+            }
             seg.state[p].store(READ | PUSHED, Ordering::Release);
             installed.push(gp);
         }
