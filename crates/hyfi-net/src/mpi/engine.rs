@@ -362,13 +362,9 @@ impl Engine {
     /// least `min_age` (`None`: whatever their age).
     fn flush_steps(&mut self, min_age: Option<Duration>) {
         let s = &self.s;
-        if !s.steps_held.load(Ordering::Acquire) {
-            return;
-        }
-        let Some(data) = lock(&s.out).take_steps(min_age) else {
+        let Some(data) = s.take_steps(min_age) else {
             return;
         };
-        s.steps_held.store(false, Ordering::Release);
         self.isend(Out {
             to: (s.rank + 1) % s.nodes,
             tag: tag::STEP,
@@ -386,14 +382,10 @@ impl Engine {
         } = m;
         let service = (1..=127).contains(&tag);
         let mut steps = false;
-        if service
-            && to == (self.s.rank + 1) % self.s.nodes
-            && self.s.steps_held.load(Ordering::Acquire)
-        {
+        if service && to == (self.s.rank + 1) % self.s.nodes {
             // The held step records ride on this frame to the successor:
             // no message of their own.
-            if let Some(held) = lock(&self.s.out).take_steps(None) {
-                self.s.steps_held.store(false, Ordering::Release);
+            if let Some(held) = self.s.take_steps(None) {
                 data.extend_from_slice(&held);
                 data.push((held.len() / STEP_RECORD) as u8);
                 steps = true;
@@ -510,10 +502,11 @@ impl Engine {
         let from = st.source_rank() as usize;
         let steps = st.tag() & tag::STEPS != 0;
         let t = st.tag() & !tag::STEPS;
-        if is_request(class, unpieced_tag(t).map_or(t, |(tag, _)| tag)) {
+        let pieced = unpieced_tag(t);
+        if is_request(class, pieced.map_or(t, |(tag, _)| tag)) {
             REQUESTS_MOVED.store(since_start(), Ordering::Relaxed);
         }
-        let Some((tag, n)) = unpieced_tag(t) else {
+        let Some((tag, n)) = pieced else {
             let (data, _) = (msg, st).matched_receive_vec::<u8>();
             self.dispatch_carrying(from, t, class, data, steps);
             return;

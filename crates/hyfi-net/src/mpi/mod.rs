@@ -369,13 +369,25 @@ impl Shared {
         self.wake();
     }
 
+    /// Takes the held SPMD step records, if any were held since at least
+    /// `min_age` (`None`: whatever their age), and clears
+    /// [`Shared::steps_held`] under the outbox's lock, where `enter_step`
+    /// sets it: a record entered meanwhile is never left held with the
+    /// flag clear (the age and wait flushes read the flag alone).
+    pub(crate) fn take_steps(&self, min_age: Option<Duration>) -> Option<Vec<u8>> {
+        if !self.steps_held.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut o = lock(&self.out);
+        let steps = o.take_steps(min_age)?;
+        self.steps_held.store(false, Ordering::Release);
+        Some(steps)
+    }
+
     /// Sends the held SPMD step records ([`STEPS_HELD`]) to the ring
     /// successor now, as one message.
     pub(crate) fn flush_steps(&self) {
-        if !self.steps_held.swap(false, Ordering::AcqRel) {
-            return;
-        }
-        let Some(data) = lock(&self.out).take_steps(None) else {
+        let Some(data) = self.take_steps(None) else {
             return;
         };
         self.push(Out {
