@@ -81,6 +81,7 @@
 //! assert_eq!(log.0.lock().unwrap()[0], (0, b"hello".to_vec()));
 //! ```
 
+pub mod buffers;
 pub mod collective;
 mod counters;
 mod in_process;

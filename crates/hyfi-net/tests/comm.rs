@@ -224,7 +224,9 @@ fn a_runtime_over_four_nodes_reduces_across_all_of_them() {
 /// Over both kinds of link: nodes of one host pair up shared-memory lanes
 /// (the 3 MiB frames are larger than a lane's ring, so they stream through
 /// it in pieces and both rings fill: the backlog waits for the reader's
-/// bell), and with lanes off every frame goes through the socket.
+/// bell), and with lanes off every frame goes through the socket. Step
+/// records held for the successor go out in front of frames of every
+/// size, in every state of the backlog, and arrive in order.
 #[test]
 fn bursts_of_every_frame_size_arrive_whole_and_in_order() {
     for lanes in [true, false] {
@@ -254,15 +256,31 @@ fn bursts(cs: Vec<Arc<Comm>>) {
     const SIZES: [usize; 7] = [0, 1, 15, 4096, 65_537, 300_000, 3 << 20];
     const FRAMES: u64 = 60;
     let byte = |i: u64, j: usize| (i as usize * 31 + j * 7) as u8;
+    // Control messages received, counted before either node sends.
+    let controls = |c: &Comm| c.sender().stats().snapshot().control.received;
+    let befores: Vec<u64> = cs.iter().map(|c| controls(c)).collect();
     let hs: Vec<_> = cs
         .iter()
-        .map(|c| {
+        .zip(befores)
+        .map(|(c, before)| {
             let c = c.clone();
             std::thread::spawn(move || {
                 let (me, peer) = (c.rank(), 1 - c.rank());
                 for i in 0..FRAMES {
                     let len = SIZES[i as usize % SIZES.len()];
                     let data: Vec<u8> = (0..len).map(|j| byte(i, j)).collect();
+                    if i % 3 == 0 {
+                        // Both nodes take the same steps: held, they ride
+                        // in front of the next frame (a large one, cut by
+                        // a full ring, or one queued behind such), and the
+                        // successor checks them in order.
+                        c.enter_step(hyfi_core::Step::Phase {
+                            program: 1,
+                            phase: 0,
+                            iteration: i,
+                        })
+                        .unwrap();
+                    }
                     c.send_bulk(peer, i, &data).unwrap();
                     if i % 5 == 0 {
                         let up = Msg::Up {
@@ -286,6 +304,13 @@ fn bursts(cs: Vec<Arc<Comm>>) {
                         assert_eq!(got, vec![peer as u8; 9]);
                     }
                 }
+                // Every step record came, each ahead of the frame it rode
+                // in front of: the peer's control messages and its steps.
+                assert_eq!(
+                    controls(&c) - before,
+                    FRAMES.div_ceil(5) + FRAMES.div_ceil(3),
+                    "node {me}: control messages received (collective pieces and step records)"
+                );
             })
         })
         .collect();

@@ -332,9 +332,15 @@ impl Core {
 
 impl Service for Core {
     fn frame(&self, from: usize, payload: Vec<u8>) -> Result<(), FrameError> {
+        // A large frame's buffer goes back to the transport's pool once
+        // handled (`hyfi_core::link::buffers`).
+        let handled = |r, payload| {
+            hyfi_core::link::buffers::recycle(payload);
+            r
+        };
         match Kind::of(&payload) {
-            Ok(Kind::Request) => self.on_request(from, &payload),
-            Ok(Kind::Pages) => self.on_pages(from, &payload),
+            Ok(Kind::Request) => handled(self.on_request(from, &payload), payload),
+            Ok(Kind::Pages) => handled(self.on_pages(from, &payload), payload),
             Ok(Kind::Release) => self.on_release(from, payload),
             Ok(Kind::Broadcast) => self.on_broadcast(payload),
             Err(e) => Err(e),

@@ -124,6 +124,8 @@ impl Core {
         if epoch == now && pr.releasing {
             self.apply_release(from, &frame, &mut pr)?;
             self.proto_cv.notify_all();
+            drop(pr);
+            hyfi_core::link::buffers::recycle(frame);
             Ok(())
         } else if epoch >= now {
             pr.early.push((from, epoch, frame));
@@ -357,6 +359,7 @@ impl Core {
                 if e == epoch {
                     self.apply_release(from, &frame, &mut pr)
                         .map_err(|error| Violation { from, error })?;
+                    hyfi_core::link::buffers::recycle(frame);
                 } else {
                     pr.early.push((from, e, frame));
                 }

@@ -28,9 +28,10 @@ use crate::since_start;
 /// read.
 struct Posted {
     reqs: Vec<Request<'static, [u8], StaticScope>>,
-    /// The buffer, leaked for the requests' `'static` borrow; freed when
-    /// every request completed.
-    buf: *mut [u8],
+    /// The buffer (a `Vec`'s parts: pointer, length, capacity), leaked for
+    /// the requests' `'static` borrow; given back to the pool of large
+    /// frames' buffers (or freed) when every request completed.
+    buf: (*mut u8, usize, usize),
     to: usize,
     class: Class,
 }
@@ -410,11 +411,12 @@ impl Engine {
         }
         let flag = if steps { tag::STEPS } else { 0 };
         let comm = self.comm(class);
-        let buf: &'static mut [u8] = Box::leak(data.into_boxed_slice());
-        let ptr: *mut [u8] = buf;
-        // SAFETY: `ptr` was just leaked and is freed only in `complete`,
-        // after every request that reads it completed.
-        let bytes: &'static [u8] = unsafe { &*ptr };
+        let mut data = std::mem::ManuallyDrop::new(data);
+        let ptr = (data.as_mut_ptr(), data.len(), data.capacity());
+        // SAFETY: the vector's initialized bytes, leaked (`ManuallyDrop`)
+        // and taken back only in `complete`, or in the engine's drop, after
+        // every request that reads them completed.
+        let bytes: &'static [u8] = unsafe { std::slice::from_raw_parts(ptr.0, ptr.1) };
         let peer = comm.process_at_rank(to as i32);
         let reqs = match pieces(bytes.len(), tag) {
             None => vec![peer.immediate_send_with_tag(StaticScope, bytes, tag | flag)],
@@ -467,10 +469,11 @@ impl Engine {
             let p = self.posted.swap_remove(i);
             // SAFETY: every send that borrowed the buffer completed;
             // nothing else refers to it.
-            let buf = unsafe { Box::from_raw(p.buf) };
+            let buf = unsafe { Vec::from_raw_parts(p.buf.0, p.buf.1, p.buf.2) };
             if p.class == Class::Bulk {
                 self.in_flight[p.to] -= buf.len();
             }
+            hyfi_core::link::buffers::recycle(buf);
         }
         moved
     }
@@ -507,11 +510,21 @@ impl Engine {
             REQUESTS_MOVED.store(since_start(), Ordering::Relaxed);
         }
         let Some((tag, n)) = pieced else {
-            let (data, _) = (msg, st).matched_receive_vec::<u8>();
+            let len = st.count(u8::equivalent_datatype()) as usize;
+            let data = if len >= hyfi_core::link::buffers::LARGE {
+                // Into a buffer used before, as for pieces (below).
+                let mut data = hyfi_core::link::buffers::filled(len);
+                msg.matched_receive_into(&mut data[..]);
+                data
+            } else {
+                (msg, st).matched_receive_vec::<u8>().0
+            };
             self.dispatch_carrying(from, t, class, data, steps);
             return;
         };
-        let mut data = Vec::with_capacity(n * PIECE);
+        // A large frame's buffer is one used before (whoever handles the
+        // frame gives it back; `hyfi_core::link::buffers`).
+        let mut data = hyfi_core::link::buffers::with_capacity(n * PIECE);
         receive_appending(&mut data, msg, &st);
         let src = self.comm(class).process_at_rank(from as i32);
         // The followers were posted with the first piece and travel eagerly:
@@ -768,7 +781,7 @@ impl Drop for Engine {
                 req.wait();
             }
             // SAFETY: as in `complete`.
-            drop(unsafe { Box::from_raw(p.buf) });
+            drop(unsafe { Vec::from_raw_parts(p.buf.0, p.buf.1, p.buf.2) });
         }
     }
 }

@@ -510,7 +510,7 @@ impl Port for MpiPort {
         fill: &mut dyn FnMut(&mut Vec<u8>),
     ) -> Result<usize, LinkError> {
         // Room for held step records, which may ride on it (no copy).
-        let mut data = Vec::with_capacity(len_hint + STEPS_ROOM);
+        let mut data = hyfi_core::link::buffers::with_capacity(len_hint + STEPS_ROOM);
         fill(&mut data);
         self.send_vec(to, service, class, data)
     }

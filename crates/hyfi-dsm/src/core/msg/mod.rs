@@ -42,7 +42,7 @@
 
 use std::slice::ChunksExact;
 
-use hyfi_core::link::Class;
+use hyfi_core::link::{buffers, Class};
 
 use super::diff::Diff;
 use crate::error::ProtocolError;
@@ -312,6 +312,29 @@ pub(super) struct ReleaseBody {
     declines: Vec<u64>,
 }
 
+/// Room for `more` bytes at the end of `list`, one of a `REL`'s lists:
+/// past half of [`buffers::LARGE`] it grows into a buffer of the
+/// transport's pool, whose pages are mapped already, and gives the one it
+/// outgrew back (a list of 32 pushed pages grown by the allocator alone
+/// faulted in fresh pages at every release; `hyfi_core::link::buffers`).
+fn reserve(list: &mut Vec<u8>, more: usize) {
+    let need = list.len() + more;
+    if need <= list.capacity() || need < buffers::LARGE / 2 {
+        return;
+    }
+    let mut bigger = buffers::with_capacity(need.max(2 * list.capacity()).max(buffers::LARGE));
+    bigger.extend_from_slice(list);
+    buffers::recycle(std::mem::replace(list, bigger));
+}
+
+impl Drop for ReleaseBody {
+    fn drop(&mut self) {
+        for list in [&mut self.diffs, &mut self.pushes, &mut self.push_diffs] {
+            buffers::recycle(std::mem::take(list));
+        }
+    }
+}
+
 impl ReleaseBody {
     /// Adds the diff of `page`, whose runs `runs` appends, returning how
     /// many ([`super::diff::encode`]). A diff of no runs (the page was
@@ -322,6 +345,9 @@ impl ReleaseBody {
         page: u64,
         runs: impl FnOnce(&mut Vec<u8>) -> u32,
     ) -> Option<usize> {
+        // A page's diff is about a page at most, usually (a hint: the list
+        // grows as a `Vec` does past it).
+        reserve(&mut self.diffs, 12 + PAGE);
         let at = self.diffs.len();
         put_u64(&mut self.diffs, page);
         put_u32(&mut self.diffs, 0); // the run count, once known
@@ -337,6 +363,7 @@ impl ReleaseBody {
 
     /// Adds a push of `page`, whose `PAGE` bytes `copy` appends.
     pub(super) fn push(&mut self, page: u64, copy: impl FnOnce(&mut Vec<u8>)) {
+        reserve(&mut self.pushes, 8 + PAGE);
         put_u64(&mut self.pushes, page);
         let at = self.pushes.len();
         copy(&mut self.pushes);
@@ -351,6 +378,7 @@ impl ReleaseBody {
     /// Adds a push of `page` as a diff: `encoded`, its run count and runs
     /// as [`super::diff::encode`] wrote them.
     pub(super) fn push_diff(&mut self, page: u64, runs: u32, encoded: &[u8]) {
+        reserve(&mut self.push_diffs, 12 + encoded.len());
         put_u64(&mut self.push_diffs, page);
         put_u32(&mut self.push_diffs, runs);
         self.push_diffs.extend_from_slice(encoded);

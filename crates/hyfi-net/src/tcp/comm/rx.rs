@@ -270,7 +270,9 @@ impl Link {
             } else {
                 self.frame = Some(Partial {
                     header,
-                    payload: vec![0; len],
+                    // A large frame's buffer is one used before, its pages
+                    // mapped (whoever handles the frame gives it back).
+                    payload: hyfi_core::link::buffers::filled(len),
                     filled: 0,
                 });
             }

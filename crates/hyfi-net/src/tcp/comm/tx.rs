@@ -140,6 +140,12 @@ impl TxState {
         }
     }
 
+    /// [`TxState::put`] on this link's socket or lane, now.
+    fn put_now(&mut self, buf: &[u8], for_phase_end: bool) -> Result<usize, Unsent> {
+        let sock = self.sock.as_mut().ok_or(Unsent::Closed)?;
+        TxState::put(sock, self.lane.as_ref(), buf, for_phase_end).map_err(Unsent::Write)
+    }
+
     /// Writes backlogged frames until the socket (or the lane's ring) would
     /// block; `Ok(true)` if the backlog is empty afterwards.
     pub(super) fn flush(&mut self) -> std::io::Result<bool> {
@@ -158,7 +164,9 @@ impl TxState {
             if self.head_off < head.len() {
                 return Ok(false);
             }
-            self.backlog.pop_front();
+            if let Some(done) = self.backlog.pop_front() {
+                hyfi_core::link::buffers::recycle(done);
+            }
             self.head_off = 0;
         }
         Ok(true)
@@ -303,41 +311,40 @@ impl Sender {
         if st.sock.is_none() {
             return Err(Unsent::Closed);
         }
-        let frame = if st.steps.is_empty() {
-            frame
-        } else if control || st.backlog.is_empty() {
-            // The held steps first, in the same write (they were entered
-            // before this frame was sent).
-            let mut both = tx.take_steps(st);
-            both.extend_from_slice(&frame);
-            both
-        } else {
-            // A bulk frame that must queue: the steps are control frames
-            // and queue as one, ahead of the bulk not started (with the
-            // step inside, a later control frame would overtake it).
+        // Nothing queued: the event loop is not watching this socket for
+        // room (a longer backlog is watched already).
+        let idle = st.backlog.is_empty();
+        if !st.steps.is_empty() {
+            // The held steps go first (they were entered before this frame
+            // was sent), as control frames of their own: written now if
+            // nothing waits, with the frame after them in this call (not
+            // copied behind them: a large frame's copy cost a fresh mapping
+            // of its size), else queued ahead of the bulk not started (a
+            // later control frame must not overtake them).
             let steps = tx.take_steps(st);
-            let at = usize::from(st.head_off > 0) + st.controls;
-            st.backlog.insert(at, steps);
-            st.controls += 1;
-            frame
-        };
-        let Some(sock) = st.sock.as_mut() else {
-            return Err(Unsent::Closed);
-        };
+            if idle {
+                let n = st.put_now(&steps, for_phase_end)?;
+                if n < steps.len() {
+                    st.backlog.push_back(steps);
+                    st.head_off = n;
+                    // Not started: a control frame at the front.
+                    st.controls += usize::from(n == 0);
+                }
+            } else {
+                let at = usize::from(st.head_off > 0) + st.controls;
+                st.backlog.insert(at, steps);
+                st.controls += 1;
+            }
+        }
         if st.backlog.is_empty() {
-            let n = TxState::put(sock, st.lane.as_ref(), &frame, for_phase_end)
-                .map_err(Unsent::Write)?;
+            let n = st.put_now(&frame, for_phase_end)?;
             if n == frame.len() {
+                drop(guard);
+                hyfi_core::link::buffers::recycle(frame);
                 return Ok(());
             }
             st.backlog.push_back(frame);
             st.head_off = n;
-            tx.note(st);
-            drop(guard);
-            // The backlog was empty: the loop does not watch this socket
-            // for room yet. (A longer backlog is watched already.)
-            self.waker.wake();
-            return Ok(());
         } else if control {
             // Behind the frame being written and the control frames queued
             // before it, ahead of the bulk frames not started.
@@ -346,6 +353,11 @@ impl Sender {
             st.controls += 1;
         } else {
             st.backlog.push_back(frame);
+        }
+        if idle {
+            tx.note(st);
+            drop(guard);
+            self.waker.wake();
         }
         Ok(())
     }
@@ -371,7 +383,7 @@ impl Sender {
         len_hint: usize,
         fill: &mut dyn FnMut(&mut Vec<u8>),
     ) -> Result<usize, NetError> {
-        let mut frame = Vec::with_capacity(HEADER_LEN + len_hint);
+        let mut frame = hyfi_core::link::buffers::with_capacity(HEADER_LEN + len_hint);
         frame.extend_from_slice(&[0u8; HEADER_LEN]);
         fill(&mut frame);
         let len = frame.len() - HEADER_LEN;
