@@ -161,7 +161,9 @@ impl Dsm {
             (_, false) => (READ, READ),
             (_, true) => (INVALID, WRITE),
         };
-        let seg = Arc::new(self.core.segment(seq, off, homes, state0, home0));
+        // Diffs in whole elements up to a word (core/diff.rs).
+        let grain = align.min(8);
+        let seg = Arc::new(self.core.segment(seq, off, homes, state0, home0, grain));
         let sh = Arc::new(array::Shared::<T>::new(self.core.clone(), seg.clone()));
         if let Some(f) = init {
             let me = self.core.me as u16;

@@ -552,22 +552,54 @@ pub(crate) unsafe fn word(page: *const u8, k: usize) -> u64 {
     (*(page as *const AtomicU64).add(k)).load(Relaxed)
 }
 
-/// Writes `bytes` at `p` one byte at a time (a diff's run, core/diff.rs:
-/// byte-exact, so the bytes around it, which another node may have
-/// written, stay as they are).
+/// Writes `bytes` at `p` (a diff's run, core/diff.rs), and nothing around
+/// them: the bytes around it, which another node may have written, stay as
+/// they are. Whole aligned words inside the run are stored a word at a
+/// time, the bytes at its ends one at a time.
 ///
 /// # Safety
 /// `p..p + bytes.len()` lies inside one page of the region.
 #[inline]
 pub(crate) unsafe fn store_bytes(p: *mut u8, bytes: &[u8]) {
-    for (i, &b) in bytes.iter().enumerate() {
-        (*(p.add(i) as *const AtomicU8)).store(b, Relaxed);
+    let byte = |i: usize| (*(p.add(i) as *const AtomicU8)).store(bytes[i], Relaxed);
+    let head = p.align_offset(8).min(bytes.len());
+    for i in 0..head {
+        byte(i);
+    }
+    let words = (bytes.len() - head) / 8;
+    for w in 0..words {
+        let i = head + 8 * w;
+        let v = u64::from_ne_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        // `p + i` is 8-aligned (after `head` bytes).
+        (*(p.add(i) as *const AtomicU64)).store(v, Relaxed);
+    }
+    for i in head + 8 * words..bytes.len() {
+        byte(i);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_stores_its_bytes_and_nothing_around_them() {
+        for (off, len) in [(0, 0), (3, 1), (5, 3), (8, 8), (6, 21), (16, 40), (1, 63)] {
+            let mut page = vec![0xeeu64; 16];
+            let run: Vec<u8> = (0..len as u8).map(|b| b + 1).collect();
+            // SAFETY: `off + len` lies inside the 128-byte buffer.
+            unsafe { store_bytes((page.as_mut_ptr() as *mut u8).add(off), &run) };
+            let bytes: &[u8] = bytemuck::cast_slice(&page);
+            for (i, &b) in bytes.iter().enumerate() {
+                let want = if (off..off + len).contains(&i) {
+                    run[i - off]
+                } else {
+                    0xee_u64.to_ne_bytes()[i % 8]
+                };
+                assert_eq!(b, want, "byte {i} of a run at {off}, {len} long");
+            }
+        }
+    }
 
     #[repr(C, align(4))]
     #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]

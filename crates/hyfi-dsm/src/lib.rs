@@ -33,8 +33,8 @@
 //!
 //! **Consistency** is release consistency at phase boundaries: whatever
 //! any node wrote during a phase is visible on every node after the phase's
-//! barrier. Several nodes may write different bytes of one page in one
-//! phase (twins and byte-exact diffs go to the home; write notices
+//! barrier. Several nodes may write different elements of one page in one
+//! phase (twins and diffs of the elements written go to the home; write notices
 //! invalidate stale copies: home-based lazy release consistency). Within a
 //! phase, a filament must not read what another node writes in the same
 //! phase (as in any data-race-free program).

@@ -4,10 +4,11 @@
 //!
 //! A diff is a list of *runs* of changed bytes, each `(offset u16, length
 //! u16, bytes)` (little-endian), in ascending offset order; `msg.rs` frames
-//! it in a `REL` as (page, run count, runs). Runs are byte-exact, never
-//! word-wide: two nodes writing different bytes of one word (two `u8` or
+//! it in a `REL` as (page, run count, runs). Runs are made of whole
+//! *grains* of the page's array, its element alignment up to a word, never
+//! wider: two nodes writing different elements in one word (two `u8` or
 //! `f32` elements) both keep their writes at the home, since neither diff
-//! carries the other's bytes.
+//! carries the other's bytes (see [`encode`]).
 
 use crate::elem::{self, Words};
 use crate::error::ProtocolError;
@@ -22,45 +23,98 @@ const _: () = assert!(PAGE <= u16::MAX as usize);
 /// Appends to `out` the runs of bytes in which the page at `page` differs
 /// from `twin`; returns how many (0 appends nothing).
 ///
+/// A run is made of whole *grains*, aligned chunks of `grain` bytes (1, 2,
+/// 4 or 8): a grain any byte of which changed is sent whole. The grain is
+/// the page's array's element alignment (at most 8, `Segment::grain`), so
+/// no grain holds bytes of two elements: a grain of another node's element
+/// is never in a run, and the unchanged bytes of a changed element sent
+/// with it are this node's own (the element is this node's to write in the
+/// phase, or the program races). For `f64`s a changed element is then one
+/// copy, where byte-exact runs split it around its unchanged sign and
+/// exponent bytes, a run each.
+///
 /// # Safety
 /// `page` is a page-aligned page of the region (see [`elem::word`]).
-pub(super) unsafe fn encode(page: *const u8, twin: &Words, out: &mut Vec<u8>) -> u32 {
+pub(super) unsafe fn encode(page: *const u8, twin: &Words, out: &mut Vec<u8>, grain: usize) -> u32 {
+    debug_assert!(matches!(grain, 1 | 2 | 4 | 8), "grain {grain}");
+    // SAFETY (of each `word`): the caller's; `k` is a word of the page.
+    let Some(first) = (0..twin.len()).find(|&k| unsafe { elem::word(page, k) } != twin[k]) else {
+        return 0;
+    };
+    // Built in a buffer of the most a page's runs take (every other grain
+    // changed, a header each) and 8 bytes to spare (a run's bytes are
+    // stored a word at a time, and only the changed ones counted), then
+    // appended to `out` in one copy.
+    let mut buf = [0u8; MAX_RUNS + 8];
+    let mut n = 0usize;
     let mut runs = 0u32;
-    // The open run: (its first byte's offset, its header's position in `out`).
+    // The open run's header position in `buf`, and its first byte's offset.
     let mut open: Option<(usize, usize)> = None;
-    fn close(open: &mut Option<(usize, usize)>, end: usize, out: &mut [u8]) {
-        if let Some((start, at)) = open.take() {
-            let len = (end - start) as u16;
-            out[at + 2..at + HEAD].copy_from_slice(&len.to_le_bytes());
+    let close = |open: &mut Option<(usize, usize)>, end: usize, buf: &mut [u8]| {
+        if let Some((at, start)) = open.take() {
+            buf[at + 2..at + HEAD].copy_from_slice(&((end - start) as u16).to_le_bytes());
         }
-    }
-    for (k, &old) in twin.iter().enumerate() {
-        // SAFETY: the caller's; `k` is a word of the page.
+    };
+    // One grain's bits in a byte mask.
+    let lanes = (1u32 << grain) - 1;
+    for (k, &old) in twin.iter().enumerate().skip(first) {
+        // SAFETY: as above.
         let cur = unsafe { elem::word(page, k) };
         if cur == old {
-            close(&mut open, k * 8, out.as_mut_slice());
+            close(&mut open, k * 8, &mut buf);
             continue;
         }
-        let (cb, ob) = (cur.to_ne_bytes(), old.to_ne_bytes());
-        for b in 0..8 {
-            let off = k * 8 + b;
-            if cb[b] != ob[b] {
-                if open.is_none() {
-                    let at = out.len();
-                    out.extend_from_slice(&(off as u16).to_le_bytes());
-                    out.extend_from_slice(&[0, 0]);
-                    open = Some((off, at));
-                    runs += 1;
+        // The word's bytes in memory order, as a little-endian number (byte
+        // `b` is bits 8b..8b+8 on any machine), and which of them go in a
+        // run: bit `b` for byte `b`, whole grains.
+        let (cur, x) = (
+            u64::from_le_bytes(cur.to_ne_bytes()),
+            u64::from_le_bytes((cur ^ old).to_ne_bytes()),
+        );
+        let changed = if grain == 8 {
+            0xff
+        } else {
+            let mut c = 0u32;
+            for g in (0..8).step_by(grain) {
+                if x >> (8 * g) & ((1u64 << (8 * grain)) - 1) != 0 {
+                    c |= lanes << g;
                 }
-                out.push(cb[b]);
-            } else {
-                close(&mut open, off, out.as_mut_slice());
             }
+            c
+        };
+        let mut b = 0usize;
+        while b < 8 {
+            let rest = changed >> b;
+            if rest & 1 == 0 {
+                // Unchanged grains end the open run.
+                close(&mut open, k * 8 + b, &mut buf);
+                if rest == 0 {
+                    break;
+                }
+                b += rest.trailing_zeros() as usize;
+                continue;
+            }
+            let e = b + (!rest).trailing_zeros() as usize;
+            if open.is_none() {
+                let off = (k * 8 + b) as u16;
+                buf[n..n + 2].copy_from_slice(&off.to_le_bytes());
+                open = Some((n, k * 8 + b));
+                n += HEAD;
+                runs += 1;
+            }
+            // Bytes b.. of the word: 8 stored, e − b kept.
+            buf[n..n + 8].copy_from_slice(&(cur >> (8 * b)).to_le_bytes());
+            n += e - b;
+            b = e;
         }
     }
-    close(&mut open, PAGE, out.as_mut_slice());
+    close(&mut open, PAGE, &mut buf);
+    out.extend_from_slice(&buf[..n]);
     runs
 }
+
+/// The most bytes a page's runs take: every other byte changed.
+const MAX_RUNS: usize = PAGE / 2 * (HEAD + 1);
 
 /// The diff of one page as a message carries it: its runs, read in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,7 +243,7 @@ mod tests {
     fn encoded(page: &[u64], twin: &Words) -> (u32, Vec<u8>) {
         let mut out = Vec::new();
         // SAFETY: as above.
-        let runs = unsafe { encode(page.as_ptr() as *const u8, twin, &mut out) };
+        let runs = unsafe { encode(page.as_ptr() as *const u8, twin, &mut out, 1) };
         (runs, out)
     }
 
@@ -261,6 +315,55 @@ mod tests {
         assert_eq!((runs, out.len()), (1, HEAD + PAGE));
         let d = Diff::parse(0, runs, &out).unwrap();
         assert_eq!(d.runs().next().map(|(o, b)| (o, b.len())), Some((0, PAGE)));
+    }
+
+    #[test]
+    fn runs_are_whole_grains_and_two_writers_of_one_word_keep_their_elements() {
+        let (base, t) = page();
+        // Words 3 and 4 change in their low bytes only (as a nearby f64
+        // does, its sign and exponent bytes unchanged), word 9 in byte 5.
+        let mut page = base.clone();
+        page[3] ^= 0x00ff_ff00;
+        page[4] ^= 0x0000_00ff;
+        page[9] ^= 0xff << 40;
+        let at = |off: usize, len: usize| (off, len);
+        for (grain, want) in [
+            // Byte-exact: the changed bytes alone.
+            (1, vec![at(25, 2), at(32, 1), at(77, 1)]),
+            // Whole halves of words.
+            (2, vec![at(24, 4), at(32, 2), at(76, 2)]),
+            (4, vec![at(24, 4), at(32, 4), at(76, 4)]),
+            // Whole words: two changed words are one run.
+            (8, vec![at(24, 16), at(72, 8)]),
+        ] {
+            let mut out = Vec::new();
+            // SAFETY: a page-sized, 8-aligned buffer.
+            let runs = unsafe { encode(page.as_ptr() as *const u8, &t, &mut out, grain) };
+            let d = Diff::parse(0, runs, &out).unwrap();
+            let got: Vec<_> = d.runs().map(|(o, b)| (o, b.len())).collect();
+            assert_eq!(got, want, "grain {grain}");
+            // Applied to the twin, it gives the page.
+            let mut other: Vec<u64> = t.to_vec();
+            // SAFETY: as above.
+            unsafe { d.apply(other.as_mut_ptr() as *mut u8) };
+            assert_eq!(other, page, "grain {grain}");
+        }
+        // Two nodes write the two u32 elements of one word (grain 4): the
+        // home applies both diffs and keeps both writes.
+        let (mut a, mut b) = (base.clone(), base.clone());
+        bytes(&mut a)[40..44].copy_from_slice(&7u32.to_ne_bytes());
+        bytes(&mut b)[44..48].copy_from_slice(&9u32.to_ne_bytes());
+        let mut home: Vec<u64> = t.to_vec();
+        for writer in [&a, &b] {
+            let mut out = Vec::new();
+            // SAFETY: as above.
+            let runs = unsafe { encode(writer.as_ptr() as *const u8, &t, &mut out, 4) };
+            let d = Diff::parse(0, runs, &out).unwrap();
+            // SAFETY: as above.
+            unsafe { d.apply(home.as_mut_ptr() as *mut u8) };
+        }
+        assert_eq!(bytes(&mut home)[40..44], 7u32.to_ne_bytes());
+        assert_eq!(bytes(&mut home)[44..48], 9u32.to_ne_bytes());
     }
 
     #[test]

@@ -152,6 +152,7 @@ impl Core {
         homes: Vec<u16>,
         state0: u8,
         home0: u8,
+        grain: usize,
     ) -> Segment {
         let me = self.me as u16;
         Segment {
@@ -160,6 +161,7 @@ impl Core {
             // checked by the allocator.
             base: self.region.base.wrapping_add(off),
             first: (off / PAGE) as u64,
+            grain,
             state: homes
                 .iter()
                 .map(|&h| AtomicU8::new(if h == me { home0 } else { state0 }))
@@ -363,7 +365,7 @@ mod tests {
     fn core() -> Core {
         let region = Region::reserve(1 << 20, None).expect("a small region");
         let core = Core::new(0, 2, 1, region, None, Arc::new(AtomicU64::new(1)));
-        let seg = core.segment(0, 0, vec![0, 1], INVALID, READ);
+        let seg = core.segment(0, 0, vec![0, 1], INVALID, READ, 1);
         core.add_segment(Arc::new(seg));
         core
     }
@@ -398,14 +400,14 @@ mod tests {
         let big = Core::new(0, 2, 1, region, None, Arc::new(AtomicU64::new(1)));
         let pages = super::broadcast::CARRIED_PREPARED / PAGE + 1;
         let homes = (0..pages).map(|p| (p % 2) as u16).collect();
-        let seg = Arc::new(big.segment(0, 0, homes, INVALID, READ));
+        let seg = Arc::new(big.segment(0, 0, homes, INVALID, READ, 1));
         big.prepare_carried(&seg);
         assert!(resident(&seg).iter().all(|&r| !r));
 
         // One node installs nothing: nothing is mapped for it.
         let region = Region::reserve(1 << 20, None).expect("a small region");
         let one = Core::new(0, 1, 1, region, None, Arc::new(AtomicU64::new(1)));
-        let seg = Arc::new(one.segment(0, 0, vec![0, 0], WRITE, READ));
+        let seg = Arc::new(one.segment(0, 0, vec![0, 0], WRITE, READ, 1));
         one.prepare_carried(&seg);
         assert_eq!(resident(&seg), [false, false]);
     }

@@ -141,6 +141,9 @@ pub(crate) struct Segment {
     /// Global number of the first page.
     pub(crate) first: u64,
     pub(crate) homes: Box<[u16]>,
+    /// The array's element alignment, at most 8 (1, 2, 4 or 8 bytes): the
+    /// chunks its diffs' runs are made of (core/diff.rs).
+    pub(crate) grain: usize,
     pub(crate) state: Box<[AtomicU8]>,
     pub(super) meta: Box<[Mutex<Meta>]>,
     /// This node's access mode for the array in the current access epoch

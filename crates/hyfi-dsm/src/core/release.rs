@@ -547,7 +547,8 @@ impl Core {
                     .expect("a non-home page written here has a twin");
                 let page = seg.page_ptr(p);
                 // SAFETY: a page of a live segment; no filament runs now.
-                let runs = |out: &mut Vec<u8>| unsafe { diff::encode(page, &twin, out) };
+                let grain = seg.grain;
+                let runs = |out: &mut Vec<u8>| unsafe { diff::encode(page, &twin, out, grain) };
                 if let Some(bytes) = bodies[home].diff(gp, runs) {
                     *offhome += 1;
                     let c = self.ctr(*slot);
@@ -565,7 +566,7 @@ impl Core {
                     // fetched it again in the next phase.
                     unchanged.push(gp);
                 }
-            } else if self.twin_settles(&mut m, seg.page_ptr(p), gp, bodies, *slot) {
+            } else if self.twin_settles(&mut m, seg.page_ptr(p), seg.grain, gp, bodies, *slot) {
                 // Snapshotted and unchanged by the home, or its own writes
                 // pushed as a diff (see there).
             } else if m.presumed {
@@ -639,6 +640,7 @@ impl Core {
         &self,
         m: &mut super::page_table::Meta,
         page: *mut u8,
+        grain: usize,
         gp: u64,
         bodies: &mut [ReleaseBody],
         slot: usize,
@@ -655,7 +657,7 @@ impl Core {
         // One pass: no run is no change.
         let mut runs_out = Vec::new();
         // SAFETY: as above.
-        let runs = unsafe { diff::encode(page, &twin, &mut runs_out) };
+        let runs = unsafe { diff::encode(page, &twin, &mut runs_out, grain) };
         if runs == 0 {
             return true;
         }

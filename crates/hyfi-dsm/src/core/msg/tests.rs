@@ -164,7 +164,7 @@ fn release() -> (Vec<u8>, Vec<OwnedDiff>) {
     let ptr = words.as_ptr() as *const u8;
     // SAFETY: as above.
     let kept = b.diff(70, |out| unsafe {
-        super::super::diff::encode(ptr, &twin, out)
+        super::super::diff::encode(ptr, &twin, out, 1)
     });
     assert_eq!(kept, Some(4 + 1 + 4 + 1));
     want.push((70, vec![(3 * 8 + 1, vec![0xff]), (511 * 8, vec![1])]));
