@@ -107,7 +107,7 @@ impl Core {
                 early: Vec::new(),
                 releasing: false,
                 deferred: Vec::new(),
-                pushes: Vec::new(),
+                pushes: Default::default(),
                 early_broadcasts: Vec::new(),
                 bcast_expected: 0,
                 bcast_received: 0,

@@ -40,7 +40,26 @@ struct Round {
 /// writes as a diff (its run count and runs as `diff::encode` wrote them).
 pub(super) enum Pushed {
     Page(Vec<u8>),
-    Diff { runs: u32, bytes: Vec<u8> },
+    /// A whole page in a `REL` kept for the install ([`Pushes::frames`]):
+    /// its bytes at `at` in frame `frame`, installed from there (a copy
+    /// of each page out of the frame cost 32 allocations and copies a
+    /// release on a 3-D stencil's halo).
+    Held {
+        frame: usize,
+        at: usize,
+    },
+    Diff {
+        runs: u32,
+        bytes: Vec<u8>,
+    },
+}
+
+/// The pages pushed to this node in a release, and the `REL`s their bytes
+/// are in.
+#[derive(Default)]
+pub(super) struct Pushes {
+    pub(super) pages: Vec<(u64, Pushed)>,
+    pub(super) frames: Vec<Vec<u8>>,
 }
 
 pub(super) struct Proto {
@@ -60,7 +79,7 @@ pub(super) struct Proto {
     pub(super) deferred: Vec<(usize, u64, Vec<u64>)>,
     /// Pages pushed to this node in the current release, whole or as
     /// their home's own writes, installed once every `REL` is in.
-    pub(super) pushes: Vec<(u64, Pushed)>,
+    pub(super) pushes: Pushes,
     /// Broadcasts of a later epoch than this node's (their root finished a
     /// release this node is still in): (epoch, frame), installed when this
     /// node's epoch reaches theirs (core/broadcast.rs).
@@ -122,10 +141,8 @@ impl Core {
         let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
         let now = self.completed.load(Ordering::Acquire);
         if epoch == now && pr.releasing {
-            self.apply_release(from, &frame, &mut pr)?;
+            self.apply_release(from, frame, &mut pr)?;
             self.proto_cv.notify_all();
-            drop(pr);
-            hyfi_core::link::buffers::recycle(frame);
             Ok(())
         } else if epoch >= now {
             pr.early.push((from, epoch, frame));
@@ -139,15 +156,16 @@ impl Core {
     }
 
     /// Applies one node's `REL`: its diffs to our home pages, its notices
-    /// kept for the invalidation step. A malformed `REL` is refused whole,
-    /// before any of it is applied.
+    /// kept for the invalidation step, the frame itself if it pushes whole
+    /// pages (installed from it), else given back to the transport's pool.
+    /// A malformed `REL` is refused whole, before any of it is applied.
     fn apply_release(
         &self,
         from: usize,
-        frame: &[u8],
+        frame: Vec<u8>,
         pr: &mut Proto,
     ) -> Result<(), ProtocolError> {
-        let rel = Release::decode(frame)?;
+        let rel = Release::decode(&frame)?;
         // Applied only in the release of its epoch (see `Proto::releasing`).
         debug_assert_eq!(rel.epoch, self.completed.load(Ordering::Acquire));
         pr.notices.extend(rel.notices());
@@ -175,15 +193,19 @@ impl Core {
                 .diffs_applied
                 .fetch_add(1, Ordering::Relaxed);
         }
+        let held = pr.pushes.frames.len();
+        let mut holds = false;
         for (gp, bytes) in rel.pushes() {
             self.page_homed_at(gp, from, "a push of")?;
-            pr.pushes.push((gp, Pushed::Page(bytes.to_vec())));
+            let at = bytes.as_ptr() as usize - frame.as_ptr() as usize;
+            pr.pushes.pages.push((gp, Pushed::Held { frame: held, at }));
+            holds = true;
         }
         for d in rel.push_diffs() {
             self.page_homed_at(d.page, from, "a push of")?;
             let (runs, bytes) = d.raw();
             let bytes = bytes.to_vec();
-            pr.pushes.push((d.page, Pushed::Diff { runs, bytes }));
+            pr.pushes.pages.push((d.page, Pushed::Diff { runs, bytes }));
         }
         pr.carried.push((from, rel.carried.to_vec()));
         for gp in rel.declines() {
@@ -197,6 +219,11 @@ impl Core {
         }
         pr.got += 1;
         self.got.store(pr.got, Ordering::Release);
+        if holds {
+            pr.pushes.frames.push(frame);
+        } else {
+            hyfi_core::link::buffers::recycle(frame);
+        }
         Ok(())
     }
 
@@ -357,9 +384,8 @@ impl Core {
             let early = std::mem::take(&mut pr.early);
             for (from, e, frame) in early {
                 if e == epoch {
-                    self.apply_release(from, &frame, &mut pr)
+                    self.apply_release(from, frame, &mut pr)
                         .map_err(|error| Violation { from, error })?;
-                    hyfi_core::link::buffers::recycle(frame);
                 } else {
                     pr.early.push((from, e, frame));
                 }
@@ -846,7 +872,7 @@ impl Core {
         &self,
         epoch: u64,
         expected: usize,
-    ) -> Result<(Vec<(u64, u32)>, Vec<(u64, Pushed)>, Vec<(usize, Vec<u8>)>), ReleaseError> {
+    ) -> Result<(Vec<(u64, u32)>, Pushes, Vec<(usize, Vec<u8>)>), ReleaseError> {
         let got = {
             let mut pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
             let _w = hyfi_core::waits::waiting(
@@ -951,12 +977,12 @@ impl Core {
     fn pushed_here(
         &self,
         gathered: Vec<(usize, u64, Vec<u8>)>,
-        pushes: &mut Vec<(u64, Pushed)>,
+        pushes: &mut Pushes,
     ) -> Result<(), ReleaseError> {
         for (from, gp, bytes) in gathered {
             self.page_homed_at(gp, from, "a gathered push of")
                 .map_err(ReleaseError::Notice)?;
-            pushes.push((gp, Pushed::Page(bytes)));
+            pushes.pages.push((gp, Pushed::Page(bytes)));
         }
         Ok(())
     }
@@ -973,10 +999,11 @@ impl Core {
     fn install_pushes(
         &self,
         mut notices: Vec<(u64, u32)>,
-        pushes: Vec<(u64, Pushed)>,
+        pushes: Pushes,
         mut invalidated: u64,
         r: &mut Round,
     ) {
+        let Pushes { pages, frames } = pushes;
         // The notices of every node, as disjoint sorted page ranges: two
         // nodes' ranges may overlap (one covering pages 10..15, another
         // page 12 alone), and a search for the last range starting at or
@@ -988,15 +1015,15 @@ impl Core {
             let k = spans.partition_point(|&(s, _)| s <= gp);
             k > 0 && gp < spans[k - 1].1
         };
-        let mut installed = Vec::with_capacity(pushes.len());
-        for (gp, push) in pushes {
+        let mut installed = Vec::with_capacity(pages.len());
+        for (gp, push) in pages {
             let (seg, p) = self
                 .find_cached(gp, &mut r.cache)
                 .expect("checked on arrival");
             let _m = seg.lock(p);
             let st = seg.state[p].load(Ordering::Acquire);
             let applies = match push {
-                Pushed::Page(_) => r.dirty.binary_search(&gp).is_err(),
+                Pushed::Page(_) | Pushed::Held { .. } => r.dirty.binary_search(&gp).is_err(),
                 Pushed::Diff { .. } => st >= READ,
             };
             if !applies || named(gp) || r.declined.binary_search(&gp).is_ok() {
@@ -1012,6 +1039,11 @@ impl Core {
                 // filament runs now, and the next phase's barrier orders
                 // these bytes before its accesses.
                 Pushed::Page(bytes) => unsafe { elem::copy_in(page, &bytes) },
+                // SAFETY: as above; `at..at + PAGE` is the page's bytes in
+                // its frame (a decoded `REL`'s push).
+                Pushed::Held { frame, at } => unsafe {
+                    elem::copy_in(page, &frames[frame][at..at + crate::region::PAGE])
+                },
                 Pushed::Diff { runs, bytes } => {
                     let d = diff::Diff::parse(gp, runs, &bytes).expect("checked on arrival");
                     // SAFETY: as for a whole page, and the copy is valid
@@ -1027,6 +1059,9 @@ impl Core {
         c.pushes_installed
             .fetch_add(installed.len() as u64, Ordering::Relaxed);
         *self.pushed_last.lock().unwrap_or_else(|e| e.into_inner()) = installed;
+        for f in frames {
+            hyfi_core::link::buffers::recycle(f);
+        }
     }
 
     /// Pages installed in this phase are settled from now on.
