@@ -300,6 +300,14 @@ impl<T: Pod + Send + Sync> MatrixAlloc<'_, T> {
     /// own writes back as a diff (after two releases to settle, on two
     /// nodes; on more, a page held by half the others or more is fetched
     /// again in every phase).
+    ///
+    /// It pays for rows of a page or more. A short row padded to a page
+    /// wastes the rest of it: a 3-D grid stored as n² rows of n = 96 `f64`s
+    /// (768 bytes) takes 5.3× its memory padded, and a sweep over it ran at
+    /// 2.4× the plain loop's time on one node and 1.3× on two, where
+    /// unpadded it ran at 1.03× and 0.5× (BENCHMARKS.md, "Large frames").
+    /// Leave short rows unpadded: only the pages at block boundaries are
+    /// shared.
     pub fn pad_rows(mut self) -> Self {
         self.pad = true;
         self
