@@ -11,7 +11,7 @@
 #
 # --make builds, into DIR (put DIR in .git/info/exclude and carry it):
 #   bin/   the default build's examples, stripped (baselines, jacobi,
-#          matmul, lu, fib, quad, diffusion, mandelbrot), the C MPI baselines
+#          matmul, lu, fib, quad, diffusion, heat3d, mandelbrot), the C MPI baselines
 #          (jacobi_mpi, lu_mpi, matmul_mpi) and the C OpenMP ones
 #          (jacobi_omp, diffusion_omp);
 #   mpi/   scripts/transports.sh's kit: jacobi and lu built with
@@ -37,7 +37,8 @@
 #   3 rounds, about 210 s with --runs 2, on the 2026-11-27 Xeon),
 #   round-robin: LU 2048 on Cx1, 4x(C/4) and 1xC with C MPI C; Jacobi 2048
 #   per row on Cx1 and 4x(C/4) with C MPI C; matmul 2048 per row on Cx1;
-#   fib(44) and quad on Cx1 and 1xC. The one to run first when a change to
+#   fib(44), quad and heat3d 192³ (a halo of 72 pages a side) on Cx1 and
+#   1xC. The one to run first when a change to
 #   the many-node path is to be checked; a trace of one case beside it
 #   (HYFI_TRACE=... lu --n 1024 --nodes C --procs 1, then
 #   scripts/trace-rounds.py here) says where a release's steps go.
@@ -71,7 +72,7 @@ if [[ -n $MAKE ]]; then
     mkdir -p "$MAKE/bin"
     KIT=$(cd "$MAKE" && pwd)
     (cd "$ROOT" && cargo build -q --release --examples) || die "cargo build --release --examples failed"
-    for e in baselines jacobi matmul lu fib quad diffusion mandelbrot; do
+    for e in baselines jacobi matmul lu fib quad diffusion heat3d mandelbrot; do
         strip -o "$KIT/bin/$e" "$ROOT/target/release/examples/$e"
     done
     for m in jacobi_mpi lu_mpi matmul_mpi; do
@@ -156,8 +157,8 @@ if [[ $PART == 1 ]]; then
     "$ROOT/scripts/paper-tables.sh" --bin-dir "$KIT/bin" "${big[@]}" --runs "$TABLE_RUNS" --cpus "$CPUS" \
         --kernels jacobi2048-row,lu,matmul-row,fib,quad --no-table3
 elif [[ $PART == 3 ]]; then
-    n=2048 fib=44 it=200
-    ((SMALL)) && n=512 fib=32 it=50
+    n=2048 fib=44 it=200 h=192
+    ((SMALL)) && n=512 fib=32 it=50 h=64
     q=$((C / 4 > 0 ? C / 4 : 1))
     mpi=(mpirun -np "$C" --bind-to core)
     [[ $(id -u) == 0 ]] && mpi+=(--allow-run-as-root)
@@ -175,6 +176,8 @@ elif [[ $PART == 3 ]]; then
         "fib 1x$C|$KIT/bin/fib --n $fib --no-seq --procs $C"
         "quad ${C}x1|$KIT/bin/quad --no-seq --nodes $C --procs 1"
         "quad 1x$C|$KIT/bin/quad --no-seq --procs $C"
+        "heat3d ${C}x1|$KIT/bin/heat3d --n $h --steps 20 --nodes $C --procs 1"
+        "heat3d 1x$C|$KIT/bin/heat3d --n $h --steps 20 --procs $C"
     )
     declare -A T=()
     for ((r = 1; r <= RUNS; r++)); do

@@ -337,6 +337,41 @@ fn diffusion_gives_the_same_bits_on_every_configuration() {
     }
 }
 
+/// A 3-D 7-point stencil on a matrix of n² rows of n points, rows
+/// contiguous: a node's halo is n rows a side, at n = 96 exactly 18 pages
+/// (its block boundaries fall on pages), pushed whole by their home in
+/// one `REL` of 73 KiB a release: a frame large enough to take its buffer
+/// from the transports' pool (`hyfi_core::link::buffers`), installed from
+/// the frame. The same bits everywhere; on 2×1 each node fetches the
+/// other's 18 halo pages once per grid (the first two steps) and has them
+/// pushed in every release after.
+#[test]
+fn heat3d_gives_the_same_bits_on_every_configuration() {
+    let (steps, halo) = (8u64, 18u64);
+    let args = ["--n", "96", "--steps", "8"];
+    same_grid_everywhere("heat3d", &bins().heat3d, &args);
+    let what = "heat3d 2x1";
+    let out = run_ok(what, on(&bins().heat3d, 2, 1, &args), 2);
+    for (node, lines) in &out {
+        assert_eq!(
+            counter(lines, "pages fetched"),
+            2 * halo,
+            "{what}: node {node}"
+        );
+        assert_eq!(
+            counter(lines, "pushed"),
+            (steps - 1) * halo,
+            "{what}: node {node}"
+        );
+        assert_eq!(
+            counter(lines, "installed"),
+            (steps - 1) * halo,
+            "{what}: node {node}"
+        );
+        assert_eq!(counter(lines, "invalidations"), 0, "{what}: node {node}");
+    }
+}
+
 /// Conjugate gradients: three phases an iteration, two exact dot
 /// products, rows read and rewritten in place (`RowWriter::update`); the
 /// solution, the iteration count and `r·r` the sequential loop's, bit for

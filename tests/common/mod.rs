@@ -36,6 +36,7 @@ pub struct Bins {
     pub exact_sum: PathBuf,
     pub sor: PathBuf,
     pub diffusion: PathBuf,
+    pub heat3d: PathBuf,
     pub cg: PathBuf,
     pub mandelbrot: PathBuf,
 }
@@ -117,6 +118,8 @@ pub fn bins() -> &'static Bins {
             "--example",
             "diffusion",
             "--example",
+            "heat3d",
+            "--example",
             "cg",
             "--example",
             "mandelbrot",
@@ -144,6 +147,7 @@ pub fn bins() -> &'static Bins {
             exact_sum: ex("exact_sum"),
             sor: ex("sor"),
             diffusion: ex("diffusion"),
+            heat3d: ex("heat3d"),
             cg: ex("cg"),
             mandelbrot: ex("mandelbrot"),
         };
@@ -163,6 +167,7 @@ pub fn bins() -> &'static Bins {
             &bins.exact_sum,
             &bins.sor,
             &bins.diffusion,
+            &bins.heat3d,
             &bins.mandelbrot,
         ] {
             assert!(
