@@ -41,8 +41,8 @@ pub(super) unsafe fn encode(page: *const u8, twin: &Words, out: &mut Vec<u8>, gr
     let Some(first) = (0..twin.len()).find(|&k| unsafe { elem::word(page, k) } != twin[k]) else {
         return 0;
     };
-    // Built in a buffer of the most a page's runs take (every other grain
-    // changed, a header each) and 8 bytes to spare (a run's bytes are
+    // Built in a buffer of the most a page's runs take (`MAX_RUNS`) and 8
+    // bytes to spare (a run's bytes are
     // stored a word at a time, and only the changed ones counted), then
     // appended to `out` in one copy.
     let mut buf = [0u8; MAX_RUNS + 8];
@@ -113,8 +113,11 @@ pub(super) unsafe fn encode(page: *const u8, twin: &Words, out: &mut Vec<u8>, gr
     runs
 }
 
-/// The most bytes a page's runs take: every other byte changed.
-const MAX_RUNS: usize = PAGE / 2 * (HEAD + 1);
+/// The most bytes a page's runs take: `r` runs need `r − 1` unchanged
+/// bytes between them, so at most `PAGE / 2` runs, holding at most
+/// `PAGE − (r − 1)` bytes: `HEAD·r + PAGE − r + 1`, largest at `r = PAGE/2`
+/// (two changed bytes, then one of each: 10 241 bytes).
+const MAX_RUNS: usize = (HEAD - 1) * (PAGE / 2) + PAGE + 1;
 
 /// The diff of one page as a message carries it: its runs, read in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -364,6 +367,27 @@ mod tests {
         }
         assert_eq!(bytes(&mut home)[40..44], 7u32.to_ne_bytes());
         assert_eq!(bytes(&mut home)[44..48], 9u32.to_ne_bytes());
+    }
+
+    #[test]
+    fn the_most_runs_a_page_can_have_fit() {
+        // Two changed bytes, then an unchanged and a changed one by turns:
+        // PAGE / 2 runs, the most bytes a diff can take.
+        let (mut page, t) = page();
+        let b = bytes(&mut page);
+        for (i, x) in b.iter_mut().enumerate() {
+            if i < 2 || i % 2 == 1 {
+                *x = !*x;
+            }
+        }
+        let (runs, out) = encoded(&page, &t);
+        assert_eq!(runs as usize, PAGE / 2);
+        assert_eq!(out.len(), MAX_RUNS);
+        let d = Diff::parse(0, runs, &out).unwrap();
+        let mut other: Vec<u64> = t.to_vec();
+        // SAFETY: a page-sized, 8-aligned buffer.
+        unsafe { d.apply(other.as_mut_ptr() as *mut u8) };
+        assert_eq!(other, page);
     }
 
     #[test]
