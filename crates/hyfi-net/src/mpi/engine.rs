@@ -362,16 +362,9 @@ impl Engine {
     /// successor as a message of their own, if any were held since at
     /// least `min_age` (`None`: whatever their age).
     fn flush_steps(&mut self, min_age: Option<Duration>) {
-        let s = &self.s;
-        let Some(data) = s.take_steps(min_age) else {
-            return;
-        };
-        self.isend(Out {
-            to: (s.rank + 1) % s.nodes,
-            tag: tag::STEP,
-            class: Class::Control,
-            data,
-        });
+        if let Some(m) = self.s.steps_message(min_age) {
+            self.isend(m);
+        }
     }
 
     fn isend(&mut self, m: Out) {

@@ -384,18 +384,23 @@ impl Shared {
         Some(steps)
     }
 
-    /// Sends the held SPMD step records ([`STEPS_HELD`]) to the ring
-    /// successor now, as one message.
-    pub(crate) fn flush_steps(&self) {
-        let Some(data) = self.take_steps(None) else {
-            return;
-        };
-        self.push(Out {
+    /// The held SPMD step records, if any were held since at least
+    /// `min_age`, as a message of their own to the ring successor.
+    pub(crate) fn steps_message(&self, min_age: Option<Duration>) -> Option<Out> {
+        Some(Out {
             to: (self.rank + 1) % self.nodes,
             tag: tag::STEP,
             class: Class::Control,
-            data,
-        });
+            data: self.take_steps(min_age)?,
+        })
+    }
+
+    /// Sends the held SPMD step records ([`STEPS_HELD`]) to the ring
+    /// successor now, as one message.
+    pub(crate) fn flush_steps(&self) {
+        if let Some(m) = self.steps_message(None) {
+            self.push(m);
+        }
     }
 
     pub(crate) fn wake(&self) {
