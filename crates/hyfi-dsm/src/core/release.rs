@@ -39,18 +39,20 @@ struct Round {
 /// A page its home pushed to this node: the whole page, or the home's own
 /// writes as a diff (its run count and runs as `diff::encode` wrote them).
 pub(super) enum Pushed {
+    /// A whole page gathered through the all-reduce.
     Page(Vec<u8>),
     /// A whole page in a `REL` kept for the install ([`Pushes::frames`]):
     /// its bytes at `at` in frame `frame`, installed from there (a copy
     /// of each page out of the frame cost 32 allocations and copies a
     /// release on a 3-D stencil's halo).
-    Held {
+    Held { frame: usize, at: usize },
+    /// The home's own writes, in a kept `REL` as well: `runs` runs in
+    /// `len` bytes at `at` of frame `frame`.
+    Diff {
         frame: usize,
         at: usize,
-    },
-    Diff {
+        len: usize,
         runs: u32,
-        bytes: Vec<u8>,
     },
 }
 
@@ -156,9 +158,10 @@ impl Core {
     }
 
     /// Applies one node's `REL`: its diffs to our home pages, its notices
-    /// kept for the invalidation step, the frame itself if it pushes whole
-    /// pages (installed from it), else given back to the transport's pool.
-    /// A malformed `REL` is refused whole, before any of it is applied.
+    /// kept for the invalidation step, the frame itself if it pushes pages
+    /// (whole or as diffs, installed from it), else given back to the
+    /// transport's pool. A malformed `REL` is refused whole, before any of
+    /// it is applied.
     fn apply_release(
         &self,
         from: usize,
@@ -193,19 +196,28 @@ impl Core {
                 .diffs_applied
                 .fetch_add(1, Ordering::Relaxed);
         }
-        let held = pr.pushes.frames.len();
-        let mut holds = false;
+        // Pushed pages and diffs are installed from the frame, kept until
+        // then: their place in it.
+        let (held, mut holds) = (pr.pushes.frames.len(), false);
+        let at = |bytes: &[u8]| bytes.as_ptr() as usize - frame.as_ptr() as usize;
         for (gp, bytes) in rel.pushes() {
             self.page_homed_at(gp, from, "a push of")?;
-            let at = bytes.as_ptr() as usize - frame.as_ptr() as usize;
+            let at = at(bytes);
             pr.pushes.pages.push((gp, Pushed::Held { frame: held, at }));
             holds = true;
         }
         for d in rel.push_diffs() {
             self.page_homed_at(d.page, from, "a push of")?;
             let (runs, bytes) = d.raw();
-            let bytes = bytes.to_vec();
-            pr.pushes.pages.push((d.page, Pushed::Diff { runs, bytes }));
+            let (at, len) = (at(bytes), bytes.len());
+            let push = Pushed::Diff {
+                frame: held,
+                at,
+                len,
+                runs,
+            };
+            pr.pushes.pages.push((d.page, push));
+            holds = true;
         }
         pr.carried.push((from, rel.carried.to_vec()));
         for gp in rel.declines() {
@@ -1044,8 +1056,14 @@ impl Core {
                 Pushed::Held { frame, at } => unsafe {
                     elem::copy_in(page, &frames[frame][at..at + crate::region::PAGE])
                 },
-                Pushed::Diff { runs, bytes } => {
-                    let d = diff::Diff::parse(gp, runs, &bytes).expect("checked on arrival");
+                Pushed::Diff {
+                    frame,
+                    at,
+                    len,
+                    runs,
+                } => {
+                    let bytes = &frames[frame][at..at + len];
+                    let d = diff::Diff::parse(gp, runs, bytes).expect("checked on arrival");
                     // SAFETY: as for a whole page, and the copy is valid
                     // here (checked above).
                     unsafe { d.apply(page) }
