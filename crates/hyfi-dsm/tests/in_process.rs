@@ -761,8 +761,13 @@ fn column_writer_node(
             } else {
                 q * rows / nodes..(q + 1) * rows / nodes
             };
+            // Never the initial 0: every write changes its page (a row
+            // written back to what it was is no write, and a first round
+            // that wrote row 0 as 0 made node 1's first release write 31
+            // pages homed elsewhere of 63, short of the advice's half, so
+            // that under load the other advice came first).
             for i in mine {
-                m.set(i, q, 1000 * ctx.iteration() + i as u64);
+                m.set(i, q, 1000 * (ctx.iteration() + 1) + i as u64);
             }
         },
         |_| Control::Continue,
@@ -774,12 +779,9 @@ fn column_writer_node(
             for i in (0..rows).step_by(7) {
                 for q in 0..nodes {
                     let written = by_columns || i * nodes / rows == q;
-                    let got = if written {
-                        m.get(i, q)
-                    } else {
-                        1000 * k + i as u64
-                    };
-                    if got != 1000 * k + i as u64 {
+                    let want = 1000 * (k + 1) + i as u64;
+                    let got = if written { m.get(i, q) } else { want };
+                    if got != want {
                         bad.lock()
                             .unwrap()
                             .push(format!("round {k}: ({i}, {q}) read {got}"));
