@@ -2,9 +2,11 @@
 //! runs `F` on every argument, potentially in parallel on every node, and
 //! returns the results in argument order.
 //!
-//! It is a binary tree of `join_remote`s, the one join path: each split
-//! forks its right half as a *batch*, a filament of its own that an idle
-//! processor or node may take whole and split further. A batch travels
+//! Pruned, it is a loop of plain calls, the pruning test taken before each
+//! element; when a fork is wanted, what is left becomes a binary tree of
+//! `join_remote`s, the one join path: each split forks its right half as
+//! a *batch*, a filament of its own that an idle processor or node may
+//! take whole and split further. A batch travels
 //! like any [`RemoteFn`]: [`RemoteFn::register`] registers, next to each
 //! function `F`, its batch `"F#n"` (argument: `F`'s name and a `Vec` of its
 //! arguments; result: a `Vec` of its results), so a node that receives one
@@ -12,6 +14,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::RwLock;
 
 use serde::de::DeserializeOwned;
@@ -48,13 +51,38 @@ where
     Ok(())
 }
 
+/// `f`'s batch, if it is registered: from `f` itself after the first
+/// call (see the field `RemoteFn::batch`).
 fn batch_of<A, R>(f: &'static RemoteFn<A, R>) -> Option<&'static Batch<A, R>>
 where
     A: 'static,
     R: 'static,
 {
+    let kept = f.batch.load(Ordering::Acquire);
+    if !kept.is_null() {
+        // SAFETY: `kept` was leaked below from a `Box`, never freed, and
+        // holds a `'static` reference; the `Release` store published it.
+        let any: &'static (dyn std::any::Any + Send + Sync) = unsafe { *kept };
+        return any.downcast_ref::<Batch<A, R>>();
+    }
     let g = BATCHES.read().unwrap_or_else(|e| e.into_inner());
     let any: &'static (dyn std::any::Any + Send + Sync) = *g.as_ref()?.get(f.name)?;
+    // Kept only once registered (a later registration must be seen); one
+    // leaked word per function and process, as its batch's own.
+    let boxed = Box::into_raw(Box::new(any));
+    if f.batch
+        .compare_exchange(
+            std::ptr::null_mut(),
+            boxed,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err()
+    {
+        // Another thread kept it first.
+        // SAFETY: `boxed` was never shared.
+        drop(unsafe { Box::from_raw(boxed) });
+    }
     any.downcast_ref::<Batch<A, R>>()
 }
 
@@ -83,10 +111,11 @@ impl Ctx {
     /// order of `args`: the n-way form of [`Ctx::join_remote`], as
     /// [`Ctx::join_n`] is of [`Ctx::join`].
     ///
-    /// The arguments are split in halves recursively with `join_remote`;
-    /// a forked half is one filament an idle processor or node takes whole
-    /// (its arguments encoded together) and splits further. Pruned, the
-    /// splits are plain calls. `f` must be registered on every node
+    /// Pruned, `f` runs on the arguments one after another, as a loop
+    /// would. When a processor or node asks for work, what is left is
+    /// split in halves recursively with `join_remote`; a forked half is one
+    /// filament an idle processor or node takes whole (its arguments
+    /// encoded together) and splits further. `f` must be registered on every node
     /// ([`RemoteFn::register`] also registers its batches); unregistered, the
     /// halves are plain [`Ctx::join`]s that never leave the node.
     ///
@@ -113,9 +142,45 @@ impl Ctx {
     }
 }
 
-/// Runs `f` on `args` (left half here, right half forked), appending the
-/// results to `out` in order.
+/// Runs `f` on `args` in order, appending the results to `out`: plain
+/// calls while pruning holds, and the rest split in halves (left half
+/// here, right half forked) as soon as a fork is wanted.
+///
+/// Pruned, a split would still cost its halves' allocations (the right
+/// half's `Vec`, its results' `Vec`) for two plain calls: an n-Queens of
+/// n = 14 with a 14-way `join_remote_n` per row spent 40 % over its
+/// sequential loop so (BENCHMARKS.md, "A user's n-Queens"). So the
+/// elements are called one by one, and the pruning test is taken again
+/// before each: a processor that goes idle meanwhile gets the larger
+/// half of what is left.
 fn split<A, R>(
+    ctx: &Ctx,
+    f: &'static RemoteFn<A, R>,
+    batch: Option<&'static Batch<A, R>>,
+    args: Vec<A>,
+    out: &mut Vec<R>,
+) where
+    A: Serialize + DeserializeOwned + Send + 'static,
+    R: Serialize + DeserializeOwned + Send + 'static,
+{
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        if it.len() > 0 && !ctx.pruned_here() {
+            let mut rest = Vec::with_capacity(it.len() + 1);
+            rest.push(a);
+            rest.extend(it);
+            split_in_halves(ctx, f, batch, rest, out);
+            return;
+        }
+        ctx.count_filaments(1);
+        out.push(f.call(ctx, a));
+    }
+}
+
+/// [`split`]'s real fork: the left half here, the right half forked as
+/// one filament (a batch, if `f` is registered, that another node may
+/// take whole); `args` holds two elements or more.
+fn split_in_halves<A, R>(
     ctx: &Ctx,
     f: &'static RemoteFn<A, R>,
     batch: Option<&'static Batch<A, R>>,
@@ -125,37 +190,26 @@ fn split<A, R>(
     A: Serialize + DeserializeOwned + Send + 'static,
     R: Serialize + DeserializeOwned + Send + 'static,
 {
-    match args.len() {
-        0 => {}
-        1 => {
-            if let Some(a) = args.pop() {
-                ctx.count_filaments(1);
-                out.push(f.call(ctx, a));
-            }
+    let right = args.split_off(args.len() / 2);
+    let rs = match batch {
+        Some(b) => {
+            let name = Cow::Borrowed(f.name);
+            ctx.join_remote(|c| split(c, f, batch, args, out), b, (name, right))
+                .1
         }
-        n => {
-            let right = args.split_off(n / 2);
-            let rs = match batch {
-                Some(b) => {
-                    let name = Cow::Borrowed(f.name);
-                    ctx.join_remote(|c| split(c, f, batch, args, out), b, (name, right))
-                        .1
-                }
-                None => {
-                    ctx.join(
-                        |c| split(c, f, None, args, out),
-                        |c| {
-                            let mut v = Vec::with_capacity(right.len());
-                            split(c, f, None, right, &mut v);
-                            v
-                        },
-                    )
-                    .1
-                }
-            };
-            out.extend(rs);
+        None => {
+            ctx.join(
+                |c| split(c, f, None, args, out),
+                |c| {
+                    let mut v = Vec::with_capacity(right.len());
+                    split(c, f, None, right, &mut v);
+                    v
+                },
+            )
+            .1
         }
-    }
+    };
+    out.extend(rs);
 }
 
 #[cfg(test)]
@@ -205,6 +259,32 @@ mod tests {
             // Every call of a function counts as a filament, wherever it ran.
             let calls: u64 = 50 + (0..50u64).sum::<u64>();
             assert!(rt.stats().total().filaments >= calls);
+        }
+    }
+
+    /// Pruned, the elements are plain calls in a loop; a fork wanted
+    /// during one element (as an idle processor asks) splits what is
+    /// left, once.
+    #[test]
+    fn pruned_elements_are_calls_until_a_fork_is_wanted() {
+        fn asks_at_three(ctx: &Ctx, x: u64) -> u64 {
+            if x == 3 {
+                ctx.want_fork();
+            }
+            x * x
+        }
+        static ASKS: RemoteFn<u64, u64> =
+            RemoteFn::new("remote::many::tests::asks_at_three", asks_at_three);
+        ASKS.register().unwrap();
+        let rt = Runtime::new(Config::new().procs(1).pin(false)).unwrap();
+        let want: Vec<u64> = (0..9u64).map(|x| x * x).collect();
+        for (args, forks) in [(0..9u64, 1), (4..9, 0)] {
+            rt.reset_stats();
+            let got = rt
+                .run_distributed(|ctx| ctx.join_remote_n(&ASKS, args.clone().collect()))
+                .unwrap();
+            assert_eq!(got, want[args.start as usize..]);
+            assert_eq!(rt.stats().total().forks, forks, "arguments {args:?}");
         }
     }
 

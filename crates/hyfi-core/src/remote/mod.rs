@@ -82,6 +82,11 @@ pub struct RemoteFn<A, R> {
     pub(crate) name: &'static str,
     pub(crate) f: fn(&Ctx, A) -> R,
     pub(crate) pruned: Option<fn(&Pruned, A) -> R>,
+    /// Its batch for [`Ctx::join_remote_n`] once registered (a `&'static
+    /// Batch<A, R>`, see `many`): kept here so that a call finds it without
+    /// the registry's lock and hash. A thin pointer to the (leaked) fat
+    /// one: an atomic has no destructor, which a `const fn` may not run.
+    pub(crate) batch: std::sync::atomic::AtomicPtr<&'static (dyn Any + Send + Sync)>,
 }
 
 impl<A, R> RemoteFn<A, R> {
@@ -92,6 +97,7 @@ impl<A, R> RemoteFn<A, R> {
             name,
             f,
             pruned: None,
+            batch: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
         }
     }
 
@@ -114,6 +120,7 @@ impl<A, R> RemoteFn<A, R> {
             name: self.name,
             f: self.f,
             pruned: Some(g),
+            batch: self.batch,
         }
     }
 
