@@ -60,30 +60,20 @@ where
 {
     let kept = f.batch.load(Ordering::Acquire);
     if !kept.is_null() {
-        // SAFETY: `kept` was leaked below from a `Box`, never freed, and
-        // holds a `'static` reference; the `Release` store published it.
-        let any: &'static (dyn std::any::Any + Send + Sync) = unsafe { *kept };
-        return any.downcast_ref::<Batch<A, R>>();
+        // SAFETY: only this function stores into `f.batch`, a `RemoteFn<A,
+        // R>`'s, and only a `&'static Batch<A, R>` that the downcast below
+        // checked; the `Release` store published it.
+        return Some(unsafe { &*kept.cast::<Batch<A, R>>() });
     }
     let g = BATCHES.read().unwrap_or_else(|e| e.into_inner());
     let any: &'static (dyn std::any::Any + Send + Sync) = *g.as_ref()?.get(f.name)?;
-    // Kept only once registered (a later registration must be seen); one
-    // leaked word per function and process, as its batch's own.
-    let boxed = Box::into_raw(Box::new(any));
-    if f.batch
-        .compare_exchange(
-            std::ptr::null_mut(),
-            boxed,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        )
-        .is_err()
-    {
-        // Another thread kept it first.
-        // SAFETY: `boxed` was never shared.
-        drop(unsafe { Box::from_raw(boxed) });
-    }
-    any.downcast_ref::<Batch<A, R>>()
+    let batch = any.downcast_ref::<Batch<A, R>>()?;
+    // Kept only once registered: a later registration must be seen.
+    f.batch.store(
+        (batch as *const Batch<A, R>).cast_mut().cast(),
+        Ordering::Release,
+    );
+    Some(batch)
 }
 
 /// A batch, where it runs (here, or on the node that took it): finds its

@@ -82,11 +82,11 @@ pub struct RemoteFn<A, R> {
     pub(crate) name: &'static str,
     pub(crate) f: fn(&Ctx, A) -> R,
     pub(crate) pruned: Option<fn(&Pruned, A) -> R>,
-    /// Its batch for [`Ctx::join_remote_n`] once registered (a `&'static
-    /// Batch<A, R>`, see `many`): kept here so that a call finds it without
-    /// the registry's lock and hash. A thin pointer to the (leaked) fat
-    /// one: an atomic has no destructor, which a `const fn` may not run.
-    pub(crate) batch: std::sync::atomic::AtomicPtr<&'static (dyn Any + Send + Sync)>,
+    /// Its batch for [`Ctx::join_remote_n`] once registered: a `&'static
+    /// Batch<A, R>` (see `many`), type-checked when it was kept, so that a
+    /// call finds it without the registry's lock and hash. An atomic, not
+    /// a `OnceLock`: a `const fn` may run no destructor.
+    pub(crate) batch: std::sync::atomic::AtomicPtr<()>,
 }
 
 impl<A, R> RemoteFn<A, R> {
