@@ -87,8 +87,8 @@ pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, Box<dyn std::error:
     let dsm = Dsm::new(rt)?;
     let grid = |f: fn(usize, usize, usize) -> f64| {
         dsm.matrix::<f64>(n, n)
-            .pad_rows()
             .placement(Placement::BlockRows(inner.clone()))
+            .align_blocks()
             .from_fn(|i, j| f(i, j, n))
     };
     let zero = |_: usize, _: usize, _: usize| 0.0;

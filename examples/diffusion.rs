@@ -31,7 +31,7 @@ use common::at_least;
 use std::time::Instant;
 
 use clap::Parser;
-use hyfi::{Control, Dsm, Placement, PoolArray, Program, Runtime};
+use hyfi::{Control, Dsm, DsmStats, Placement, PoolArray, Program, Runtime};
 
 /// Explicit heat diffusion on an n×n grid with hyfi's iterative filaments.
 #[derive(Parser, Debug, Clone)]
@@ -55,6 +55,10 @@ pub struct Args {
     /// Pad every row to whole pages (as the README's Jacobi does).
     #[arg(long)]
     pub pad_rows: bool,
+    /// Rows unpadded, each node's block starting on a page
+    /// (`MatrixAlloc::align_blocks`).
+    #[arg(long, conflicts_with = "pad_rows")]
+    pub align_blocks: bool,
 }
 
 /// The initial grid: top edge 100, left edge 50, the rest 0.
@@ -81,6 +85,8 @@ pub struct Output {
     pub grid: Vec<f64>,
     /// Seconds of the steps alone.
     pub secs: f64,
+    /// hyfi's DSM counters over the steps (none for the loop).
+    pub dsm: Option<DsmStats>,
 }
 
 /// The steps with iterative filaments on `rt`.
@@ -91,6 +97,11 @@ pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, Box<dyn std::error:
     let grid = || {
         let m = dsm.matrix::<f64>(n, n);
         let m = if args.pad_rows { m.pad_rows() } else { m };
+        let m = if args.align_blocks {
+            m.align_blocks()
+        } else {
+            m
+        };
         m.placement(Placement::BlockRows(inner.clone()))
             .from_fn(init)
     };
@@ -146,9 +157,13 @@ pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, Box<dyn std::error:
     rt.start(&mut prog)?;
     let secs = t.elapsed().as_secs_f64();
     drop(prog);
+    // The counters before the final read, which fetches every other node's
+    // rows: what the steps moved.
+    let dsm = Some(dsm.stats());
     Ok(Output {
         grid: grids[steps % 2].to_vec(),
         secs,
+        dsm,
     })
 }
 
@@ -176,6 +191,7 @@ pub fn run_seq(args: &Args) -> Output {
     Output {
         grid: old,
         secs: t.elapsed().as_secs_f64(),
+        dsm: None,
     }
 }
 
@@ -193,6 +209,8 @@ fn main() {
         if args.per_row { "row" } else { "point" },
         if args.pad_rows {
             ", rows padded to pages"
+        } else if args.align_blocks {
+            ", blocks aligned to pages"
         } else {
             ""
         },
@@ -200,6 +218,9 @@ fn main() {
     );
     println!("hyfi:       {:.4} s, {} steps", par.secs, args.steps);
     println!("sequential: {:.4} s, {} steps", seq.secs, args.steps);
+    if let Some(d) = &par.dsm {
+        print!("{d}");
+    }
     let check = common::same_bits("point ", &par.grid, &seq.grid, args.n)
         .map(|()| common::fnv_words(par.grid.iter().map(|v| v.to_bits())));
     common::print_ok_or_exit(check, "MISMATCH");

@@ -12,9 +12,10 @@
 //! are double-buffered: in sweep `k` (`ctx.iteration()`) the old grid is
 //! `grids[k % 2]`, so nothing has to be swapped.
 //!
-//! The grids are shared arrays of the DSM (`hyfi::Dsm`): rows padded to
-//! pages, each block of rows homed on the node whose filaments compute it,
-//! so a sweep moves only the boundary rows between nodes. The same program
+//! The grids are shared arrays of the DSM (`hyfi::Dsm`): each block of rows
+//! homed on the node whose filaments compute it and starting on a page
+//! (`align_blocks`: rows unpadded, no page holding two nodes' rows), so a
+//! sweep moves only the boundary rows between nodes. The same program
 //! runs on one node or several:
 //!
 //! ```text
@@ -87,11 +88,11 @@ pub fn run_dsm(rt: &Runtime, dsm: &Dsm, args: &Args) -> Result<Output, Box<dyn s
     let inner = 1..n.saturating_sub(1);
     let (eps, max_iters) = (args.sweeps.eps, args.sweeps.iters);
     // Both grids start with the edges, which no filament writes. A block of
-    // rows is homed where the pools below compute it; rows padded to pages.
+    // rows is homed where the pools below compute it, starting on a page.
     let grid = || {
         dsm.matrix::<f64>(n, n)
-            .pad_rows()
             .placement(Placement::BlockRows(inner.clone()))
+            .align_blocks()
             .from_fn(common::hot_top_edge)
     };
     let grids = [grid()?, grid()?];

@@ -331,9 +331,39 @@ fn diffusion_gives_the_same_bits_on_every_configuration() {
         &[][..],
         &["--per-row"][..],
         &["--per-row", "--pad-rows"][..],
+        &["--align-blocks"][..],
+        &["--per-row", "--align-blocks"][..],
     ] {
         let args: Vec<&str> = base.iter().chain(extra).copied().collect();
         same_grid_everywhere("diffusion", &bins().diffusion, &args);
+    }
+}
+
+/// Blocks aligned to pages (`align_blocks`): no page holds two nodes'
+/// rows, so no node writes a page homed elsewhere and no diff moves; rows
+/// merely contiguous, the boundary pages move diffs both ways. Both
+/// outcomes, counted on 2×1 and 4×1 (n = 66: 64 rows in blocks of 32
+/// and 16, rows of 528 bytes, so unaligned boundaries fall inside pages).
+#[test]
+fn aligned_blocks_move_no_diffs() {
+    for nodes in [2, 4] {
+        for (extra, diffs) in [(&["--align-blocks"][..], false), (&[][..], true)] {
+            let mut args = vec!["--n", "66", "--steps", "12", "--per-row"];
+            args.extend(extra);
+            let what = format!("diffusion {args:?} on {nodes}x1");
+            let out = run_ok(&what, on(&bins().diffusion, nodes, 1, &args), nodes);
+            all_say(&what, &out, "OK: hyfi and sequential results are identical");
+            let sent: u64 = out.values().map(|l| counter(l, "diffs sent")).sum();
+            let applied: u64 = out.values().map(|l| counter(l, "applied")).sum();
+            if diffs {
+                assert!(
+                    sent > 0 && applied > 0,
+                    "{what}: {sent} sent, {applied} applied"
+                );
+            } else {
+                assert_eq!((sent, applied), (0, 0), "{what}");
+            }
+        }
     }
 }
 

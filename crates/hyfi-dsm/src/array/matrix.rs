@@ -419,7 +419,7 @@ impl<T: Pod> DsmMatrix<T> {
 
     /// The pages of row `i` (padding included).
     fn row_pages(&self, i: usize) -> (usize, usize) {
-        Shared::<T>::pages_of(i * self.stride, self.stride)
+        self.sh.pages(i * self.stride, self.stride)
     }
 }
 

@@ -50,10 +50,19 @@ fn rows_extent(r: &Range<usize>, cols: usize, stride: usize) -> Option<(usize, u
 }
 
 /// What an array shares: its segment and the DSM.
+///
+/// Element `e` of the array is element `origin + e` of its segment: a
+/// matrix whose blocks are aligned to pages ([`MatrixAlloc::align_blocks`])
+/// starts a little way into its first page. `base` points at element 0 of
+/// the array; every page, claim and home is looked up at `origin + e`.
+///
+/// [`MatrixAlloc::align_blocks`]: crate::MatrixAlloc::align_blocks
 pub(crate) struct Shared<T> {
     pub(crate) core: Arc<Core>,
     pub(crate) seg: Arc<Segment>,
     pub(crate) base: *mut T,
+    /// Elements of the segment before the array's first (less than a page).
+    pub(crate) origin: usize,
     _t: PhantomData<T>,
 }
 
@@ -65,28 +74,37 @@ unsafe impl<T: Pod + Send> Send for Shared<T> {}
 unsafe impl<T: Pod + Sync> Sync for Shared<T> {}
 
 impl<T: Pod> Shared<T> {
-    pub(crate) fn new(core: Arc<Core>, seg: Arc<Segment>) -> Self {
-        let base = seg.base.cast::<T>();
+    /// The array whose element 0 is element `origin` of `seg`.
+    pub(crate) fn new(core: Arc<Core>, seg: Arc<Segment>, origin: usize) -> Self {
+        let base = seg.base.cast::<T>().wrapping_add(origin);
         Shared {
             core,
             seg,
             base,
+            origin,
             _t: PhantomData,
         }
     }
 
-    /// Pages holding elements `e..e+n` (n ≥ 1).
+    /// Pages holding elements `e..e+n` (n ≥ 1) of the segment.
     #[inline(always)]
     fn pages_of(e: usize, n: usize) -> (usize, usize) {
         let s = std::mem::size_of::<T>();
         ((e * s) >> SHIFT, ((e + n) * s - 1) >> SHIFT)
     }
 
+    /// Pages holding elements `e..e+n` (n ≥ 1) of the array.
+    #[inline(always)]
+    pub(crate) fn pages(&self, e: usize, n: usize) -> (usize, usize) {
+        Self::pages_of(self.origin + e, n)
+    }
+
     /// Makes elements `e..e+n` readable here.
     #[inline(always)]
     pub(crate) fn check_read(&self, e: usize, n: usize) {
-        self.seg.note_checked_read(&self.core.epoch, e, n);
-        let (lo, hi) = Self::pages_of(e, n);
+        self.seg
+            .note_checked_read(&self.core.epoch, self.origin + e, n);
+        let (lo, hi) = self.pages(e, n);
         // SAFETY: callers checked e + n ≤ the array's extent, whose pages
         // all exist.
         if lo == hi && readable(unsafe { self.seg.state.get_unchecked(lo) }.load(Ordering::Acquire))
@@ -127,7 +145,11 @@ impl<T: Pod> Shared<T> {
             self.seg.note_read_only(ctx.access_epoch(), (r.start, col));
         }
         if !r.is_empty() && cols > 0 {
-            let (first, n) = (r.start * stride, (r.len() - 1) * stride + cols);
+            // The footprint's elements, in the segment.
+            let (first, n) = (
+                self.origin + r.start * stride,
+                (r.len() - 1) * stride + cols,
+            );
             if write {
                 // Plain stores only within phases (fork-join: `u64::MAX`).
                 let may = crate::plain::enabled() && ctx.phase_key() != u64::MAX;
@@ -166,7 +188,7 @@ impl<T: Pod> Shared<T> {
     /// expects the others (see [`DsmMatrix::broadcast_rows`]).
     pub(crate) fn broadcast_rows(&self, r: &Range<usize>, cols: usize, stride: usize) {
         if let Some((e, n)) = rows_extent(r, cols, stride) {
-            let (lo, hi) = Self::pages_of(e, n);
+            let (lo, hi) = self.pages(e, n);
             self.core.broadcast(&self.seg, lo, hi);
         }
     }
@@ -181,8 +203,8 @@ impl<T: Pod> Shared<T> {
     /// this access epoch: see footprint.rs).
     #[inline(always)]
     pub(crate) fn check_write(&self, e: usize, n: usize) {
-        self.seg.note_write(self.epoch(), e, n);
-        let (lo, hi) = Self::pages_of(e, n);
+        self.seg.note_write(self.epoch(), self.origin + e, n);
+        let (lo, hi) = self.pages(e, n);
         // SAFETY: as in check_read.
         if lo == hi && writable(unsafe { self.seg.state.get_unchecked(lo) }.load(Ordering::Acquire))
         {
@@ -250,7 +272,7 @@ impl<T: Pod> Shared<T> {
     }
 
     pub(crate) fn home_of(&self, e: usize) -> usize {
-        self.seg.homes[Self::pages_of(e, 1).0] as usize
+        self.seg.homes[self.pages(e, 1).0] as usize
     }
 }
 
@@ -261,6 +283,8 @@ impl<T: Pod> Shared<T> {
 #[derive(Clone, Copy)]
 pub(crate) struct Fast<T> {
     base: *mut T,
+    /// The array's first element in its segment (see [`Shared`]).
+    origin: usize,
     state: *const std::sync::atomic::AtomicU8,
     /// The array's access mode word and the runtime's access epoch: a
     /// write checks the array is not read-only now (footprint.rs).
@@ -272,6 +296,7 @@ impl<T: Pod> Fast<T> {
     fn of(sh: &Shared<T>) -> Self {
         Fast {
             base: sh.base,
+            origin: sh.origin,
             state: sh.seg.state.as_ptr(),
             seg: Arc::as_ptr(&sh.seg),
             now: Arc::as_ptr(&sh.core.epoch),
@@ -284,9 +309,9 @@ impl<T: Pod> Fast<T> {
     #[inline(always)]
     fn load(&self, sh: &Shared<T>, e: usize) -> T {
         // SAFETY: both point into state kept alive by `sh`.
-        unsafe { (*self.seg).note_checked_read(&*self.now, e, 1) };
+        unsafe { (*self.seg).note_checked_read(&*self.now, self.origin + e, 1) };
         if Self::SIMPLE {
-            let page = e >> Self::PER_PAGE_SHIFT;
+            let page = (self.origin + e) >> Self::PER_PAGE_SHIFT;
             // SAFETY: the caller checked `e` is in bounds, so `page` is one
             // of the segment's pages; a hit means the page is valid here and
             // has been since the phase began, so the phase's barrier orders
@@ -305,9 +330,9 @@ impl<T: Pod> Fast<T> {
     fn store(&self, sh: &Shared<T>, e: usize, v: T) {
         // SAFETY: both point into state kept alive by `sh` (the segment
         // and the core holding the epoch counter).
-        unsafe { (*self.seg).note_write((*self.now).load(Ordering::Relaxed), e, 1) };
+        unsafe { (*self.seg).note_write((*self.now).load(Ordering::Relaxed), self.origin + e, 1) };
         if Self::SIMPLE {
-            let page = e >> Self::PER_PAGE_SHIFT;
+            let page = (self.origin + e) >> Self::PER_PAGE_SHIFT;
             // SAFETY: as in load; WRITE means writable here (twin taken).
             unsafe {
                 if writable((*self.state.add(page)).load(Ordering::Acquire)) {
