@@ -61,7 +61,8 @@ impl<T: Pod> DsmMatrix<T> {
         self.cols
     }
     /// Elements from one row's start to the next (≥ `cols`; more if rows
-    /// are padded to pages).
+    /// are padded to pages, or a little more where blocks are aligned to
+    /// pages: see [`MatrixAlloc::align_blocks`](crate::MatrixAlloc::align_blocks)).
     pub fn stride(&self) -> usize {
         self.stride
     }
