@@ -501,11 +501,12 @@ fn a_region_that_cannot_be_reserved_is_a_clear_error() {
 #[test]
 fn a_full_region_names_the_allocation_and_the_remedy() {
     let mut cmd = on(&bins().jacobi, 2, 1, &["--n", "66", "--iters", "2"]);
-    // 66 padded rows of one page each do not fit in 64 KiB.
-    cmd.env("HYFI_DSM_SIZE", "64K");
+    // 66 rows of 528 bytes, node 1's block starting on a page 3 056 bytes
+    // in (`align_blocks`): 37 904 bytes, 10 pages, do not fit in 32 KiB.
+    cmd.env("HYFI_DSM_SIZE", "32K");
     let err = run_failing("region full", cmd);
     assert!(
-        err.contains("the shared region is full: allocation #0 needs 270336 bytes, 65536 of 65536 are free; raise HYFI_DSM_SIZE"),
+        err.contains("the shared region is full: allocation #0 needs 40960 bytes, 32768 of 32768 are free; raise HYFI_DSM_SIZE"),
         "{err}"
     );
 }
@@ -569,9 +570,11 @@ fn nodes_that_disagree_on_the_region_or_an_allocation_both_fail() {
         assert!(!ok[r], "node {r} should fail");
         assert!(
             // Named by the SPMD step check, with both sizes, on both nodes.
+            // 20 rows of 20, node 1's block (row 10) on a page: 312
+            // elements before row 0; 40 rows of 40, row 20: 224 before.
             err[r].contains("nodes took different steps")
-                && err[r].contains("made shared allocation #0 (10240 elements, 81920 bytes)")
-                && err[r].contains("made shared allocation #0 (20480 elements, 163840 bytes)"),
+                && err[r].contains("made shared allocation #0 (712 elements, 5696 bytes)")
+                && err[r].contains("made shared allocation #0 (1824 elements, 14592 bytes)"),
             "node {r}: {}",
             err[r]
         );
