@@ -200,6 +200,13 @@ elif [[ $PART == 3 ]]; then
             # the device's 16x1 at b199b52).
             grep -m1 -E '^\[node 0\] node +0 across nodes:' <<<"$out" |
                 sed -E 's/.*across nodes: (.*round trip [0-9.]+ us\)).*/      node 0: \1/' || true
+            # How often the OS took a processor off its CPU while it could
+            # run (the stats table's `preempted` column): a communication
+            # thread woken onto a computing CPU, or the host's noise; summed
+            # over the nodes' processors, and the most on one processor.
+            awk '/^(\[node [0-9]+\])? *[0-9]+ \|/ { p = $(NF-1); s += p; if (p > m) m = p }
+                 END { if (s) printf "      processors preempted %d times (at most %d on one)\n", s, m }' \
+                <<<"$out" || true
             T[${c%%|*}]+="$t "
         done
     done

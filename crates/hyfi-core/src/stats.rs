@@ -32,6 +32,17 @@ pub struct ProcStats {
     /// Chunks of iterative phases this processor took from other
     /// processors' pools ([`Config::chunks`](crate::Config::chunks)).
     pub chunks_stolen: u64,
+    /// Times the OS took this processor's thread off its CPU while it
+    /// could have run on (involuntary context switches, from
+    /// `getrusage(RUSAGE_THREAD)` around each command): another thread
+    /// wanted the CPU, such as the node's communication thread woken by a
+    /// message onto the CPU of a processor that computes, another process
+    /// or the hypervisor's scheduling of the vCPU. On a node that owns its
+    /// CPUs, a count that grows with the messages says where wake-ups land.
+    pub switched_out: u64,
+    /// Times the thread gave up its CPU itself (voluntary context
+    /// switches: it slept or yielded, waiting for work, a page, a release).
+    pub gave_up: u64,
 }
 
 impl ProcStats {
@@ -47,6 +58,8 @@ impl ProcStats {
         self.idle_ns += o.idle_ns;
         self.phases += o.phases;
         self.chunks_stolen += o.chunks_stolen;
+        self.switched_out += o.switched_out;
+        self.gave_up += o.gave_up;
     }
 }
 
@@ -103,7 +116,7 @@ impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "node {:>2} proc | {:>12} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7} {:>10} {:>7} {:>7}",
+            "node {:>2} proc | {:>12} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7} {:>10} {:>7} {:>7} {:>9} {:>8}",
             self.node,
             "filaments",
             "pruned",
@@ -115,12 +128,14 @@ impl fmt::Display for Stats {
             "stacks",
             "idle ms",
             "phases",
-            "chunks"
+            "chunks",
+            "preempted",
+            "yielded"
         )?;
         for (p, s) in self.procs.iter().enumerate() {
             writeln!(
                 f,
-                "        {:>4} | {:>12} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7} {:>10.2} {:>7} {:>7}",
+                "        {:>4} | {:>12} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7} {:>10.2} {:>7} {:>7} {:>9} {:>8}",
                 p,
                 s.filaments,
                 s.pruned,
@@ -132,7 +147,9 @@ impl fmt::Display for Stats {
                 s.stacks_mapped,
                 s.idle_ns as f64 / 1e6,
                 s.phases,
-                s.chunks_stolen
+                s.chunks_stolen,
+                s.switched_out,
+                s.gave_up
             )?;
         }
         let r = &self.remote;

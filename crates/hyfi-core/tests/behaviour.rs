@@ -415,3 +415,23 @@ fn architecture_queries() {
         .unwrap();
     assert_eq!(seen, (1, 0, 2, true));
 }
+
+/// A filament that sleeps gives up its CPU: the processor's voluntary
+/// context switches (`ProcStats::gave_up`) count it, for the run they
+/// happened in; `reset_stats` clears them.
+#[test]
+fn a_filament_that_sleeps_is_counted_as_giving_up_its_cpu() {
+    let rt = rt(1);
+    rt.run(|_| {
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })
+    .unwrap();
+    let t = rt.stats().total();
+    // Each sleep blocks the thread; the run's own waits may add more.
+    assert!(t.gave_up >= 3, "{t:?}");
+    rt.reset_stats();
+    assert_eq!(rt.stats().total().gave_up, 0);
+    assert_eq!(rt.stats().total().switched_out, 0);
+}

@@ -149,6 +149,8 @@ impl LocalStats {
             phases: self.phases.take(),
             chunks_stolen: self.chunks_stolen.take(),
             stacks_mapped: 0,
+            switched_out: 0,
+            gave_up: 0,
         }
     }
 }

@@ -302,6 +302,7 @@ pub(crate) fn main(start: Start) {
             .wait_for_next_command(|| shared.epoch.load(Ordering::SeqCst) != seen);
         seen = shared.epoch.load(Ordering::SeqCst);
         let cmd = shared.command();
+        let switches = thread_switches();
         match cmd {
             Command::Shutdown => break,
             Command::Idle => continue,
@@ -310,6 +311,9 @@ pub(crate) fn main(start: Start) {
         }
         let mut s = ctx.stats.drain();
         s.stacks_mapped = std::mem::take(&mut ctx.stacks.borrow_mut().created);
+        let (gave_up, switched_out) = thread_switches();
+        s.gave_up = gave_up.saturating_sub(switches.0);
+        s.switched_out = switched_out.saturating_sub(switches.1);
         shared.stats[proc]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -319,6 +323,20 @@ pub(crate) fn main(start: Start) {
     // No command runs now, so no other processor is asking for forks.
     shared.workers[proc].publish_limit(std::ptr::null());
     CTX.with(|c| c.set(std::ptr::null()));
+}
+
+/// This thread's voluntary and involuntary context switches so far
+/// (`ProcStats::gave_up`, `switched_out`); zeros if the OS will not say.
+fn thread_switches() -> (u64, u64) {
+    // SAFETY: `getrusage` writes the `rusage` it is given and nothing
+    // else; an all-zero `rusage` is a valid value of the plain C struct.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_THREAD, &mut ru) != 0 {
+            return (0, 0);
+        }
+        (ru.ru_nvcsw as u64, ru.ru_nivcsw as u64)
+    }
 }
 
 fn pin_to(cpu: usize) -> std::io::Result<()> {
