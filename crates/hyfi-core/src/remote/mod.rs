@@ -78,15 +78,15 @@ pub(crate) use crate::crossnode::{CodecError, RemoteFailure};
 ///
 /// Declare it as a `static` next to the function, and call
 /// [`RemoteFn::register`] on every node before the run.
+// No interior mutability here (no atomic, cell or lock): a `static` of a
+// type that has none is read-only, so the compiler folds its function
+// pointers into direct calls that it can inline at every join; with an
+// `AtomicPtr` field fib ran at 1.7x its loop (BENCHMARKS.md, "A user's
+// n-Queens"). Per-function state lives beside it, keyed by its address.
 pub struct RemoteFn<A, R> {
     pub(crate) name: &'static str,
     pub(crate) f: fn(&Ctx, A) -> R,
     pub(crate) pruned: Option<fn(&Pruned, A) -> R>,
-    /// Its batch for [`Ctx::join_remote_n`] once registered: a `&'static
-    /// Batch<A, R>` (see `many`), type-checked when it was kept, so that a
-    /// call finds it without the registry's lock and hash. An atomic, not
-    /// a `OnceLock`: a `const fn` may run no destructor.
-    pub(crate) batch: std::sync::atomic::AtomicPtr<()>,
 }
 
 impl<A, R> RemoteFn<A, R> {
@@ -97,7 +97,6 @@ impl<A, R> RemoteFn<A, R> {
             name,
             f,
             pruned: None,
-            batch: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
         }
     }
 
@@ -120,7 +119,6 @@ impl<A, R> RemoteFn<A, R> {
             name: self.name,
             f: self.f,
             pruned: Some(g),
-            batch: self.batch,
         }
     }
 
