@@ -50,48 +50,16 @@ where
     Ok(())
 }
 
-thread_local! {
-    /// Batches this thread has looked up: a `RemoteFn`'s address and its
-    /// `&'static Batch<A, R>` (type-checked when it was kept), so that a
-    /// call finds it without the registry's lock and hash.
-    ///
-    /// Not a field of `RemoteFn`: a field with interior mutability puts
-    /// every `static` filament function in writable memory, and the
-    /// compiler then loads its function pointers at each join instead of
-    /// calling (and inlining) them: fib ran at 1.7× its loop so.
-    static KEPT: std::cell::RefCell<Vec<(usize, *const ())>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// `f`'s batch, if it is registered.
+/// `f`'s batch, if it is registered. Looked up only where a split forks
+/// (a lock and a hash of the name): pruned calls never need it.
 fn batch_of<A, R>(f: &'static RemoteFn<A, R>) -> Option<&'static Batch<A, R>>
 where
     A: 'static,
     R: 'static,
 {
-    let key = f as *const RemoteFn<A, R> as usize;
-    let kept = KEPT.with(|k| {
-        k.borrow()
-            .iter()
-            .find(|(at, _)| *at == key)
-            .map(|&(_, b)| b)
-    });
-    if let Some(b) = kept {
-        // SAFETY: only this function keeps entries, and under `f`'s own
-        // address only a `&'static Batch<A, R>` that the downcast below
-        // checked (`f` is a `'static` `RemoteFn<A, R>`, so its address
-        // names it for the rest of the process).
-        return Some(unsafe { &*b.cast::<Batch<A, R>>() });
-    }
     let g = BATCHES.read().unwrap_or_else(|e| e.into_inner());
     let any: &'static (dyn std::any::Any + Send + Sync) = *g.as_ref()?.get(f.name)?;
-    let batch = any.downcast_ref::<Batch<A, R>>()?;
-    // Kept only once registered: a later registration must be seen.
-    KEPT.with(|k| {
-        k.borrow_mut()
-            .push((key, (batch as *const Batch<A, R>).cast()))
-    });
-    Some(batch)
+    any.downcast_ref::<Batch<A, R>>()
 }
 
 /// A batch, where it runs (here, or on the node that took it): finds its
@@ -145,7 +113,7 @@ impl Ctx {
         R: Serialize + DeserializeOwned + Send + 'static,
     {
         let mut out = Vec::with_capacity(args.len());
-        split(self, f, batch_of(f), args, &mut out);
+        split(self, f, args, &mut out);
         out
     }
 }
@@ -155,62 +123,59 @@ impl Ctx {
 /// here, right half forked) as soon as a fork is wanted.
 ///
 /// Pruned, a split would still cost its halves' allocations (the right
-/// half's `Vec`, its results' `Vec`) for two plain calls: an n-Queens of
-/// n = 14 with a 14-way `join_remote_n` per row spent 40 % over its
-/// sequential loop so (BENCHMARKS.md, "A user's n-Queens"). So the
-/// elements are called one by one, and the pruning test is taken again
-/// before each: a processor that goes idle meanwhile gets the larger
-/// half of what is left.
-fn split<A, R>(
-    ctx: &Ctx,
-    f: &'static RemoteFn<A, R>,
-    batch: Option<&'static Batch<A, R>>,
-    args: Vec<A>,
-    out: &mut Vec<R>,
-) where
+/// half's `Vec`, its results' `Vec`) and a look-up of the batch for two
+/// plain calls: an n-Queens of n = 14 with a 14-way `join_remote_n` per
+/// row spent 40 % over its sequential loop so (BENCHMARKS.md, "A user's
+/// n-Queens"). So the elements are called one by one, and the pruning
+/// test is taken again before each: a processor that goes idle meanwhile
+/// gets the larger half of what is left.
+fn split<A, R>(ctx: &Ctx, f: &'static RemoteFn<A, R>, args: Vec<A>, out: &mut Vec<R>)
+where
     A: Serialize + DeserializeOwned + Send + 'static,
     R: Serialize + DeserializeOwned + Send + 'static,
 {
     let mut it = args.into_iter();
-    while let Some(a) = it.next() {
-        if it.len() > 0 && !ctx.pruned_here() {
-            let mut rest = Vec::with_capacity(it.len() + 1);
-            rest.push(a);
-            rest.extend(it);
-            split_in_halves(ctx, f, batch, rest, out);
-            return;
+    while it.len() > 1 && ctx.pruned_here() {
+        if let Some(a) = it.next() {
+            ctx.count_filaments(1);
+            out.push(f.call(ctx, a));
         }
-        ctx.count_filaments(1);
-        out.push(f.call(ctx, a));
+    }
+    match it.len() {
+        0 => {}
+        // The last element needs no test: nothing would be left to give.
+        1 => {
+            if let Some(a) = it.next() {
+                ctx.count_filaments(1);
+                out.push(f.call(ctx, a));
+            }
+        }
+        // What is left, in the iterator's own allocation.
+        _ => split_in_halves(ctx, f, it.collect(), out),
     }
 }
 
 /// [`split`]'s real fork: the left half here, the right half forked as
 /// one filament (a batch, if `f` is registered, that another node may
 /// take whole); `args` holds two elements or more.
-fn split_in_halves<A, R>(
-    ctx: &Ctx,
-    f: &'static RemoteFn<A, R>,
-    batch: Option<&'static Batch<A, R>>,
-    mut args: Vec<A>,
-    out: &mut Vec<R>,
-) where
+fn split_in_halves<A, R>(ctx: &Ctx, f: &'static RemoteFn<A, R>, mut args: Vec<A>, out: &mut Vec<R>)
+where
     A: Serialize + DeserializeOwned + Send + 'static,
     R: Serialize + DeserializeOwned + Send + 'static,
 {
     let right = args.split_off(args.len() / 2);
-    let rs = match batch {
+    let rs = match batch_of(f) {
         Some(b) => {
             let name = Cow::Borrowed(f.name);
-            ctx.join_remote(|c| split(c, f, batch, args, out), b, (name, right))
+            ctx.join_remote(|c| split(c, f, args, out), b, (name, right))
                 .1
         }
         None => {
             ctx.join(
-                |c| split(c, f, None, args, out),
+                |c| split(c, f, args, out),
                 |c| {
                     let mut v = Vec::with_capacity(right.len());
-                    split(c, f, None, right, &mut v);
+                    split(c, f, right, &mut v);
                     v
                 },
             )

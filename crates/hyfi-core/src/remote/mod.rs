@@ -82,7 +82,7 @@ pub(crate) use crate::crossnode::{CodecError, RemoteFailure};
 // type that has none is read-only, so the compiler folds its function
 // pointers into direct calls that it can inline at every join; with an
 // `AtomicPtr` field fib ran at 1.7x its loop (BENCHMARKS.md, "A user's
-// n-Queens"). Per-function state lives beside it, keyed by its address.
+// n-Queens").
 pub struct RemoteFn<A, R> {
     pub(crate) name: &'static str,
     pub(crate) f: fn(&Ctx, A) -> R,
