@@ -31,7 +31,7 @@ use common::at_least;
 use std::time::Instant;
 
 use clap::Parser;
-use hyfi::{Control, Dsm, DsmStats, Placement, PoolArray, Program, Runtime};
+use hyfi::{Control, Dsm, Placement, PoolArray, Program, Runtime};
 
 /// Explicit heat diffusion on an n×n grid with hyfi's iterative filaments.
 #[derive(Parser, Debug, Clone)]
@@ -80,14 +80,7 @@ fn step(mid: f64, up: f64, down: f64, left: f64, right: f64) -> f64 {
 }
 
 /// What a run produced.
-pub struct Output {
-    /// The grid after the last step.
-    pub grid: Vec<f64>,
-    /// Seconds of the steps alone.
-    pub secs: f64,
-    /// hyfi's DSM counters over the steps (none for the loop).
-    pub dsm: Option<DsmStats>,
-}
+pub use common::StepOutput as Output;
 
 /// The steps with iterative filaments on `rt`.
 pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, Box<dyn std::error::Error>> {
@@ -216,12 +209,5 @@ fn main() {
         },
         rt.node()
     );
-    println!("hyfi:       {:.4} s, {} steps", par.secs, args.steps);
-    println!("sequential: {:.4} s, {} steps", seq.secs, args.steps);
-    if let Some(d) = &par.dsm {
-        print!("{d}");
-    }
-    let check = common::same_bits("point ", &par.grid, &seq.grid, args.n)
-        .map(|()| common::fnv_words(par.grid.iter().map(|v| v.to_bits())));
-    common::print_ok_or_exit(check, "MISMATCH");
+    Output::report(&par, &seq, args.steps, args.n, "point ");
 }

@@ -27,7 +27,7 @@ use common::at_least;
 use std::time::Instant;
 
 use clap::Parser;
-use hyfi::{Control, Dsm, DsmStats, Placement, PoolArray, Program, Runtime};
+use hyfi::{Control, Dsm, Placement, PoolArray, Program, Runtime};
 
 /// Explicit 3-D heat diffusion on an n×n×n grid with hyfi's iterative
 /// filaments.
@@ -70,14 +70,7 @@ fn step(c: f64, [n, s, w, e, b, a]: [f64; 6]) -> f64 {
 }
 
 /// What a run produced.
-pub struct Output {
-    /// The grid after the last step, row after row.
-    pub grid: Vec<f64>,
-    /// Seconds of the steps alone.
-    pub secs: f64,
-    /// The shared memory's counters (hyfi only).
-    pub dsm: Option<DsmStats>,
-}
+pub use common::StepOutput as Output;
 
 /// The steps with iterative filaments on `rt`.
 pub fn run_hyfi(rt: &Runtime, args: &Args) -> Result<Output, Box<dyn std::error::Error>> {
@@ -189,12 +182,5 @@ fn main() {
         args.n,
         rt.node()
     );
-    println!("hyfi:       {:.4} s, {} steps", par.secs, args.steps);
-    println!("sequential: {:.4} s, {} steps", seq.secs, args.steps);
-    if let Some(d) = &par.dsm {
-        print!("{d}");
-    }
-    let check = common::same_bits("row ", &par.grid, &seq.grid, args.n)
-        .map(|()| common::fnv_words(par.grid.iter().map(|v| v.to_bits())));
-    common::print_ok_or_exit(check, "MISMATCH");
+    Output::report(&par, &seq, args.steps, args.n, "row ");
 }

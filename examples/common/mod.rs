@@ -248,6 +248,36 @@ impl SweepOutput {
     }
 }
 
+/// What a time-stepping grid example (`diffusion`, `heat3d`) computed, on
+/// hyfi or sequentially.
+#[allow(dead_code)] // only the stepping examples compute one
+pub struct StepOutput {
+    /// The grid after the last step, row after row.
+    pub grid: Vec<f64>,
+    /// Seconds of the steps alone.
+    pub secs: f64,
+    /// hyfi's DSM counters over the steps (none for the loop).
+    pub dsm: Option<hyfi::DsmStats>,
+}
+
+#[allow(dead_code)] // only the stepping examples report one
+impl StepOutput {
+    /// The rest of a stepping example's report: the `hyfi:` and
+    /// `sequential:` lines, hyfi's DSM counters, and the `OK` line if the
+    /// grids (rows of `n` points; `unit` names one in a mismatch) are the
+    /// same bit for bit, else the difference and exit status 1.
+    pub fn report(par: &StepOutput, seq: &StepOutput, steps: usize, n: usize, unit: &str) {
+        println!("hyfi:       {:.4} s, {} steps", par.secs, steps);
+        println!("sequential: {:.4} s, {} steps", seq.secs, steps);
+        if let Some(d) = &par.dsm {
+            print!("{d}");
+        }
+        let check = same_bits(unit, &par.grid, &seq.grid, n)
+            .map(|()| fnv_words(par.grid.iter().map(|v| v.to_bits())));
+        print_ok_or_exit(check, "MISMATCH");
+    }
+}
+
 /// The `grid_bits` fingerprint of `jacobi`, `sor` and `baselines jacobi`:
 /// FNV-1a over the values' little-endian bytes (as
 /// `benches/baselines/common.h` computes it), to compare runs across
