@@ -366,32 +366,17 @@ impl<T: Pod + Send + Sync> MatrixAlloc<'_, T> {
     /// nodes; on more, a page held by half the others or more is fetched
     /// again in every phase).
     ///
-    /// It pays for rows of a page or more. A short row padded to a page
-    /// wastes the rest of it: a 3-D grid stored as n² rows of n = 96 `f64`s
-    /// (768 bytes) takes 5.3× its memory padded, and a sweep over it ran at
-    /// 2.4× the plain loop's time on one node and 1.3× on two, where
-    /// unpadded it ran at 1.03× and 0.5× (BENCHMARKS.md, "Large frames").
-    /// Leave short rows unpadded: only the pages at block boundaries are
-    /// shared.
-    ///
-    /// **Rows a fraction of a page past whole pages.** The gap a padded
-    /// row leaves is streamed past by every sweep, the plain loop's too: a
+    /// Padding costs every sweep the gap it leaves, the plain loop's too: a
     /// row of 2 050 `f64`s (4.004 pages) padded to 5 pages makes a
-    /// memory-bound sweep about a quarter slower on any configuration (on
-    /// one node a 5-point diffusion of 2050² per row ran at 1.33× the
-    /// unpadded loop's time padded and 1.02× unpadded; Jacobi 2050² 1.26×
-    /// against 0.99×; 1026²: 1.09–1.14× against 0.99–1.04×). Unpadded, the
-    /// page two nodes' blocks share costs a diff each way per release:
-    /// little where the grid written in a phase is read in the next only
-    /// (that diffusion on 2×1: 0.52× the loop's time unpadded, 0.67×
-    /// padded), much where a program writes grids and reads their halos in
-    /// several phases an iteration (`examples/cg.rs` at 514² on 2×1: 0.61×
-    /// the loop padded, 1.15× unpadded). So: pad rows that are whole pages
-    /// or nearly (n a multiple of 512 `f64`s loses nothing), and a program
-    /// that exchanges halos of several grids per iteration across nodes;
-    /// leave other rows unpadded. BENCHMARKS.md, "Padded rows", has the
-    /// figures. [`MatrixAlloc::align_blocks`] has both: rows unpadded, and
-    /// only the blocks' first rows on pages.
+    /// memory-bound sweep about a quarter slower on any configuration, and
+    /// a short row padded to a page wastes the rest of it (a 3-D grid of n²
+    /// rows of 96 `f64`s: 5.3× its memory, 2.4× the loop's time on one
+    /// node). With a [`Placement::BlockRows`] placement,
+    /// [`MatrixAlloc::align_blocks`] keeps two nodes' rows off one page
+    /// without that gap (its docs and BENCHMARKS.md, "Padded rows", have
+    /// the figures). Pad where rows must be whole pages
+    /// ([`DsmMatrix::reduce_at_end_with_row`] carries one) or are already
+    /// (n a multiple of 512 `f64`s loses nothing).
     pub fn pad_rows(mut self) -> Self {
         self.pad = true;
         self
