@@ -195,11 +195,12 @@ elif [[ $PART == 3 ]]; then
                 sed -E 's/.*(releases [0-9.]+ ms).*/      node 0: \1/' || true
             grep -m1 -E '^\[node 0\] traffic of node 0:' <<<"$out" |
                 sed -E 's/.*(peers woken [0-9]+ times).*/      node 0: \1/' || true
-            # Fork-join across nodes: node 0's steals, requests and their
+            # Fork-join across nodes: node 0's steals, requests, their
             # mean round trip (48 us on the 2-vCPU VM's 2x1, 47-73 us on
-            # the device's 16x1 at b199b52).
+            # the device's 16x1 at b199b52, all as messages), and how many
+            # went through shared memory and were resent as messages.
             grep -m1 -E '^\[node 0\] node +0 across nodes:' <<<"$out" |
-                sed -E 's/.*across nodes: (.*round trip [0-9.]+ us\)).*/      node 0: \1/' || true
+                sed -E 's/.*across nodes: ([^)]*\)).*/      node 0: \1/' || true
             # How often the OS took a processor off its CPU while it could
             # run (the stats table's `preempted` column): a communication
             # thread woken onto a computing CPU, or the host's noise; summed

@@ -62,10 +62,22 @@ fn run_ok(
     procs: usize,
     args: &[&str],
 ) -> (String, Vec<BTreeMap<String, f64>>) {
-    let what = format!("{} {args:?} on {nodes}x{procs}", exe.display());
+    run_ok_with(exe, nodes, procs, args, &[])
+}
+
+/// [`run_ok`] with `env` set for every node.
+fn run_ok_with(
+    exe: &Path,
+    nodes: usize,
+    procs: usize,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (String, Vec<BTreeMap<String, f64>>) {
+    let what = format!("{} {args:?} {env:?} on {nodes}x{procs}", exe.display());
     let mut cmd = command(exe);
     cmd.args(["--nodes", &nodes.to_string(), "--procs", &procs.to_string()])
-        .args(args);
+        .args(args)
+        .envs(env.iter().copied());
     let (st, job) = run(&what, cmd);
     let fail = |msg: &str| -> ! { job.fail(msg) };
     if !st.success() {
@@ -192,6 +204,12 @@ fn the_unbalanced_integrand_is_shared_between_two_nodes() {
             "node 0 never stole: {s:?}"
         );
         assert!(s[1]["moved_out"] >= 1.0, "node 1 never gave: {s:?}");
+        // Two processes of one host share memory (lanes, on by default):
+        // node 0 asks by writing node 1's pruning words.
+        assert!(
+            s[0]["shm_tries"] >= 1.0 && s[0]["shm_tries"] <= s[0]["remote_tries"],
+            "node 0 asked node 1 through shared memory: {s:?}"
+        );
         let (a, b) = (s[0]["filaments"], s[1]["filaments"]);
         best = best.max(a.min(b) / a.max(b));
         seen.push((a, b));
@@ -204,6 +222,31 @@ fn the_unbalanced_integrand_is_shared_between_two_nodes() {
         "the least busy node executed less than a quarter of the filaments of the busiest: \
          {seen:?}"
     );
+}
+
+#[test]
+fn without_shared_memory_steal_requests_go_as_messages() {
+    // `HYFI_LANES=0`: every link over TCP, no host words, so every request
+    // is a message that the donor's communication thread answers. The
+    // unbalanced integrand makes node 0 steal.
+    let _g = serial();
+    for _ in 0..5 {
+        let (_, s) = run_ok_with(
+            &bins().quad,
+            2,
+            1,
+            &["--func", "spiky", "--eps", "2e-10", "--no-seq"],
+            &[("HYFI_LANES", "0")],
+        );
+        for (node, st) in s.iter().enumerate() {
+            assert_eq!(st["shm_tries"], 0.0, "node {node}: no shared memory: {s:?}");
+            assert_eq!(st["served_by_procs"], 0.0, "node {node}: {s:?}");
+        }
+        if s[0]["remote_steals"] >= 1.0 {
+            return;
+        }
+    }
+    panic!("node 0 stole nothing in 5 runs without shared memory");
 }
 
 #[test]

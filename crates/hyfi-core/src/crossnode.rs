@@ -160,6 +160,9 @@ pub(crate) struct NodeState {
     /// an idle processor waits for work, the run's end, or a change here.
     pub(crate) kick: AtomicU64,
     pub(crate) counters: Counters,
+    /// Steal requests through memory shared with the other nodes of the
+    /// host, where the link lends some (`remote::host`).
+    pub(crate) host: Option<crate::remote::host::HostRequests>,
 }
 
 /// [`RemoteStats`] as atomics (the communication thread updates them).
@@ -172,6 +175,9 @@ pub(crate) struct Counters {
     pub(crate) requests_served: AtomicU64,
     pub(crate) requests_refused: AtomicU64,
     pub(crate) steal_wait_ns: AtomicU64,
+    pub(crate) requests_through_memory: AtomicU64,
+    pub(crate) requests_resent: AtomicU64,
+    pub(crate) served_by_processors: AtomicU64,
 }
 
 impl Counters {
@@ -185,6 +191,9 @@ impl Counters {
             requests_served: g(&self.requests_served),
             requests_refused: g(&self.requests_refused),
             steal_wait_ns: g(&self.steal_wait_ns),
+            requests_through_memory: g(&self.requests_through_memory),
+            requests_resent: g(&self.requests_resent),
+            served_by_processors: g(&self.served_by_processors),
         }
     }
     pub(crate) fn reset(&self) {
@@ -196,6 +205,9 @@ impl Counters {
             &self.requests_served,
             &self.requests_refused,
             &self.steal_wait_ns,
+            &self.requests_through_memory,
+            &self.requests_resent,
+            &self.served_by_processors,
         ] {
             a.store(0, Ordering::Relaxed);
         }

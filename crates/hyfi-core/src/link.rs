@@ -432,7 +432,8 @@ pub(crate) fn idle_progress() -> bool {
 // The seam's types are defined next to `NodeLink`, which hands them out
 // (so that `node` needs nothing of this module); this is their public home.
 pub use crate::node::{
-    Class, ClassTraffic, FrameError, Port, Report, Service, ServiceId, Traffic, MAX_PAYLOAD,
+    Class, ClassTraffic, FrameError, HostWords, Port, Report, Service, ServiceId, Traffic,
+    HOST_WORDS, MAX_PAYLOAD,
 };
 
 #[cfg(test)]

@@ -78,6 +78,35 @@ pub trait NodeLink: Send + Sync + 'static {
     /// program): tell every other node at once, with `cause`, so that the
     /// job ends everywhere instead of waiting for this node.
     fn abort(&self, _cause: &str) {}
+    /// Words of memory this node shares with the other nodes of its host
+    /// ([`HostWords`]), where the transport has such memory; `None` (the
+    /// default) where every word between nodes must travel as a message.
+    /// Asked once, when the runtime starts.
+    fn host_words(&self) -> Option<Arc<dyn HostWords>> {
+        None
+    }
+}
+
+/// How many words each node has in [`HostWords`].
+pub const HOST_WORDS: usize = 1024;
+
+/// Memory shared by the nodes of one host: [`HOST_WORDS`] words per node,
+/// zero when made, which every node that reaches them may read and write
+/// atomically at any time (a transport whose nodes share memory lends them:
+/// the TCP transport's lanes between processes of one host, the in-process
+/// link between its nodes).
+///
+/// The words carry no protocol of the transport's: the layer that uses
+/// them owns their layout and their meaning (the cross-node fork-join
+/// layer keeps each processor's pruning word there, so that an idle node
+/// of the host asks for work by writing it instead of sending a message;
+/// `remote/README.md`). A peer may write any value at any time, so a
+/// value read from them is never trusted as an index or a length.
+pub trait HostWords: Send + Sync + 'static {
+    /// Node `node`'s words, if this node reaches them: its own, or a peer's
+    /// that shares memory with it. The words of two nodes are reachable
+    /// from each other or from neither.
+    fn words(&self, node: usize) -> Option<&[std::sync::atomic::AtomicU64; HOST_WORDS]>;
 }
 
 /// One step of an SPMD program, as every node must take it: the unit the

@@ -15,6 +15,7 @@
 //! supplied by the `phase` module, so this module (and `sched`) need not
 //! know phases.
 
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -31,6 +32,24 @@ use crate::stats::ProcStats;
 
 /// `Ctx::limit` value meaning "make the next join a real fork".
 pub(crate) const WANTED: usize = usize::MAX;
+
+/// A processor's pruning word (`Ctx::limit`), wherever it lives: in the
+/// runtime's own memory, or, where the link shares memory with the other
+/// nodes of the host, in this node's host words, where an idle node may
+/// write it to ask for work (`remote::host`).
+pub(crate) struct LimitWord(NonNull<AtomicUsize>);
+
+impl std::ops::Deref for LimitWord {
+    type Target = AtomicUsize;
+    #[inline(always)]
+    fn deref(&self) -> &AtomicUsize {
+        // SAFETY: the word is in the `Shared` it came from
+        // (`Shared::limit_word`: its own words, or the host words its
+        // `HostRequests` holds), and the `Ctx` holding this keeps that
+        // `Shared` alive; it is only accessed atomically.
+        unsafe { self.0.as_ref() }
+    }
+}
 
 /// What every server thread shares with the others.
 pub(crate) struct WorkerShared {
@@ -131,6 +150,8 @@ pub(crate) struct Shared {
     finished: AtomicUsize,
     caller: Mutex<Option<Arc<Parker>>>,
     pub(crate) stats: Vec<Mutex<ProcStats>>,
+    /// The processors' pruning words where the link lends no host words.
+    limits: Vec<CachePadded<AtomicUsize>>,
 }
 
 impl Shared {
@@ -143,6 +164,9 @@ impl Shared {
         link: Arc<dyn NodeLink>,
         stealers: Vec<Stealer<JobRef>>,
     ) -> Self {
+        let host = link.host_words().and_then(|words| {
+            crate::remote::host::HostRequests::new(words, link.my_node(), link.num_nodes(), procs)
+        });
         Shared {
             id,
             procs,
@@ -156,7 +180,10 @@ impl Shared {
             injector: Injector::new(),
             idle: CachePadded::new(AtomicUsize::new(0)),
             fj_done: AtomicBool::new(false),
-            fj: Default::default(),
+            fj: crate::crossnode::NodeState {
+                host,
+                ..Default::default()
+            },
             epoch: AtomicU64::new(0),
             access_epoch: Arc::new(AtomicU64::new(1)),
             command: Mutex::new(Command::Idle),
@@ -165,8 +192,21 @@ impl Shared {
             stats: (0..procs)
                 .map(|_| Mutex::new(ProcStats::default()))
                 .collect(),
+            limits: (0..procs)
+                .map(|_| CachePadded::new(AtomicUsize::new(0)))
+                .collect(),
             cfg,
         }
+    }
+
+    /// Processor `proc`'s pruning word: in the host words if the node
+    /// asks and is asked for work through them, else its own.
+    pub(crate) fn limit_word(&self, proc: usize) -> LimitWord {
+        let w = match &self.fj.host {
+            Some(h) => h.limit_word(proc),
+            None => &*self.limits[proc] as *const AtomicUsize,
+        };
+        LimitWord(NonNull::new(w.cast_mut()).expect("a word's address"))
     }
 
     pub(crate) fn command(&self) -> Command {

@@ -82,6 +82,20 @@ pub struct RemoteStats {
     /// answer, summed over this node's requests (divide by
     /// `steal_requests` for the mean round trip).
     pub steal_wait_ns: u64,
+    /// Of `steal_requests`, those made through memory shared with the
+    /// other node (a node of this host): the thief writes the donor's
+    /// pruning words, and a processor of the donor answers, with no
+    /// message to wake anyone.
+    pub requests_through_memory: u64,
+    /// Of `requests_through_memory`, those sent as a message after all:
+    /// no processor of the donor answered within
+    /// [`DIRECT_WAIT`](crate::steal::DIRECT_WAIT).
+    pub requests_resent: u64,
+    /// Of the requests from other nodes answered here
+    /// (`requests_served + requests_refused`), those a processor of this
+    /// node answered (at a fork, or while it idled) rather than the
+    /// communication thread.
+    pub served_by_processors: u64,
 }
 
 impl RemoteStats {
@@ -156,16 +170,20 @@ impl fmt::Display for Stats {
         if !r.is_zero() {
             writeln!(
                 f,
-                "node {:>2} across nodes: steals {} of {} requests (mean round trip {:.1} us); \
-                 filaments moved in {} out {}; requests from other nodes served {} refused {}",
+                "node {:>2} across nodes: steals {} of {} requests (mean round trip {:.1} us; \
+                 {} through shared memory, {} of them resent); filaments moved in {} out {}; \
+                 requests from other nodes served {} refused {} ({} by processors)",
                 self.node,
                 r.steals,
                 r.steal_requests,
                 r.steal_wait_ns as f64 / 1e3 / r.steal_requests.max(1) as f64,
+                r.requests_through_memory,
+                r.requests_resent,
                 r.filaments_in,
                 r.filaments_out,
                 r.requests_served,
-                r.requests_refused
+                r.requests_refused,
+                r.served_by_processors
             )?;
         }
         Ok(())

@@ -358,6 +358,119 @@ fn a_filament_left_on_a_busy_node_is_stolen_across_nodes() {
     }
 }
 
+/// Spins for `d` without a join (a leaf that cannot answer a request).
+fn spin_for(d: Duration) {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        std::hint::spin_loop();
+    }
+}
+
+#[test]
+fn a_request_through_shared_memory_is_answered_by_the_busy_nodes_processor() {
+    // In-process nodes share memory (`HostWords`), so an idle node asks by
+    // writing the busy node's pruning words, and the busy node's processor
+    // answers at its next fork of a portable filament. Node 0's root forks
+    // `TINY` again and again, each time running a short leaf, until its
+    // processor has answered a request (bounded: a steal request arrives
+    // while a fork is made sooner or later, and never, the bound says so).
+    TINY.register().expect("register tiny");
+    let out = on_nodes(2, 1, move |rt| {
+        let me = rt.stats_handle();
+        rt.run_distributed(move |ctx| {
+            let end = Instant::now() + Duration::from_secs(20);
+            let mut sum = 0u64;
+            let mut i = 0u64;
+            loop {
+                sum += ctx
+                    .join_remote(|_| spin_for(Duration::from_micros(20)), &TINY, i)
+                    .1;
+                i += 1;
+                let answered = me.stats().map_or(0, |s| s.remote.served_by_processors);
+                if answered >= 1 || Instant::now() > end {
+                    return (answered, sum == i * (i - 1) / 2);
+                }
+            }
+        })
+        .expect("distributed run")
+    });
+    for (node, ((answered, sum_ok), _)) in out.iter().enumerate() {
+        assert!(*sum_ok, "node {node}: the sum of the forked filaments");
+        assert!(
+            *answered >= 1,
+            "node {node}: no request was answered by node 0's processor in 20 s"
+        );
+    }
+    let stats: Vec<&Stats> = out.iter().map(|(_, s)| s).collect();
+    check_balance("2 x 1, answered by a processor", &stats);
+    let r = &stats[1].remote;
+    assert!(
+        r.requests_through_memory >= 1 && r.requests_through_memory <= r.steal_requests,
+        "node 1 asked through shared memory: {r:?}"
+    );
+    assert!(
+        stats[0].remote.served_by_processors >= 1,
+        "{:?}",
+        stats[0].remote
+    );
+}
+
+/// Node 1's counters, for node 0's root in the next test.
+static NODE1: std::sync::OnceLock<hyfi_core::StatsHandle> = std::sync::OnceLock::new();
+
+#[test]
+fn a_request_no_processor_answers_goes_as_a_message() {
+    // Node 0's one processor runs a leaf with no join until node 1 has
+    // sent a request as a message after all (`DIRECT_WAIT` without an
+    // answer through shared memory); node 0's communication thread answers
+    // it (a refusal: nothing is forked yet). Then the root forks, and the
+    // run ends as any other.
+    TINY.register().expect("register tiny");
+    let out = on_nodes(2, 1, move |rt| {
+        if rt.node() == 1 {
+            assert!(NODE1.set(rt.stats_handle()).is_ok(), "one node 1");
+        }
+        rt.run_distributed(|ctx| {
+            let end = Instant::now() + Duration::from_secs(20);
+            let resent = loop {
+                let resent = NODE1
+                    .get()
+                    .and_then(|h| h.stats())
+                    .map_or(0, |s| s.remote.requests_resent);
+                if resent >= 1 || Instant::now() > end {
+                    break resent;
+                }
+                spin_for(Duration::from_micros(100));
+            };
+            let sent: u64 = (0..8).map(|i| ctx.join_remote(|_| i, &TINY, i).1).sum();
+            (resent, sent)
+        })
+        .expect("distributed run")
+    });
+    for (node, ((resent, sent), _)) in out.iter().enumerate() {
+        assert_eq!(*sent, (0..8).sum::<u64>(), "node {node}");
+        assert!(
+            *resent >= 1,
+            "node {node}: node 1 resent no request in 20 s"
+        );
+    }
+    let stats: Vec<&Stats> = out.iter().map(|(_, s)| s).collect();
+    check_balance("2 x 1, a request resent", &stats);
+    let (r0, r1) = (&stats[0].remote, &stats[1].remote);
+    assert!(
+        r1.requests_resent >= 1 && r1.requests_resent <= r1.requests_through_memory,
+        "{r1:?}"
+    );
+    // Each request has one answer, none two: node 0 answered what node 1
+    // asked, but for the one request node 1 may still have had out when
+    // the run ended (a node has at most one out).
+    let answered = r0.requests_served + r0.requests_refused;
+    assert!(
+        answered <= r1.steal_requests && answered + 1 >= r1.steal_requests,
+        "one answer per request: node 0 {r0:?}, node 1 {r1:?}"
+    );
+}
+
 #[test]
 fn stealing_needs_a_link_with_services() {
     let rt = Runtime::new(Config::new().procs(1).pin(false)).expect("runtime");

@@ -105,7 +105,7 @@ impl Ctx {
     {
         let job_b = StackJob::new(b);
         let job_ref = job_b.as_job_ref();
-        let ra = self.fork_and_run_a(job_ref, a);
+        let ra = self.fork_and_run_a(job_ref, false, a);
         let got_back = self.take_back_or_wait(job_ref, &job_b.latch);
         if got_back {
             // SAFETY: we popped our own job back: nobody else has it.
@@ -130,10 +130,12 @@ impl Ctx {
 
     /// The fork of a real join: pushes `job` (branch b) on the deque, then
     /// runs `a` here, catching its panic (b must be joined first).
+    /// `portable`: `job` may run on another node (a `join_remote`).
     #[inline]
     pub(crate) fn fork_and_run_a<RA>(
         &self,
         job: JobRef,
+        portable: bool,
         a: impl FnOnce(&Ctx) -> RA,
     ) -> Result<RA, Box<dyn Any + Send>> {
         self.deque.push(job);
@@ -143,12 +145,35 @@ impl Ctx {
         // (or fails a steal round), so a descheduled thief costs at most one
         // real fork, not a fork at every join until it runs.
         self.clear_want();
+        if let Some(host) = &self.shared.fj.host {
+            if host.pending() {
+                // A node of this host asked through shared memory: answer
+                // it from here if what was just forked can go there; else
+                // the next join forks too, until a portable one does.
+                if portable {
+                    self.answer_host_requests();
+                } else {
+                    self.want_fork();
+                }
+            }
+        }
         let sh = &*self.shared;
         if sh.idle.load(Ordering::SeqCst) > 0 {
             sh.notify_idle();
         }
         self.count_filaments(1);
         catch_unwind(AssertUnwindSafe(|| self.call_inline(a)))
+    }
+
+    /// Answers the steal requests that other nodes of this host made
+    /// through shared memory, if any wait (`remote::host`): out of line,
+    /// on a real fork or an idle processor's path only.
+    #[inline(never)]
+    pub(crate) fn answer_host_requests(&self) {
+        let sh = &*self.shared;
+        if let (Some(host), Some(stealing)) = (&sh.fj.host, sh.fj.stealing.get()) {
+            while host.pending() && stealing.answer_host_request(host) {}
+        }
     }
 
     /// After branch a: takes `job` back from the deque (`true`: run it

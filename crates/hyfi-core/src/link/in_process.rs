@@ -42,7 +42,9 @@ use std::time::{Duration, Instant};
 use super::collective::{self, Channel, Dir};
 use super::services::{ServiceError, ServiceTable};
 use super::spmd::Steps;
-use super::{Class, Port, Report, Service, ServiceId, Traffic, TrafficCounters};
+use super::{
+    Class, HostWords, Port, Report, Service, ServiceId, Traffic, TrafficCounters, HOST_WORDS,
+};
 use crate::node::{LinkError, NodeLink, Step};
 
 /// How long a delivery thread may spend in one message before its peers
@@ -120,6 +122,18 @@ struct Hub {
     cv: Condvar,
     /// How long a delivery thread may spend in one message.
     limit: Duration,
+    /// The nodes' [`HostWords`]: one process, so every node reaches every
+    /// node's.
+    words: Arc<Words>,
+}
+
+/// The in-process nodes' shared words.
+struct Words(Vec<Box<[AtomicU64; HOST_WORDS]>>);
+
+impl HostWords for Words {
+    fn words(&self, node: usize) -> Option<&[AtomicU64; HOST_WORDS]> {
+        self.0.get(node).map(|w| &**w)
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -374,6 +388,11 @@ impl InProcess {
             }),
             cv: Condvar::new(),
             limit,
+            words: Arc::new(Words(
+                (0..n)
+                    .map(|_| Box::new(std::array::from_fn(|_| AtomicU64::new(0))))
+                    .collect(),
+            )),
         });
         for me in 0..n {
             let h = hub.clone();
@@ -465,6 +484,9 @@ impl NodeLink for InProcess {
             self.hub.fail(why.clone());
             why.into()
         })
+    }
+    fn host_words(&self) -> Option<Arc<dyn HostWords>> {
+        (self.hub.nodes.len() > 1).then(|| self.hub.words.clone() as Arc<dyn HostWords>)
     }
     fn port(&self) -> Option<Arc<dyn Port>> {
         Some(Arc::new(InPort {

@@ -333,6 +333,38 @@ impl FjNode {
             bump(&sh.fj.counters.steal_requests, 1);
         }
     }
+
+    /// Counts a steal request made through shared memory.
+    pub(crate) fn count_direct_request(&self) {
+        if let Some(sh) = self.0.upgrade() {
+            bump(&sh.fj.counters.requests_through_memory, 1);
+        }
+    }
+
+    /// Counts a request made through shared memory and sent as a message
+    /// after all.
+    pub(crate) fn count_resent_request(&self) {
+        if let Some(sh) = self.0.upgrade() {
+            bump(&sh.fj.counters.requests_resent, 1);
+        }
+    }
+
+    /// Counts a request from another node that a processor answered.
+    pub(crate) fn count_answered_here(&self) {
+        if let Some(sh) = self.0.upgrade() {
+            bump(&sh.fj.counters.served_by_processors, 1);
+        }
+    }
+
+    /// Node `from`'s request of `run`, made through shared memory, came as
+    /// a message: `true` if it still waits (now taken: answer it), `false`
+    /// if a processor answered it. `true` where this node shares no words.
+    pub(crate) fn claim_host_request(&self, from: usize, run: u64) -> bool {
+        let Some(sh) = self.0.upgrade() else {
+            return true;
+        };
+        sh.fj.host.as_ref().map_or(true, |h| h.claim(from, run))
+    }
 }
 
 /// Sends a start-up filament to the processor that owns `slot`.

@@ -276,7 +276,7 @@ impl Ctx {
         } else {
             (0, 0)
         };
-        let ra = self.fork_and_run_a(job_ref, a);
+        let ra = self.fork_and_run_a(job_ref, true, a);
         let quick = copy && self.sibling_may_run_pruned(since);
         // Take b back, or wait for whoever stole it (here or on another node).
         let got_back = self.take_back_or_wait(job_ref, &job.latch);

@@ -62,6 +62,7 @@ use crate::fork::Pruned;
 use crate::sched::Ctx;
 
 pub(crate) mod balance;
+pub(crate) mod host;
 pub(crate) mod join;
 mod many;
 mod run;

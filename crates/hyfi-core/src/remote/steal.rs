@@ -31,6 +31,15 @@
 //! [`MIN_BACKOFF`], doubling up to [`MAX_BACKOFF`]), so a node at the end of
 //! a run does not flood the others. A refusing donor asks its processors
 //! for a real fork, so the next request usually finds work.
+//!
+//! **Asking a node of the same host** goes through the memory the two
+//! share where the link lends some (module `host`): the thief writes the
+//! donor's pruning words, and a processor of the donor answers at its next
+//! portable fork (or at once, if it idles), with no message to wake anyone.
+//! A request not answered within [`DIRECT_WAIT`] (a donor in a long leaf,
+//! or asleep) is sent as a `StealReq` after all, marked `direct`; the
+//! donor's communication thread answers it only if no processor has taken
+//! it meanwhile, so each request has one answer.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -41,6 +50,7 @@ use crate::layer::RuntimeExt;
 use crate::link::{Class, FrameError, Port, Service, ServiceId};
 use crate::node::LinkError;
 use crate::remote::balance::{FjNode, NobodyWaits, PortableJob};
+use crate::remote::host::HostRequests;
 use crate::remote::Failure;
 use crate::runtime::Runtime;
 use crate::Error;
@@ -49,6 +59,12 @@ use crate::Error;
 pub const MIN_BACKOFF: Duration = Duration::from_micros(20);
 /// Longest wait between rounds of requests.
 pub const MAX_BACKOFF: Duration = Duration::from_millis(1);
+/// How long a request made through shared memory waits for a donor's
+/// processor before it goes as a message: about two of the subtrees that
+/// a [`Fork`](crate::Fork) filament's pruned copy runs without a pruning
+/// test (20–30 µs each), between which a busy donor makes a join that can
+/// answer.
+pub const DIRECT_WAIT: Duration = Duration::from_micros(50);
 
 /// The service of fork-join across nodes: its number on the wire, owned
 /// here (see [`ServiceId`]).
@@ -59,6 +75,9 @@ pub const SERVICE: ServiceId = ServiceId::new(2, "fork-join across nodes");
 enum FjMsg {
     StealReq {
         run: u64,
+        /// Asked through shared memory first (module `host`): answer only
+        /// if no processor took it meanwhile.
+        direct: bool,
     },
     StealReply {
         run: u64,
@@ -83,7 +102,7 @@ enum FjMsg {
 impl FjMsg {
     fn run(&self) -> u64 {
         match self {
-            FjMsg::StealReq { run }
+            FjMsg::StealReq { run, .. }
             | FjMsg::StealReply { run, .. }
             | FjMsg::Push { run, .. }
             | FjMsg::Result { run, .. }
@@ -102,6 +121,9 @@ struct State {
     early: Vec<(usize, FjMsg)>,
     /// A steal request is out (since when).
     asking: Option<Instant>,
+    /// It was made through shared memory, to this node, and not yet sent
+    /// as a message.
+    direct: Option<usize>,
     /// Requests refused since the last success or the last pause.
     refused: usize,
     /// Victims asked so far (the next one is `me + 1 + asked mod (N - 1)`).
@@ -210,7 +232,11 @@ impl Stealing {
     /// that is just beginning are handled in order).
     fn handle(&self, st: &mut State, from: usize, msg: FjMsg) -> Result<(), StealError> {
         match msg {
-            FjMsg::StealReq { run } => {
+            FjMsg::StealReq { run, direct } => {
+                if direct && !self.node.claim_host_request(from, run) {
+                    // A processor took it from shared memory and answered.
+                    return Ok(());
+                }
                 let jobs = self.node.export_half(run);
                 crate::trace::instant(
                     crate::trace::Kind::StealServed,
@@ -221,6 +247,7 @@ impl Stealing {
             }
             FjMsg::StealReply { run, jobs } => {
                 let asked = if run == st.run {
+                    st.direct = None;
                     st.asking.take()
                 } else {
                     None
@@ -300,6 +327,7 @@ impl Stealing {
         st.run = run;
         st.begun = run;
         st.asking = None;
+        st.direct = None;
         st.refused = 0;
         st.not_before = None;
         st.backoff = MIN_BACKOFF;
@@ -321,41 +349,89 @@ impl Stealing {
         if st.run == run {
             st.run = 0;
             st.asking = None;
+            st.direct = None;
         }
     }
 
     /// A processor of this node is idle and found no work on the node: asks
-    /// another node, unless a request is already out. Returns how long to
-    /// wait before asking again if nothing arrives (`None`: the answer
-    /// will wake the processor).
-    pub(crate) fn want_work(&self, run: u64) -> Option<Duration> {
+    /// another node, unless a request is already out (`host`: this node's
+    /// requests through shared memory, if it makes any; `procs`: processors
+    /// per node). Returns how long to wait before asking again if nothing
+    /// arrives (`None`: the answer will wake the processor).
+    pub(crate) fn want_work(
+        &self,
+        run: u64,
+        host: Option<&HostRequests>,
+        procs: usize,
+    ) -> Option<Duration> {
         if self.nodes < 2 {
             return None;
         }
-        let victim = {
+        let (victim, direct) = {
             let mut st = self.lock();
-            if st.failed || st.run != run || st.asking.is_some() {
+            if st.failed || st.run != run {
                 return None;
             }
-            if let Some(t) = st.not_before {
-                let now = Instant::now();
-                if now < t {
-                    return Some(t - now);
+            if let Some(t) = st.asking {
+                let victim = st.direct?;
+                // Asked through shared memory: give the donor's processors
+                // their time, then send the request as a message.
+                let waited = t.elapsed();
+                if waited < DIRECT_WAIT {
+                    return Some(DIRECT_WAIT - waited);
                 }
-                st.not_before = None;
+                st.direct = None;
+                (victim, true)
+            } else {
+                if let Some(t) = st.not_before {
+                    let now = Instant::now();
+                    if now < t {
+                        return Some(t - now);
+                    }
+                    st.not_before = None;
+                }
+                st.asking = Some(Instant::now());
+                let k = st.asked % (self.nodes - 1);
+                st.asked += 1;
+                let victim = (self.me + 1 + k) % self.nodes;
+                self.node.count_request();
+                if host.is_some_and(|h| h.ask(victim, run, procs)) {
+                    st.direct = Some(victim);
+                    self.node.count_direct_request();
+                    return Some(DIRECT_WAIT);
+                }
+                (victim, false)
             }
-            st.asking = Some(Instant::now());
-            let k = st.asked % (self.nodes - 1);
-            st.asked += 1;
-            (self.me + 1 + k) % self.nodes
         };
-        self.node.count_request();
-        if self.send(victim, &FjMsg::StealReq { run }).is_err() {
+        if direct {
+            self.node.count_resent_request();
+        }
+        if self.send(victim, &FjMsg::StealReq { run, direct }).is_err() {
             // The node failed; its failure path ends the run.
             self.lock().asking = None;
             return Some(MAX_BACKOFF);
         }
         None
+    }
+
+    /// A processor of this node answers a request another node of the host
+    /// made through shared memory, if one waits (module `host`): half the
+    /// node's ready filaments, as the communication thread would answer a
+    /// message. Called where the processor has just forked a portable
+    /// filament, or idles. `true` if it answered one.
+    pub(crate) fn answer_host_request(&self, host: &HostRequests) -> bool {
+        let Some((thief, run)) = host.take() else {
+            return false;
+        };
+        let jobs = self.node.export_half(run);
+        self.node.count_answered_here();
+        crate::trace::instant(
+            crate::trace::Kind::StealServed,
+            [thief as u64, jobs.len() as u64, 1, 0],
+        );
+        // A failed send means the node failed: the failure path ends the run.
+        let _ = self.send(thief, &FjMsg::StealReply { run, jobs });
+        true
     }
 
     /// Start-up distribution: `job` is for processor `proc` of `node`.

@@ -8,14 +8,14 @@
 
 use std::cell::{Cell, RefCell};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crossbeam_deque::{Steal, Worker};
 
 use super::coro::Yld;
 use crate::job::JobRef;
-use crate::registry::{Shared, WorkerShared, WANTED};
+use crate::registry::{LimitWord, Shared, WorkerShared, WANTED};
 use crate::stack::{enter_guard, stack_pointer, StackBounds, StackPool};
 use crate::stats::ProcStats;
 
@@ -82,8 +82,10 @@ pub struct Ctx {
     /// address `bounds.red` while no fork is wanted, and [`WANTED`] (above any
     /// stack) when one is: another processor went idle or stole our last
     /// job, or pruning is off. Other processors store `WANTED` into it
-    /// through [`WorkerShared::want_fork`]; the owner clears it.
-    pub(crate) limit: AtomicUsize,
+    /// through [`WorkerShared::want_fork`], and idle nodes of this host
+    /// through the host words where it lives if the link lends them
+    /// (`remote::host`); the owner clears it.
+    pub(crate) limit: LimitWord,
     pub(crate) proc: usize,
     pub(crate) node: usize,
     pub(crate) nodes: usize,
@@ -178,13 +180,18 @@ impl Ctx {
             next_id: Cell::new(1),
             rng: Cell::new(0x9e37_79b9_7f4a_7c15 ^ ((proc as u64 + 1) << 17)),
             rt_id: shared.id,
-            limit: AtomicUsize::new(
-                if shared.procs > 1 || shared.link.num_nodes() > 1 || !shared.cfg.get_prune() {
-                    WANTED
-                } else {
-                    0
-                },
-            ),
+            limit: {
+                let w = shared.limit_word(proc);
+                w.store(
+                    if shared.procs > 1 || shared.link.num_nodes() > 1 || !shared.cfg.get_prune() {
+                        WANTED
+                    } else {
+                        0
+                    },
+                    Ordering::SeqCst,
+                );
+                w
+            },
             shared: shared.clone(),
         }
     }

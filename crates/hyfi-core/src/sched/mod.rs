@@ -219,6 +219,9 @@ impl Sched {
                     w.want_fork();
                 }
             }
+            // A node of this host that asked through shared memory gets
+            // its answer (a refusal) now, not when its request times out.
+            ctx.answer_host_requests();
             // Nothing on this node: ask another one (paper §3.5). The kick
             // is read first, so a refusal that comes meanwhile is not missed.
             let kick = sh.fj.kick.load(Ordering::SeqCst);
@@ -231,6 +234,7 @@ impl Sched {
                         || sh.stealers.iter().any(|s| !s.is_empty())
                         || sh.workers.iter().any(|w| !w.incoming.is_empty())
                         || sh.fj.kick.load(Ordering::SeqCst) != kick
+                        || sh.fj.host.as_ref().is_some_and(|h| h.pending())
                 },
                 ask_again,
             );
@@ -249,7 +253,8 @@ fn ask_another_node(ctx: &Ctx) -> Option<Instant> {
         return None;
     }
     let b = sh.fj.stealing.get()?;
-    b.want_work(run).map(|d| Instant::now() + d)
+    b.want_work(run, sh.fj.host.as_ref(), sh.procs)
+        .map(|d| Instant::now() + d)
 }
 
 /// Arguments a server thread starts with.
@@ -285,7 +290,7 @@ pub(crate) fn main(start: Start) {
     shared.workers[proc].set_parker(cpu.is_some());
     let ctx = Box::new(Ctx::new(&shared, proc, deque));
     CTX.with(|c| c.set(&*ctx as *const Ctx));
-    shared.workers[proc].publish_limit(&ctx.limit);
+    shared.workers[proc].publish_limit(&*ctx.limit);
     let _ = ready.send(Ok(()));
     drop(ready);
 

@@ -234,6 +234,9 @@ impl NodeLink for Cluster {
     fn traffic(&self) -> Option<Traffic> {
         Some(self.stats().snapshot())
     }
+    fn host_words(&self) -> Option<Arc<dyn hyfi_core::link::HostWords>> {
+        self.comm.host_words()
+    }
     fn port(&self) -> Option<Arc<dyn Port>> {
         Some(Arc::new(self.comm.sender()))
     }

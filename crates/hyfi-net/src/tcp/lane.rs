@@ -21,6 +21,13 @@
 //! the ring streams through it in pieces and every header is checked as a
 //! socket's are.
 //!
+//! The region's second and third pages are the node's **host words**
+//! ([`HostWords`]): [`HOST_WORDS`] words that this node and every peer it
+//! has a lane to read and write atomically, for the layers above (the
+//! fork-join layer keeps its processors' pruning words there, so that an
+//! idle peer asks for work by writing them). The transport gives them no
+//! meaning.
+//!
 //! **Pairing** (during mesh setup, over the link's authenticated socket):
 //! each node offers its region as `(pid, fd, nonce)`; the peer opens
 //! `/proc/<pid>/fd/<fd>` only if that names a memory file called
@@ -59,7 +66,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use hyfi_core::link::Attending;
+use hyfi_core::link::{Attending, HostWords, HOST_WORDS};
 
 use crate::bootstrap::random_token;
 use crate::error::NetError;
@@ -68,8 +75,11 @@ use crate::error::NetError;
 const RING: usize = 1 << 20;
 /// A ring's header page (indices and flags), then its data.
 const SLOT: usize = 4096 + RING;
-/// The region's own header page.
-const HEAD: usize = 4096;
+/// Where the node's host words are ([`HostWords`]): after the region's
+/// header page.
+const WORDS: usize = 4096;
+/// The region's own header page and its host words.
+const HEAD: usize = WORDS + HOST_WORDS * 8;
 const MAGIC: u64 = u64::from_le_bytes(*b"HYFILANE");
 /// What a node says on each link during pairing: magic, pid, fd, ring size,
 /// nodes, nonce.
@@ -240,6 +250,26 @@ impl Region {
         // no byte of it.
         unsafe {
             libc::madvise(self.slot(sender).cast(), SLOT, libc::MADV_POPULATE_WRITE);
+        }
+    }
+
+    /// The node's host words (the layer that uses them owns their layout).
+    fn words(&self) -> &[AtomicU64; HOST_WORDS] {
+        // SAFETY: `WORDS..HEAD` of the mapping, page-aligned; zero when the
+        // file was made; only accessed atomically, by this node and its
+        // peers on the host.
+        unsafe { &*self.base.add(WORDS).cast::<[AtomicU64; HOST_WORDS]>() }
+    }
+
+    /// Maps the host words' pages now (see [`Region::populate`]).
+    fn populate_words(&self) {
+        // SAFETY: the range lies in the mapping; populating changes no byte.
+        unsafe {
+            libc::madvise(
+                self.base.add(WORDS).cast(),
+                HEAD - WORDS,
+                libc::MADV_POPULATE_WRITE,
+            );
         }
     }
 
@@ -484,6 +514,9 @@ fn ring(sock: &TcpStream) {
 /// its communication thread sets before it sleeps.
 pub struct Lanes {
     own: Option<Arc<Region>>,
+    /// The host words of this node and of its peers over lanes, if it has
+    /// a lane.
+    pub(crate) words: Option<Arc<LaneWords>>,
     /// Per peer rank: the ring this node writes, if the link has a lane.
     pub(crate) tx: Vec<Option<Ring>>,
     /// Per peer rank: the ring this node reads, if the link has a lane
@@ -496,6 +529,7 @@ impl Lanes {
     pub fn none(nodes: usize) -> Lanes {
         Lanes {
             own: None,
+            words: None,
             tx: (0..nodes).map(|_| None).collect(),
             rx: (0..nodes).map(|_| None).collect(),
         }
@@ -511,6 +545,19 @@ impl Lanes {
         Sleeper {
             own: self.own.clone(),
         }
+    }
+}
+
+/// The [`HostWords`] of the nodes this node has lanes to, and its own: a
+/// page of each region.
+pub struct LaneWords {
+    /// Per rank: its region, where this node reaches it.
+    regions: Vec<Option<Arc<Region>>>,
+}
+
+impl HostWords for LaneWords {
+    fn words(&self, node: usize) -> Option<&[AtomicU64; HOST_WORDS]> {
+        self.regions.get(node)?.as_ref().map(|r| r.words())
     }
 }
 
@@ -662,6 +709,7 @@ pub fn pair(
         }
     }
     let mut lanes = Lanes::none(nodes);
+    let mut words: Vec<Option<Arc<Region>>> = (0..nodes).map(|_| None).collect();
     for (peer, s) in peers.iter_mut().enumerate() {
         let Some(s) = s else { continue };
         let mut yes = [0u8; 1];
@@ -672,13 +720,20 @@ pub fn pair(
             continue;
         };
         peer_region.populate(me);
+        peer_region.populate_words();
         own.region.populate(peer);
         lanes.tx[peer] = Some(Ring::of(&peer_region, me));
+        words[peer] = Some(peer_region.clone());
         lanes.rx[peer] = Some(Arc::new(Ring::of(&own.region, peer)));
     }
     // Every peer has answered, so has opened the memory file or never
     // will: it closes here, and the mapping stays.
     lanes.own = own.map(|o| o.region);
+    if let (Some(own), true) = (&lanes.own, words.iter().any(Option::is_some)) {
+        own.populate_words();
+        words[me] = Some(own.clone());
+        lanes.words = Some(Arc::new(LaneWords { regions: words }));
+    }
     Ok(lanes)
 }
 

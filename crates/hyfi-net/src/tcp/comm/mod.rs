@@ -78,6 +78,8 @@ const CLOSE_NOTICE: Duration = Duration::from_secs(10);
 pub struct Comm {
     sender: Sender,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The host words the lanes lend, if the node has a lane.
+    words: Option<Arc<crate::tcp::lane::LaneWords>>,
 }
 
 impl std::ops::Deref for Comm {
@@ -99,6 +101,7 @@ impl Comm {
         heartbeat: Duration,
     ) -> Result<Comm, NetError> {
         let (rank, nodes) = (links.rank, links.nodes);
+        let words = links.lanes.words.take();
         let inbox = Arc::new(Inbox::default());
         inbox.state.lock().unwrap_or_else(|e| e.into_inner()).steps = Some(Steps::new(rank));
         let stats = Arc::new(NetStats::default());
@@ -168,7 +171,16 @@ impl Comm {
         Ok(Comm {
             sender,
             thread: Mutex::new(Some(thread)),
+            words,
         })
+    }
+
+    /// The words this node shares with the nodes of its host it has lanes
+    /// to ([`hyfi_core::link::HostWords`]); `None` without a lane.
+    pub fn host_words(&self) -> Option<Arc<dyn hyfi_core::link::HostWords>> {
+        self.words
+            .clone()
+            .map(|w| w as Arc<dyn hyfi_core::link::HostWords>)
     }
 
     /// The inbox (for waiting on replies).
