@@ -87,9 +87,10 @@ pub struct RemoteStats {
     /// pruning words, and a processor of the donor answers, with no
     /// message to wake anyone.
     pub requests_through_memory: u64,
-    /// Of `requests_through_memory`, those sent as a message after all:
-    /// no processor of the donor answered within
-    /// [`DIRECT_WAIT`](crate::steal::DIRECT_WAIT).
+    /// Of `requests_through_memory`, those also sent as a message: no
+    /// processor of the donor answered within
+    /// [`DIRECT_WAIT`](crate::steal::DIRECT_WAIT), or none had answered
+    /// the last request to that donor (then the message goes at once).
     pub requests_resent: u64,
     /// Of the requests from other nodes answered here
     /// (`requests_served + requests_refused`), those a processor of this

@@ -39,7 +39,10 @@
 //! A request not answered within [`DIRECT_WAIT`] (a donor in a long leaf,
 //! or asleep) is sent as a `StealReq` after all, marked `direct`; the
 //! donor's communication thread answers it only if no processor has taken
-//! it meanwhile, so each request has one answer.
+//! it meanwhile, so each request has one answer. A donor whose last answer
+//! came from its communication thread (its processors run long pruned
+//! subtrees, which make no join that could answer) gets the next request
+//! both ways at once; one answer by a processor returns it to memory only.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -82,6 +85,9 @@ enum FjMsg {
     StealReply {
         run: u64,
         jobs: Vec<PortableJob>,
+        /// Answered by a processor, from shared memory (module `host`),
+        /// not by the communication thread.
+        by_processor: bool,
     },
     Push {
         run: u64,
@@ -124,6 +130,11 @@ struct State {
     /// It was made through shared memory, to this node, and not yet sent
     /// as a message.
     direct: Option<usize>,
+    /// Per node: the last request to it was answered by its communication
+    /// thread, not by a processor through shared memory (its processors
+    /// were in long leaves, or in pruned subtrees, which make no join that
+    /// answers): the next request to it also goes as a message at once.
+    unanswered: Vec<bool>,
     /// Requests refused since the last success or the last pause.
     refused: usize,
     /// Victims asked so far (the next one is `me + 1 + asked mod (N - 1)`).
@@ -170,6 +181,7 @@ pub fn install(rt: &Runtime) -> Result<Arc<Stealing>, Error> {
         nodes: link.num_nodes(),
         st: Mutex::new(State {
             backoff: MIN_BACKOFF,
+            unanswered: vec![false; link.num_nodes()],
             ..State::default()
         }),
     });
@@ -243,15 +255,31 @@ impl Stealing {
                     [from as u64, jobs.len() as u64, 0, 0],
                 );
                 // A failed send means the node failed: the failure path ends the run.
-                let _ = self.send(from, &FjMsg::StealReply { run, jobs });
+                let _ = self.send(
+                    from,
+                    &FjMsg::StealReply {
+                        run,
+                        jobs,
+                        by_processor: false,
+                    },
+                );
             }
-            FjMsg::StealReply { run, jobs } => {
+            FjMsg::StealReply {
+                run,
+                jobs,
+                by_processor,
+            } => {
                 let asked = if run == st.run {
                     st.direct = None;
                     st.asking.take()
                 } else {
                     None
                 };
+                if asked.is_some() {
+                    // Whether this donor's processors answer through shared
+                    // memory in time, for the next request to it.
+                    st.unanswered[from] = !by_processor;
+                }
                 if asked.is_some() {
                     if jobs.is_empty() {
                         st.refused += 1;
@@ -396,11 +424,18 @@ impl Stealing {
                 let victim = (self.me + 1 + k) % self.nodes;
                 self.node.count_request();
                 if host.is_some_and(|h| h.ask(victim, run, procs)) {
-                    st.direct = Some(victim);
                     self.node.count_direct_request();
-                    return Some(DIRECT_WAIT);
+                    if !st.unanswered[victim] {
+                        st.direct = Some(victim);
+                        return Some(DIRECT_WAIT);
+                    }
+                    // Its processors did not answer the last one: the
+                    // message goes now too, and whichever answers first
+                    // does.
+                    (victim, true)
+                } else {
+                    (victim, false)
                 }
-                (victim, false)
             }
         };
         if direct {
@@ -430,7 +465,14 @@ impl Stealing {
             [thief as u64, jobs.len() as u64, 1, 0],
         );
         // A failed send means the node failed: the failure path ends the run.
-        let _ = self.send(thief, &FjMsg::StealReply { run, jobs });
+        let _ = self.send(
+            thief,
+            &FjMsg::StealReply {
+                run,
+                jobs,
+                by_processor: true,
+            },
+        );
         true
     }
 
