@@ -40,14 +40,14 @@
 //! once, and `run_distributed` returns [`Error::Link`](crate::Error::Link)
 //! on every surviving node.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crossbeam_deque::Steal;
 use serde::{Deserialize, Serialize};
 
-use crate::crossnode::{bump, Failure, Pending};
+use crate::crossnode::{bump, Counters, Failure, Pending};
 use crate::job::{HeapJob, JobRef};
 use crate::registry::Shared;
 use crate::remote;
@@ -327,32 +327,10 @@ impl FjNode {
         }
     }
 
-    /// Counts a steal request sent to another node.
-    pub(crate) fn count_request(&self) {
+    /// Adds one to the node's counter `which` (the `RemoteStats` counts).
+    pub(crate) fn count(&self, which: impl FnOnce(&Counters) -> &AtomicU64) {
         if let Some(sh) = self.0.upgrade() {
-            bump(&sh.fj.counters.steal_requests, 1);
-        }
-    }
-
-    /// Counts a steal request made through shared memory.
-    pub(crate) fn count_direct_request(&self) {
-        if let Some(sh) = self.0.upgrade() {
-            bump(&sh.fj.counters.requests_through_memory, 1);
-        }
-    }
-
-    /// Counts a request made through shared memory and sent as a message
-    /// after all.
-    pub(crate) fn count_resent_request(&self) {
-        if let Some(sh) = self.0.upgrade() {
-            bump(&sh.fj.counters.requests_resent, 1);
-        }
-    }
-
-    /// Counts a request from another node that a processor answered.
-    pub(crate) fn count_answered_here(&self) {
-        if let Some(sh) = self.0.upgrade() {
-            bump(&sh.fj.counters.served_by_processors, 1);
+            bump(which(&sh.fj.counters), 1);
         }
     }
 

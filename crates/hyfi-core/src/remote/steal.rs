@@ -249,20 +249,7 @@ impl Stealing {
                     // A processor took it from shared memory and answered.
                     return Ok(());
                 }
-                let jobs = self.node.export_half(run);
-                crate::trace::instant(
-                    crate::trace::Kind::StealServed,
-                    [from as u64, jobs.len() as u64, 0, 0],
-                );
-                // A failed send means the node failed: the failure path ends the run.
-                let _ = self.send(
-                    from,
-                    &FjMsg::StealReply {
-                        run,
-                        jobs,
-                        by_processor: false,
-                    },
-                );
+                self.answer(from, run, false);
             }
             FjMsg::StealReply {
                 run,
@@ -422,9 +409,9 @@ impl Stealing {
                 let k = st.asked % (self.nodes - 1);
                 st.asked += 1;
                 let victim = (self.me + 1 + k) % self.nodes;
-                self.node.count_request();
+                self.node.count(|c| &c.steal_requests);
                 if host.is_some_and(|h| h.ask(victim, run, procs)) {
-                    self.node.count_direct_request();
+                    self.node.count(|c| &c.requests_through_memory);
                     if !st.unanswered[victim] {
                         st.direct = Some(victim);
                         return Some(DIRECT_WAIT);
@@ -439,7 +426,7 @@ impl Stealing {
             }
         };
         if direct {
-            self.node.count_resent_request();
+            self.node.count(|c| &c.requests_resent);
         }
         if self.send(victim, &FjMsg::StealReq { run, direct }).is_err() {
             // The node failed; its failure path ends the run.
@@ -458,11 +445,18 @@ impl Stealing {
         let Some((thief, run)) = host.take() else {
             return false;
         };
+        self.node.count(|c| &c.served_by_processors);
+        self.answer(thief, run, true);
+        true
+    }
+
+    /// Answers `thief`'s request of `run`: half this node's ready
+    /// filaments, or none.
+    fn answer(&self, thief: usize, run: u64, by_processor: bool) {
         let jobs = self.node.export_half(run);
-        self.node.count_answered_here();
         crate::trace::instant(
             crate::trace::Kind::StealServed,
-            [thief as u64, jobs.len() as u64, 1, 0],
+            [thief as u64, jobs.len() as u64, u64::from(by_processor), 0],
         );
         // A failed send means the node failed: the failure path ends the run.
         let _ = self.send(
@@ -470,10 +464,9 @@ impl Stealing {
             &FjMsg::StealReply {
                 run,
                 jobs,
-                by_processor: true,
+                by_processor,
             },
         );
-        true
     }
 
     /// Start-up distribution: `job` is for processor `proc` of `node`.
