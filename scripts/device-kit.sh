@@ -38,7 +38,9 @@
 #   round-robin: LU 2048 on Cx1, 4x(C/4) and 1xC with C MPI C; Jacobi 2048
 #   per row on Cx1 and 4x(C/4) with C MPI C; matmul 2048 per row on Cx1;
 #   fib(44), quad and heat3d 192³ (a halo of 72 pages a side) on Cx1 and
-#   1xC. The one to run first when a change to
+#   1xC, and fib and quad on Cx1 once more with HYFI_HOST_STEALS=0 ("msgs":
+#   every steal request a message, the build before 2026-11-28's way, in
+#   the same binary). The one to run first when a change to
 #   the many-node path is to be checked; a trace of one case beside it
 #   (HYFI_TRACE=... lu --n 1024 --nodes C --procs 1, then
 #   scripts/trace-rounds.py here) says where a release's steps go.
@@ -173,8 +175,10 @@ elif [[ $PART == 3 ]]; then
         "jacobi C-MPI-$C|${mpi[*]} $KIT/bin/jacobi_mpi $n $it"
         "matmul ${C}x1|$KIT/bin/matmul --n $n --per-row --nodes $C --procs 1"
         "fib ${C}x1|$KIT/bin/fib --n $fib --no-seq --nodes $C --procs 1"
+        "fib ${C}x1 msgs|HYFI_HOST_STEALS=0 $KIT/bin/fib --n $fib --no-seq --nodes $C --procs 1"
         "fib 1x$C|$KIT/bin/fib --n $fib --no-seq --procs $C"
         "quad ${C}x1|$KIT/bin/quad --no-seq --nodes $C --procs 1"
+        "quad ${C}x1 msgs|HYFI_HOST_STEALS=0 $KIT/bin/quad --no-seq --nodes $C --procs 1"
         "quad 1x$C|$KIT/bin/quad --no-seq --procs $C"
         "heat3d ${C}x1|$KIT/bin/heat3d --n $h --steps 20 --nodes $C --procs 1"
         "heat3d 1x$C|$KIT/bin/heat3d --n $h --steps 20 --procs $C"

@@ -226,27 +226,30 @@ fn the_unbalanced_integrand_is_shared_between_two_nodes() {
 
 #[test]
 fn without_shared_memory_steal_requests_go_as_messages() {
-    // `HYFI_LANES=0`: every link over TCP, no host words, so every request
-    // is a message that the donor's communication thread answers. The
+    // `HYFI_LANES=0`: every link over TCP, no host words; `HYFI_HOST_STEALS=0`:
+    // lanes, but requests not through them. Either way every request is a
+    // message that the donor's communication thread answers. The
     // unbalanced integrand makes node 0 steal.
     let _g = serial();
-    for _ in 0..5 {
-        let (_, s) = run_ok_with(
-            &bins().quad,
-            2,
-            1,
-            &["--func", "spiky", "--eps", "2e-10", "--no-seq"],
-            &[("HYFI_LANES", "0")],
-        );
-        for (node, st) in s.iter().enumerate() {
-            assert_eq!(st["shm_tries"], 0.0, "node {node}: no shared memory: {s:?}");
-            assert_eq!(st["served_by_procs"], 0.0, "node {node}: {s:?}");
+    'settings: for env in [("HYFI_LANES", "0"), ("HYFI_HOST_STEALS", "0")] {
+        for _ in 0..5 {
+            let (_, s) = run_ok_with(
+                &bins().quad,
+                2,
+                1,
+                &["--func", "spiky", "--eps", "2e-10", "--no-seq"],
+                &[env],
+            );
+            for (node, st) in s.iter().enumerate() {
+                assert_eq!(st["shm_tries"], 0.0, "{env:?}: node {node}: {s:?}");
+                assert_eq!(st["served_by_procs"], 0.0, "{env:?}: node {node}: {s:?}");
+            }
+            if s[0]["remote_steals"] >= 1.0 {
+                continue 'settings;
+            }
         }
-        if s[0]["remote_steals"] >= 1.0 {
-            return;
-        }
+        panic!("{env:?}: node 0 stole nothing in 5 runs");
     }
-    panic!("node 0 stole nothing in 5 runs without shared memory");
 }
 
 #[test]

@@ -6,6 +6,7 @@
 //! | `HYFI_PIN`        | pin server thread *p* to the *p*-th CPU   | `1`                |
 //! | `HYFI_STACK_SIZE` | filthread stack size (`512K`, `4M`, ...)  | `1M`               |
 //! | `HYFI_PRUNE`      | pruning of fork-join filaments            | `1`                |
+//! | `HYFI_HOST_STEALS` | steal requests between the nodes of one host through the memory they share ([`Config::host_steals`]) | `1` |
 //! | `HYFI_CHUNKS`     | chunks each pool is cut into, which idle processors of the node take from the back ([`Config::chunks`]) | `8` (`1` on one processor) |
 //! | `HYFI_TRACE`      | record a timeline into this file ([`crate::trace`]) | off      |
 //! | `HYFI_TRACE_EVENTS` | events a trace keeps per node, at most  | 1048576 (about 56 MiB) |
@@ -45,6 +46,7 @@ pub struct Config {
     cpu_share: Option<(usize, usize)>,
     stack_size: usize,
     prune: bool,
+    host_steals: bool,
     chunks: Option<usize>,
     trace: Option<std::path::PathBuf>,
     trace_events: u64,
@@ -67,6 +69,7 @@ impl Config {
             cpu_share: None,
             stack_size: DEFAULT_STACK_SIZE,
             prune: true,
+            host_steals: true,
             chunks: None,
             trace: None,
             trace_events: crate::trace::DEFAULT_CAP,
@@ -101,6 +104,13 @@ impl Config {
         if let Some(v) = get("HYFI_PRUNE") {
             cfg.prune = parse_bool(&v).ok_or(Error::BadEnv {
                 var: "HYFI_PRUNE",
+                value: v.clone(),
+                expected: "1/0, true/false, yes/no or on/off",
+            })?;
+        }
+        if let Some(v) = get("HYFI_HOST_STEALS") {
+            cfg.host_steals = parse_bool(&v).ok_or(Error::BadEnv {
+                var: "HYFI_HOST_STEALS",
                 value: v.clone(),
                 expected: "1/0, true/false, yes/no or on/off",
             })?;
@@ -175,6 +185,20 @@ impl Config {
     /// become plain calls. On by default; off makes every fork real.
     pub fn prune(mut self, on: bool) -> Self {
         self.prune = on;
+        self
+    }
+
+    /// Steal requests between the nodes of one host through the memory
+    /// they share, where the link lends some: an idle node writes a busy
+    /// node's pruning words, and a processor there answers at its next
+    /// fork, with no message to wake a thread (`steal` module docs). On by
+    /// default; off sends every request as a message, as between hosts (a
+    /// comparison, not a setting to tune: the answer is the same either
+    /// way). Nodes that disagree still get every request answered: one
+    /// asked through memory by a node that does not look there is sent as
+    /// a message after [`DIRECT_WAIT`](crate::steal::DIRECT_WAIT).
+    pub fn host_steals(mut self, on: bool) -> Self {
+        self.host_steals = on;
         self
     }
 
@@ -285,6 +309,11 @@ impl Config {
     /// Whether pruning is on.
     pub fn get_prune(&self) -> bool {
         self.prune
+    }
+    /// Whether steal requests go through shared memory where they can
+    /// ([`Config::host_steals`]).
+    pub fn get_host_steals(&self) -> bool {
+        self.host_steals
     }
 
     /// The checks that need no machine: at least one processor, a stack
@@ -482,12 +511,14 @@ mod tests {
             ("HYFI_PIN", "off"),
             ("HYFI_STACK_SIZE", "512K"),
             ("HYFI_PRUNE", "0"),
+            ("HYFI_HOST_STEALS", "off"),
         ]))
         .unwrap();
         assert_eq!(c.get_procs(), Some(3));
         assert!(!c.get_pin());
         assert_eq!(c.get_stack_size(), 512 * 1024);
         assert!(!c.get_prune());
+        assert!(!c.get_host_steals());
         // Chunks: the default depends on the processors; the variable wins.
         assert_eq!((c.get_chunks(1), c.get_chunks(4)), (1, DEFAULT_CHUNKS));
         let c = Config::from_lookup(env(&[("HYFI_CHUNKS", "3")])).unwrap();

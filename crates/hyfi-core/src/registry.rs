@@ -164,9 +164,18 @@ impl Shared {
         link: Arc<dyn NodeLink>,
         stealers: Vec<Stealer<JobRef>>,
     ) -> Self {
-        let host = link.host_words().and_then(|words| {
-            crate::remote::host::HostRequests::new(words, link.my_node(), link.num_nodes(), procs)
-        });
+        let host = cfg
+            .get_host_steals()
+            .then(|| link.host_words())
+            .flatten()
+            .and_then(|words| {
+                crate::remote::host::HostRequests::new(
+                    words,
+                    link.my_node(),
+                    link.num_nodes(),
+                    procs,
+                )
+            });
         Shared {
             id,
             procs,
