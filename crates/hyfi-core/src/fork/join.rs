@@ -145,17 +145,13 @@ impl Ctx {
         // (or fails a steal round), so a descheduled thief costs at most one
         // real fork, not a fork at every join until it runs.
         self.clear_want();
-        if let Some(host) = &self.shared.fj.host {
-            if host.pending() {
-                // A node of this host asked through shared memory: answer
-                // it from here if what was just forked can go there; else
-                // the next join forks too, until a portable one does.
-                if portable {
-                    self.answer_host_requests();
-                } else {
-                    self.want_fork();
-                }
-            }
+        // A node of this host asked through shared memory: answer it from
+        // here if what was just forked can go there. (A plain join's fork
+        // cannot; its request waits for a portable fork or goes as a
+        // message. Making every plain join fork until then would cost a
+        // program of plain joins a real fork per join while any node asks.)
+        if portable && self.shared.fj.host.as_ref().is_some_and(|h| h.pending()) {
+            self.answer_host_requests();
         }
         let sh = &*self.shared;
         if sh.idle.load(Ordering::SeqCst) > 0 {

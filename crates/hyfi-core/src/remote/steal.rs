@@ -266,8 +266,6 @@ impl Stealing {
                     // Whether this donor's processors answer through shared
                     // memory in time, for the next request to it.
                     st.unanswered[from] = !by_processor;
-                }
-                if asked.is_some() {
                     if jobs.is_empty() {
                         st.refused += 1;
                         if st.refused >= self.nodes - 1 {

@@ -129,7 +129,12 @@ fn event_line(out: &mut String, node: usize, tid: u32, offset: i64, seq: &mut u6
         Kind::StealServed => inst(
             out,
             "steal served",
-            format!("\"thief_node\":{},\"filaments\":{}", a[0], a[1]),
+            format!(
+                "\"thief_node\":{},\"filaments\":{},\"by_processor\":{}",
+                a[0],
+                a[1],
+                a[2] != 0
+            ),
         ),
         Kind::RemoteRun => inst(out, "remote filament", format!("\"from_node\":{}", a[0])),
         Kind::Send | Kind::Recv => {

@@ -90,7 +90,9 @@ pub enum Kind {
     /// A steal request to another node, until the answer is installed:
     /// `[donor node, filaments, 0, 0]`.
     RemoteSteal,
-    /// Another node's steal request answered: `[thief node, filaments, 0, 0]`.
+    /// Another node's steal request answered: `[thief node, filaments, by a
+    /// processor through shared memory (1) or by the communication thread
+    /// (0), 0]`.
     StealServed,
     /// A filament from another node ran here: `[from node, 0, 0, 0]`.
     RemoteRun,
