@@ -159,8 +159,8 @@ pub use hyfi_core::{Fork, Pruned, RemoteFn};
 /// statistics and its error.
 pub use hyfi_dsm as dsm;
 pub use hyfi_dsm::{
-    Dsm, DsmCounters, DsmMatrix, DsmStats, DsmVec, MatrixView, Placement, ReadRange, ReadRows,
-    View, ViewMut, WriteRange, WriteRows,
+    Dsm, DsmCounters, DsmMatrix, DsmStats, DsmVec, MatrixAlloc, MatrixView, Placement, ReadRange,
+    ReadRows, VecAlloc, View, ViewMut, WriteRange, WriteRows,
 };
 
 // --- Counters ---
