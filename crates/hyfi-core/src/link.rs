@@ -49,7 +49,12 @@
 //! step checks ([`spmd`]), and, for a transport that must be polled,
 //! progress made by idle processors ([`set_idle_progress`]). The facade's
 //! `hyfi::conformance` suite says what a transport must do, and CI runs
-//! it over each of them.
+//! it over each of them. One thing is optional: a transport whose nodes
+//! share memory may lend some
+//! ([`NodeLink::host_words`](crate::NodeLink::host_words),
+//! [`HostWords`]), which the TCP transport's lanes and the in-process link
+//! do; steal requests between those nodes then go through it, not as
+//! messages.
 //!
 //! ```
 //! use std::sync::{Arc, Mutex};
