@@ -94,27 +94,21 @@ impl Config {
             cfg.procs = Some(n);
             cfg.procs_source = "HYFI_PROCS";
         }
-        if let Some(v) = get("HYFI_PIN") {
-            cfg.pin = parse_bool(&v).ok_or(Error::BadEnv {
-                var: "HYFI_PIN",
-                value: v.clone(),
-                expected: "1/0, true/false, yes/no or on/off",
-            })?;
-        }
-        if let Some(v) = get("HYFI_PRUNE") {
-            cfg.prune = parse_bool(&v).ok_or(Error::BadEnv {
-                var: "HYFI_PRUNE",
-                value: v.clone(),
-                expected: "1/0, true/false, yes/no or on/off",
-            })?;
-        }
-        if let Some(v) = get("HYFI_HOST_STEALS") {
-            cfg.host_steals = parse_bool(&v).ok_or(Error::BadEnv {
-                var: "HYFI_HOST_STEALS",
-                value: v.clone(),
-                expected: "1/0, true/false, yes/no or on/off",
-            })?;
-        }
+        // A variable that is on or off.
+        let flag = |var: &'static str| {
+            get(var)
+                .map(|v| {
+                    parse_bool(&v).ok_or(Error::BadEnv {
+                        var,
+                        value: v.clone(),
+                        expected: "1/0, true/false, yes/no or on/off",
+                    })
+                })
+                .transpose()
+        };
+        cfg.pin = flag("HYFI_PIN")?.unwrap_or(cfg.pin);
+        cfg.prune = flag("HYFI_PRUNE")?.unwrap_or(cfg.prune);
+        cfg.host_steals = flag("HYFI_HOST_STEALS")?.unwrap_or(cfg.host_steals);
         if let Some(v) = get("HYFI_CHUNKS") {
             cfg.chunks = Some(
                 v.trim()

@@ -16,7 +16,7 @@
 //! know phases.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crossbeam_deque::{Injector, Stealer};
@@ -36,17 +36,26 @@ pub(crate) const WANTED: usize = usize::MAX;
 /// A processor's pruning word (`Ctx::limit`), wherever it lives: in the
 /// runtime's own memory, or, where the link shares memory with the other
 /// nodes of the host, in this node's host words, where an idle node may
-/// write it to ask for work (`remote::host`).
+/// write it to ask for work (`remote::host`). Held by the processor's
+/// [`WorkerShared`] and its `Ctx`, both of which live no longer than the
+/// [`Shared`] that owns the word.
+#[derive(Clone, Copy)]
 pub(crate) struct LimitWord(NonNull<AtomicUsize>);
+
+// SAFETY: it points to an atomic, which any thread may access.
+unsafe impl Send for LimitWord {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for LimitWord {}
 
 impl std::ops::Deref for LimitWord {
     type Target = AtomicUsize;
     #[inline(always)]
     fn deref(&self) -> &AtomicUsize {
-        // SAFETY: the word is in the `Shared` it came from
-        // (`Shared::limit_word`: its own words, or the host words its
-        // `HostRequests` holds), and the `Ctx` holding this keeps that
-        // `Shared` alive; it is only accessed atomically.
+        // SAFETY: the word is in the `Shared` it came from (its `limits`,
+        // or the host words its `HostRequests` holds, neither of which
+        // moves), and whoever holds this keeps that `Shared` alive (its
+        // `WorkerShared` is in it; a `Ctx` holds an `Arc` of it); it is
+        // only accessed atomically.
         unsafe { self.0.as_ref() }
     }
 }
@@ -55,19 +64,19 @@ impl std::ops::Deref for LimitWord {
 pub(crate) struct WorkerShared {
     parker: OnceLock<Parker>,
     pub(crate) wakeups: SegQueue<u64>,
-    /// The server thread's `Ctx::limit` (null while it is not running).
-    limit: AtomicPtr<AtomicUsize>,
+    /// The processor's pruning word (its `Ctx::limit`).
+    pub(crate) limit: LimitWord,
     /// Fork-join filaments sent to this processor: start-up distribution
     /// and filaments from other nodes. Other processors may steal them.
     pub(crate) incoming: Injector<JobRef>,
 }
 
 impl WorkerShared {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(limit: LimitWord) -> Self {
         WorkerShared {
             parker: OnceLock::new(),
             wakeups: SegQueue::new(),
-            limit: AtomicPtr::new(std::ptr::null_mut()),
+            limit,
             incoming: Injector::new(),
         }
     }
@@ -88,19 +97,10 @@ impl WorkerShared {
             p.notify();
         }
     }
-    pub(crate) fn publish_limit(&self, limit: *const AtomicUsize) {
-        self.limit
-            .store(limit as *mut AtomicUsize, Ordering::Release);
-    }
-    /// Asks this processor to make its next join a real fork.
+    /// Asks this processor to make its next join a real fork (before its
+    /// server thread starts, `Ctx::new` sets the word's first value).
     pub(crate) fn want_fork(&self) {
-        let p = self.limit.load(Ordering::Acquire);
-        if !p.is_null() {
-            // SAFETY: the pointer is published by the server thread to its
-            // own Ctx, which outlives every command; it is withdrawn before
-            // the Ctx is dropped, at shutdown, when no command runs.
-            unsafe { (*p).store(WANTED, Ordering::Relaxed) };
-        }
+        self.limit.store(WANTED, Ordering::Relaxed);
     }
 }
 
@@ -150,7 +150,11 @@ pub(crate) struct Shared {
     finished: AtomicUsize,
     caller: Mutex<Option<Arc<Parker>>>,
     pub(crate) stats: Vec<Mutex<ProcStats>>,
-    /// The processors' pruning words where the link lends no host words.
+    /// The processors' pruning words where the link lends no host words:
+    /// owned here, read and written only through each processor's
+    /// [`WorkerShared::limit`] (which points to its own, or to the host
+    /// words).
+    #[allow(dead_code)]
     limits: Vec<CachePadded<AtomicUsize>>,
 }
 
@@ -176,15 +180,29 @@ impl Shared {
                     procs,
                 )
             });
+        let limits: Vec<CachePadded<AtomicUsize>> = (0..procs)
+            .map(|_| CachePadded::new(AtomicUsize::new(0)))
+            .collect();
+        // Processor p's pruning word: in the host words if the node asks
+        // and is asked for work through them, else its own. Neither moves
+        // when `Shared` does (a heap allocation; a mapping).
+        let workers = (0..procs)
+            .map(|p| {
+                let w = match &host {
+                    Some(h) => h.limit_word(p),
+                    None => &*limits[p] as *const AtomicUsize,
+                };
+                let w = LimitWord(NonNull::new(w.cast_mut()).expect("a word's address"));
+                CachePadded::new(WorkerShared::new(w))
+            })
+            .collect();
         Shared {
             id,
             procs,
             link,
             phase_end: OnceLock::new(),
             layer_states: Default::default(),
-            workers: (0..procs)
-                .map(|_| CachePadded::new(WorkerShared::new()))
-                .collect(),
+            workers,
             stealers,
             injector: Injector::new(),
             idle: CachePadded::new(AtomicUsize::new(0)),
@@ -201,21 +219,9 @@ impl Shared {
             stats: (0..procs)
                 .map(|_| Mutex::new(ProcStats::default()))
                 .collect(),
-            limits: (0..procs)
-                .map(|_| CachePadded::new(AtomicUsize::new(0)))
-                .collect(),
+            limits,
             cfg,
         }
-    }
-
-    /// Processor `proc`'s pruning word: in the host words if the node
-    /// asks and is asked for work through them, else its own.
-    pub(crate) fn limit_word(&self, proc: usize) -> LimitWord {
-        let w = match &self.fj.host {
-            Some(h) => h.limit_word(proc),
-            None => &*self.limits[proc] as *const AtomicUsize,
-        };
-        LimitWord(NonNull::new(w.cast_mut()).expect("a word's address"))
     }
 
     pub(crate) fn command(&self) -> Command {

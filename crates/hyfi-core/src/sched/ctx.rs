@@ -181,7 +181,7 @@ impl Ctx {
             rng: Cell::new(0x9e37_79b9_7f4a_7c15 ^ ((proc as u64 + 1) << 17)),
             rt_id: shared.id,
             limit: {
-                let w = shared.limit_word(proc);
+                let w = shared.workers[proc].limit;
                 w.store(
                     if shared.procs > 1 || shared.link.num_nodes() > 1 || !shared.cfg.get_prune() {
                         WANTED

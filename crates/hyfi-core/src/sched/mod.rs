@@ -290,7 +290,6 @@ pub(crate) fn main(start: Start) {
     shared.workers[proc].set_parker(cpu.is_some());
     let ctx = Box::new(Ctx::new(&shared, proc, deque));
     CTX.with(|c| c.set(&*ctx as *const Ctx));
-    shared.workers[proc].publish_limit(&*ctx.limit);
     let _ = ready.send(Ok(()));
     drop(ready);
 
@@ -325,8 +324,6 @@ pub(crate) fn main(start: Start) {
             .add(&s);
         shared.finish_one();
     }
-    // No command runs now, so no other processor is asking for forks.
-    shared.workers[proc].publish_limit(std::ptr::null());
     CTX.with(|c| c.set(std::ptr::null()));
 }
 
