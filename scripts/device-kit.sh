@@ -40,7 +40,9 @@
 #   fib(44), quad and heat3d 192³ (a halo of 72 pages a side) on Cx1 and
 #   1xC, and fib and quad on Cx1 once more with HYFI_HOST_STEALS=0 ("msgs":
 #   every steal request a message, the build before 2026-11-28's way, in
-#   the same binary). The one to run first when a change to
+#   the same binary) and on Cx1 and 1xC with HYFI_LATENT=1 ("latent":
+#   latent joins, off by default until these rows say whether they pay).
+#   The one to run first when a change to
 #   the many-node path is to be checked; a trace of one case beside it
 #   (HYFI_TRACE=... lu --n 1024 --nodes C --procs 1, then
 #   scripts/trace-rounds.py here) says where a release's steps go.
@@ -177,9 +179,13 @@ elif [[ $PART == 3 ]]; then
         "fib ${C}x1|$KIT/bin/fib --n $fib --no-seq --nodes $C --procs 1"
         "fib ${C}x1 msgs|HYFI_HOST_STEALS=0 $KIT/bin/fib --n $fib --no-seq --nodes $C --procs 1"
         "fib 1x$C|$KIT/bin/fib --n $fib --no-seq --procs $C"
+        "fib ${C}x1 latent|HYFI_LATENT=1 $KIT/bin/fib --n $fib --no-seq --nodes $C --procs 1"
+        "fib 1x$C latent|HYFI_LATENT=1 $KIT/bin/fib --n $fib --no-seq --procs $C"
         "quad ${C}x1|$KIT/bin/quad --no-seq --nodes $C --procs 1"
         "quad ${C}x1 msgs|HYFI_HOST_STEALS=0 $KIT/bin/quad --no-seq --nodes $C --procs 1"
         "quad 1x$C|$KIT/bin/quad --no-seq --procs $C"
+        "quad ${C}x1 latent|HYFI_LATENT=1 $KIT/bin/quad --no-seq --nodes $C --procs 1"
+        "quad 1x$C latent|HYFI_LATENT=1 $KIT/bin/quad --no-seq --procs $C"
         "heat3d ${C}x1|$KIT/bin/heat3d --n $h --steps 20 --nodes $C --procs 1"
         "heat3d 1x$C|$KIT/bin/heat3d --n $h --steps 20 --procs $C"
     )

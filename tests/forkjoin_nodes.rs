@@ -118,7 +118,18 @@ const CONFIGS: [(usize, usize); 6] = [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (8
 /// plain calls and are not counted), the filaments executed on all nodes
 /// also add up to the one-node count.
 fn same_everywhere(exe: &Path, args: &[&str]) {
+    same_everywhere_with(exe, args, &[]);
+}
+
+/// [`same_everywhere`] with `env` set for every node of every
+/// configuration but the one-node reference.
+fn same_everywhere_with(
+    exe: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<BTreeMap<String, f64>> {
     let (want, one) = run_ok(exe, 1, 1, args);
+    let mut all = Vec::new();
     let total = one[0]["filaments"];
     let counted = |stats: &[BTreeMap<String, f64>]| stats.iter().all(|s| s["pruned"] == 0.0);
     assert!(
@@ -126,7 +137,7 @@ fn same_everywhere(exe: &Path, args: &[&str]) {
         "{args:?}: too small a problem ({total} filaments)"
     );
     for (nodes, procs) in CONFIGS.into_iter().skip(1) {
-        let (got, stats) = run_ok(exe, nodes, procs, args);
+        let (got, stats) = run_ok_with(exe, nodes, procs, args, env);
         assert_eq!(got, want, "{args:?} on {nodes}x{procs}");
         let sum: f64 = stats.iter().map(|s| s["filaments"]).sum();
         let pruned: f64 = stats.iter().map(|s| s["pruned"]).sum();
@@ -147,7 +158,9 @@ fn same_everywhere(exe: &Path, args: &[&str]) {
             moved_in >= (nodes - 1) as f64 && (nodes > 1 || moved_in == 0.0),
             "{args:?} on {nodes}x{procs}: start-up distribution gives every node work: {stats:?}"
         );
+        all.extend(stats);
     }
+    all
 }
 
 #[test]
@@ -222,6 +235,43 @@ fn the_unbalanced_integrand_is_shared_between_two_nodes() {
         "the least busy node executed less than a quarter of the filaments of the busiest: \
          {seen:?}"
     );
+}
+
+#[test]
+fn latent_joins_give_the_same_answers_on_every_configuration() {
+    // `HYFI_LATENT=1`: the shallowest pruned joins are listed, and idle
+    // processors and other nodes' steal answers take their second
+    // branches. The answers and the filaments moved must not change; on
+    // two processors of a node an idle one claims listings at once, so
+    // the counters show the path was taken (counted over a few tries, a
+    // loaded machine may run a configuration on one CPU).
+    let _g = serial();
+    let env = [("HYFI_LATENT", "1")];
+    let mut latent = 0.0;
+    for args in [
+        &["--n", "27"][..],
+        &["--func", "spiky", "--eps", "1e-8"][..],
+    ] {
+        let exe = if args[0] == "--n" {
+            &bins().fib
+        } else {
+            &bins().quad
+        };
+        for _ in 0..3 {
+            let s = same_everywhere_with(exe, args, &env);
+            latent += s
+                .iter()
+                .map(|st| st["latent_steals"] + st["latent_out"])
+                .sum::<f64>();
+            if latent >= 1.0 {
+                break;
+            }
+        }
+    }
+    assert!(latent >= 1.0, "no listed join was ever claimed");
+    // Off (the default), nothing is listed.
+    let (_, s) = run_ok(&bins().fib, 1, 2, &["--n", "27"]);
+    assert_eq!(s[0]["latent_steals"], 0.0, "{s:?}");
 }
 
 #[test]

@@ -124,9 +124,9 @@ fn printed_counters(out: &[String], nodes: usize) -> Vec<(u64, u64, u64)> {
             let (mut phases, mut steals) = (0, 0);
             for l in lines[header + 1..].iter().take_while(|l| l.contains(" | ")) {
                 let cols: Vec<&str> = l.split('|').nth(1).unwrap().split_whitespace().collect();
-                // filaments pruned forks steals tries suspends filthreads stacks idle phases
+                // filaments pruned forks steals latent tries suspends filthreads stacks idle phases
                 steals += cols[3].parse::<u64>().unwrap();
-                phases += cols[9].parse::<u64>().unwrap();
+                phases += cols[10].parse::<u64>().unwrap();
             }
             let pages = lines
                 .iter()

@@ -91,7 +91,8 @@ pub fn print_fj_stats(rt: &hyfi::Runtime, seconds: f64) {
     }
     println!(
         "fjstats: node={} filaments={} pruned={} local_steals={} local_tries={} remote_steals={} \
-         remote_tries={} shm_tries={} resent={} served_by_procs={} moved_in={} moved_out={} \
+         remote_tries={} shm_tries={} resent={} served_by_procs={} latent_steals={} latent_out={} \
+         moved_in={} moved_out={} \
          idle_ms={:.1} steal_rtt_us={:.1} time_s={seconds:.4}",
         rt.node(),
         t.filaments,
@@ -103,6 +104,8 @@ pub fn print_fj_stats(rt: &hyfi::Runtime, seconds: f64) {
         r.requests_through_memory,
         r.requests_resent,
         r.served_by_processors,
+        t.steals_latent,
+        r.latent_exported,
         r.filaments_in,
         r.filaments_out,
         t.idle_ns as f64 / 1e6,

@@ -7,6 +7,7 @@
 //! | `HYFI_STACK_SIZE` | filthread stack size (`512K`, `4M`, ...)  | `1M`               |
 //! | `HYFI_PRUNE`      | pruning of fork-join filaments            | `1`                |
 //! | `HYFI_HOST_STEALS` | steal requests between the nodes of one host through the memory they share ([`Config::host_steals`]) | `1` |
+//! | `HYFI_LATENT`     | the shallowest pruned joins list their second branch for thieves ([`Config::latent_joins`]) | `0` |
 //! | `HYFI_CHUNKS`     | chunks each pool is cut into, which idle processors of the node take from the back ([`Config::chunks`]) | `8` (`1` on one processor) |
 //! | `HYFI_TRACE`      | record a timeline into this file ([`crate::trace`]) | off      |
 //! | `HYFI_TRACE_EVENTS` | events a trace keeps per node, at most  | 1048576 (about 56 MiB) |
@@ -47,6 +48,7 @@ pub struct Config {
     stack_size: usize,
     prune: bool,
     host_steals: bool,
+    latent_joins: bool,
     chunks: Option<usize>,
     trace: Option<std::path::PathBuf>,
     trace_events: u64,
@@ -70,6 +72,7 @@ impl Config {
             stack_size: DEFAULT_STACK_SIZE,
             prune: true,
             host_steals: true,
+            latent_joins: false,
             chunks: None,
             trace: None,
             trace_events: crate::trace::DEFAULT_CAP,
@@ -109,6 +112,7 @@ impl Config {
         cfg.pin = flag("HYFI_PIN")?.unwrap_or(cfg.pin);
         cfg.prune = flag("HYFI_PRUNE")?.unwrap_or(cfg.prune);
         cfg.host_steals = flag("HYFI_HOST_STEALS")?.unwrap_or(cfg.host_steals);
+        cfg.latent_joins = flag("HYFI_LATENT")?.unwrap_or(cfg.latent_joins);
         if let Some(v) = get("HYFI_CHUNKS") {
             cfg.chunks = Some(
                 v.trim()
@@ -193,6 +197,23 @@ impl Config {
     /// a message after [`DIRECT_WAIT`](crate::steal::DIRECT_WAIT).
     pub fn host_steals(mut self, on: bool) -> Self {
         self.host_steals = on;
+        self
+    }
+
+    /// Latent joins: each processor's shallowest pruned joins list their
+    /// second branch where an idle processor of the node, or another
+    /// node's steal request, can claim it while the first branch runs, so
+    /// thieves get the largest pieces there are, even while the busy
+    /// processor runs a subtree as the pruned copy (the fork-join protocol,
+    /// `hyfi-core`'s `fork/README.md`). A listed join costs about 9 ns
+    /// more than a pruned one, and two are listed at a time. **Off by
+    /// default**: on two CPUs it made an unbalanced search tree without a
+    /// pruned copy 4–13 % faster and fib with plain joins 0–5 % slower
+    /// (BENCHMARKS.md, "Latent joins"); whether it pays where steals are
+    /// many (16 processors) is not yet measured. The results are the same
+    /// either way. On one processor of one node nothing is listed.
+    pub fn latent_joins(mut self, on: bool) -> Self {
+        self.latent_joins = on;
         self
     }
 
@@ -308,6 +329,10 @@ impl Config {
     /// ([`Config::host_steals`]).
     pub fn get_host_steals(&self) -> bool {
         self.host_steals
+    }
+    /// Whether joins are listed for thieves ([`Config::latent_joins`]).
+    pub fn get_latent_joins(&self) -> bool {
+        self.latent_joins
     }
 
     /// The checks that need no machine: at least one processor, a stack
@@ -506,6 +531,7 @@ mod tests {
             ("HYFI_STACK_SIZE", "512K"),
             ("HYFI_PRUNE", "0"),
             ("HYFI_HOST_STEALS", "off"),
+            ("HYFI_LATENT", "no"),
         ]))
         .unwrap();
         assert_eq!(c.get_procs(), Some(3));
@@ -513,6 +539,10 @@ mod tests {
         assert_eq!(c.get_stack_size(), 512 * 1024);
         assert!(!c.get_prune());
         assert!(!c.get_host_steals());
+        assert!(!c.get_latent_joins());
+        assert!(!Config::new().get_latent_joins());
+        let c = Config::from_lookup(env(&[("HYFI_LATENT", "1")])).unwrap();
+        assert!(c.get_latent_joins());
         // Chunks: the default depends on the processors; the variable wins.
         assert_eq!((c.get_chunks(1), c.get_chunks(4)), (1, DEFAULT_CHUNKS));
         let c = Config::from_lookup(env(&[("HYFI_CHUNKS", "3")])).unwrap();

@@ -178,6 +178,7 @@ pub(crate) struct Counters {
     pub(crate) requests_through_memory: AtomicU64,
     pub(crate) requests_resent: AtomicU64,
     pub(crate) served_by_processors: AtomicU64,
+    pub(crate) latent_exported: AtomicU64,
 }
 
 impl Counters {
@@ -194,6 +195,7 @@ impl Counters {
             requests_through_memory: g(&self.requests_through_memory),
             requests_resent: g(&self.requests_resent),
             served_by_processors: g(&self.served_by_processors),
+            latent_exported: g(&self.latent_exported),
         }
     }
     pub(crate) fn reset(&self) {
@@ -208,6 +210,7 @@ impl Counters {
             &self.requests_through_memory,
             &self.requests_resent,
             &self.served_by_processors,
+            &self.latent_exported,
         ] {
             a.store(0, Ordering::Relaxed);
         }

@@ -16,9 +16,10 @@
 //! it as "the job-lifetime invariant":
 //!
 //! 1. **One owner at a time.** A `JobRef` is published once (pushed on one
-//!    deque, injector or incoming list) and taken from there exactly once:
-//!    popped back by its joiner, stolen by another processor, or exported
-//!    by the donor of a cross-node steal. Whoever took it alone may run,
+//!    deque, injector or incoming list, or listed in its processor's
+//!    latent slots, `fork::latent`) and taken from there exactly once:
+//!    popped back (or unlisted) by its joiner, stolen or claimed by another
+//!    processor, or exported by the donor of a cross-node steal. Whoever took it alone may run,
 //!    ship or complete it; each job is executed or completed once.
 //! 2. **The frame outlives the job.** A stack job lives in its joiner's
 //!    frame, and the joiner does not leave that frame (not even by

@@ -24,6 +24,7 @@ use crossbeam_queue::SegQueue;
 use crossbeam_utils::CachePadded;
 
 use crate::config::Config;
+use crate::fork::LatentSlots;
 use crate::job::JobRef;
 use crate::node::{NodeLink, PhaseEnd};
 use crate::sched::{Ctx, Sched};
@@ -69,6 +70,9 @@ pub(crate) struct WorkerShared {
     /// Fork-join filaments sent to this processor: start-up distribution
     /// and filaments from other nodes. Other processors may steal them.
     pub(crate) incoming: Injector<JobRef>,
+    /// The second branches of the processor's shallowest pruned joins,
+    /// which others may claim (`fork::latent`).
+    pub(crate) latent: LatentSlots,
 }
 
 impl WorkerShared {
@@ -78,6 +82,7 @@ impl WorkerShared {
             wakeups: SegQueue::new(),
             limit,
             incoming: Injector::new(),
+            latent: LatentSlots::new(),
         }
     }
     /// Called by the server thread itself; `pinned` if it is pinned to a CPU.

@@ -19,6 +19,11 @@ pub struct ProcStats {
     pub steal_attempts: u64,
     /// Jobs stolen from other processors.
     pub steals: u64,
+    /// Of [`steals`](Self::steals), those claimed from another processor's
+    /// latent joins: the second branch of one of its shallowest pruned
+    /// joins, taken while the first branch ran (the largest pieces; see
+    /// the fork-join protocol in `hyfi-core`'s `fork/README.md`).
+    pub steals_latent: u64,
     /// Filthread suspensions (a join waiting for a stolen child, a page in flight, ...).
     pub suspensions: u64,
     /// Filthreads started.
@@ -52,6 +57,7 @@ impl ProcStats {
         self.forks += o.forks;
         self.steal_attempts += o.steal_attempts;
         self.steals += o.steals;
+        self.steals_latent += o.steals_latent;
         self.suspensions += o.suspensions;
         self.filthreads += o.filthreads;
         self.stacks_mapped += o.stacks_mapped;
@@ -97,6 +103,11 @@ pub struct RemoteStats {
     /// node answered (at a fork, or while it idled) rather than the
     /// communication thread.
     pub served_by_processors: u64,
+    /// Of `requests_served`, those answered with a latent join: the second
+    /// branch of one of a processor's shallowest pruned `join_remote`s,
+    /// claimed while the first branch ran (the largest piece this node had;
+    /// see the fork-join protocol in `hyfi-core`'s `fork/README.md`).
+    pub latent_exported: u64,
 }
 
 impl RemoteStats {
@@ -131,12 +142,13 @@ impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "node {:>2} proc | {:>12} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7} {:>10} {:>7} {:>7} {:>9} {:>8}",
+            "node {:>2} proc | {:>12} {:>9} {:>9} {:>8} {:>7} {:>8} {:>9} {:>10} {:>7} {:>10} {:>7} {:>7} {:>9} {:>8}",
             self.node,
             "filaments",
             "pruned",
             "forks",
             "steals",
+            "latent",
             "tries",
             "suspends",
             "filthreads",
@@ -150,12 +162,13 @@ impl fmt::Display for Stats {
         for (p, s) in self.procs.iter().enumerate() {
             writeln!(
                 f,
-                "        {:>4} | {:>12} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>7} {:>10.2} {:>7} {:>7} {:>9} {:>8}",
+                "        {:>4} | {:>12} {:>9} {:>9} {:>8} {:>7} {:>8} {:>9} {:>10} {:>7} {:>10.2} {:>7} {:>7} {:>9} {:>8}",
                 p,
                 s.filaments,
                 s.pruned,
                 s.forks,
                 s.steals,
+                s.steals_latent,
                 s.steal_attempts,
                 s.suspensions,
                 s.filthreads,
@@ -173,7 +186,7 @@ impl fmt::Display for Stats {
                 f,
                 "node {:>2} across nodes: steals {} of {} requests (mean round trip {:.1} us; \
                  {} through shared memory, {} of them resent); filaments moved in {} out {}; \
-                 requests from other nodes served {} refused {} ({} by processors)",
+                 requests from other nodes served {} refused {} ({} by processors, {} latent)",
                 self.node,
                 r.steals,
                 r.steal_requests,
@@ -184,7 +197,8 @@ impl fmt::Display for Stats {
                 r.filaments_out,
                 r.requests_served,
                 r.requests_refused,
-                r.served_by_processors
+                r.served_by_processors,
+                r.latent_exported
             )?;
         }
         Ok(())

@@ -12,6 +12,7 @@ use std::any::Any;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 
+use super::latent::Listing;
 use super::unlikely_path;
 use crate::crossnode::RemoteFailure;
 use crate::job::{JobRef, StackJob};
@@ -29,6 +30,10 @@ pub(crate) trait Branches: Sized {
     fn plain(self, ctx: &Ctx) -> Self::Out;
     /// A real fork: the second branch becomes a job others may take.
     fn fork(self, ctx: &Ctx) -> Self::Out;
+    /// A pruned join among the shallowest of the running stack: the second
+    /// branch is listed where a thief can claim it while the first runs
+    /// (`fork::latent`), and runs here unless one did.
+    fn listed(self, ctx: &Ctx) -> Self::Out;
 }
 
 /// The branches of [`Ctx::join`]: two closures.
@@ -54,6 +59,42 @@ where
         let Pair(a, b) = self;
         ctx.join_real(a, b)
     }
+
+    #[inline]
+    fn listed(self, ctx: &Ctx) -> (RA, RB) {
+        let Pair(a, b) = self;
+        let job_b = StackJob::new(b);
+        let listing = Listing::new(job_b.as_job_ref());
+        if !ctx.list(&listing) {
+            // SAFETY: never published: the job is ours.
+            let b = unsafe { (*job_b.func.get()).take() }.expect("hyfi: unlisted job taken");
+            ctx.count_filaments(2);
+            return (a(ctx), b(ctx));
+        }
+        ctx.count_filaments(1);
+        let ra = catch_unwind(AssertUnwindSafe(|| a(ctx)));
+        // The job points into this frame: unlist it (or wait for its
+        // claimer) even if `a` panicked.
+        if ctx.unlist(&listing) {
+            job_b.latch.wait();
+            return match ra {
+                Ok(ra) => (ra, job_b.into_result()),
+                Err(p) => {
+                    drop(job_b);
+                    resume_unwind(p)
+                }
+            };
+        }
+        // SAFETY: unlisted unclaimed: nobody else has the job.
+        let b = unsafe { (*job_b.func.get()).take() }.expect("hyfi: own job already taken");
+        match ra {
+            Ok(ra) => {
+                ctx.count_filaments(1);
+                (ra, ctx.call_inline(b))
+            }
+            Err(p) => resume_unwind(p),
+        }
+    }
 }
 
 impl Ctx {
@@ -65,6 +106,12 @@ impl Ctx {
     #[inline(always)]
     pub(crate) fn join_with<J: Branches>(&self, j: J) -> J::Out {
         if self.pruned_here() {
+            // Among the shallowest pruned joins of this stack: list the
+            // second branch for thieves (`fork::latent`), out of line.
+            if self.latent_armed.get() {
+                unlikely_path();
+                return self.join_listed(j);
+            }
             self.count_filaments(2);
             return j.plain(self);
         }
@@ -76,6 +123,12 @@ impl Ctx {
     #[inline(always)]
     pub(crate) fn pruned_here(&self) -> bool {
         stack_pointer() >= self.limit.load(Ordering::Relaxed)
+    }
+
+    /// A pruned join that lists its second branch (`fork::latent`).
+    #[inline(never)]
+    pub(crate) fn join_listed<J: Branches>(&self, j: J) -> J::Out {
+        j.listed(self)
     }
 
     /// A join that is not pruned: a fork is wanted, or the stack is nearly

@@ -54,9 +54,13 @@ use crate::sched::Ctx;
 use crate::stack::stack_pointer;
 
 mod join;
+mod latent;
 mod run;
 
 pub(crate) use join::Branches;
+pub(crate) use latent::{LatentSlots, Listing};
+#[cfg(test)]
+mod latent_test;
 #[cfg(test)]
 mod test;
 

@@ -156,6 +156,30 @@ impl FjNode {
         let mut out = Vec::new();
         if sh.fj.active(run) {
             let p = sh.procs;
+            // The largest piece first: a processor's shallowest latent
+            // `join_remote` (`fork::latent`), claimed while it runs the
+            // first branch, even inside a subtree its pruned copy runs.
+            let first = sh.fj.take_from.load(Ordering::Relaxed) % p;
+            for k in 0..p {
+                let i = (first + k) % p;
+                if let Some(j) = sh.workers[i].latent.claim(true) {
+                    bump(&sh.fj.counters.latent_exported, 1);
+                    // One more real fork there, as after a deque's job.
+                    sh.workers[i].want_fork();
+                    match ship(&sh, j) {
+                        Taken::Shipped(pj) => out.push(pj),
+                        Taken::Local(j) => {
+                            sh.injector.push(j);
+                            sh.notify_idle();
+                        }
+                        Taken::Consumed => {}
+                    }
+                    break;
+                }
+            }
+        }
+        if out.is_empty() && sh.fj.active(run) {
+            let p = sh.procs;
             let ready: usize = (0..p)
                 .map(|i| sh.stealers[i].len() + sh.workers[i].incoming.len())
                 .sum();

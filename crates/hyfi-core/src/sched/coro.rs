@@ -62,7 +62,14 @@ impl Filthread {
         let prev_guard = enter_guard(self.bounds.guard);
         ctx.current.set(self.id);
         self.started = true;
+        // Its pruned joins may list their second branches from slot 0 (a
+        // suspended filthread's were withdrawn; a finished one unlisted
+        // its own).
+        ctx.latent_armed.set(ctx.latent_on);
         let r = self.co.resume(());
+        // Suspended, it leaves its frames behind: take their listings out
+        // of the processor's slots before another filthread fills them.
+        ctx.withdraw_listings();
         ctx.current.set(0);
         enter_guard(prev_guard);
         ctx.set_bounds(prev_bounds);

@@ -118,6 +118,14 @@ pub struct Ctx {
     pub(crate) stats: LocalStats,
     /// The start-up slot the running filament holds (see `startup`).
     pub(crate) startup: Cell<Option<crate::crossnode::Slot>>,
+    /// Latent slots this processor's running stack fills (`fork::latent`).
+    pub(crate) latent_len: Cell<usize>,
+    /// This processor's latent slots (in its `WorkerShared`).
+    pub(crate) latent: *const crate::fork::LatentSlots,
+    /// Whether the next pruned join lists its second branch (`fork::latent`).
+    pub(crate) latent_armed: Cell<bool>,
+    /// Whether this processor lists joins at all (`fork::latent`).
+    pub(crate) latent_on: bool,
     next_id: Cell<u64>,
     rng: Cell<u64>,
 }
@@ -130,6 +138,7 @@ pub(crate) struct LocalStats {
     pub(crate) forks: Cell<u64>,
     pub(crate) steal_attempts: Cell<u64>,
     pub(crate) steals: Cell<u64>,
+    pub(crate) steals_latent: Cell<u64>,
     pub(crate) suspensions: Cell<u64>,
     pub(crate) filthreads: Cell<u64>,
     pub(crate) idle_ns: Cell<u64>,
@@ -145,6 +154,7 @@ impl LocalStats {
             forks: self.forks.take(),
             steal_attempts: self.steal_attempts.take(),
             steals: self.steals.take(),
+            steals_latent: self.steals_latent.take(),
             suspensions: self.suspensions.take(),
             filthreads: self.filthreads.take(),
             idle_ns: self.idle_ns.take(),
@@ -177,6 +187,14 @@ impl Ctx {
             stacks: RefCell::new(StackPool::new(shared.cfg.get_stack_size())),
             stats: LocalStats::default(),
             startup: Cell::new(None),
+            latent_len: Cell::new(0),
+            latent: &shared.workers[proc].latent,
+            latent_armed: Cell::new(false),
+            // Alone on one node, nobody could claim a listed join (and
+            // with pruning off every join forks).
+            latent_on: (shared.procs > 1 || shared.link.num_nodes() > 1)
+                && shared.cfg.get_latent_joins()
+                && shared.cfg.get_prune(),
             next_id: Cell::new(1),
             rng: Cell::new(0x9e37_79b9_7f4a_7c15 ^ ((proc as u64 + 1) << 17)),
             rt_id: shared.id,
@@ -304,6 +322,28 @@ impl Ctx {
             .steal_attempts
             .set(self.stats.steal_attempts.get() + 1);
         let start = (self.rand() as usize) % p;
+        // The largest pieces first: the shallowest latent joins of the
+        // other processors (`fork::latent`).
+        for k in 0..p {
+            let v = (start + k) % p;
+            if v == self.proc {
+                continue;
+            }
+            if let Some(j) = sh.workers[v].latent.claim(false) {
+                // Its next join forks: one more piece for the next thief,
+                // as after a deque steal.
+                sh.workers[v].want_fork();
+                self.stats.steals.set(self.stats.steals.get() + 1);
+                self.stats
+                    .steals_latent
+                    .set(self.stats.steals_latent.get() + 1);
+                crate::trace::instant(
+                    crate::trace::Kind::Steal,
+                    [self.proc as u64, v as u64, 1, 1],
+                );
+                return Some(j);
+            }
+        }
         for k in 0..p {
             let v = (start + k) % p;
             if v == self.proc {

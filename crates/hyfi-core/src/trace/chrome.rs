@@ -117,8 +117,8 @@ fn event_line(out: &mut String, node: usize, tid: u32, offset: i64, seq: &mut u6
             out,
             "steal",
             format!(
-                "\"thief\":{},\"donor\":{},\"filaments\":{}",
-                a[0], a[1], a[2]
+                "\"thief\":{},\"donor\":{},\"filaments\":{},\"latent\":{}",
+                a[0], a[1], a[2], a[3]
             ),
         ),
         Kind::RemoteSteal => complete(

@@ -85,7 +85,8 @@ pub enum Kind {
     PostPhase,
     /// Nothing to run: `[0; 4]`.
     Idle,
-    /// A job stolen on the node: `[thief, donor, 1, 0]`.
+    /// A job stolen on the node: `[thief, donor, 1, from a latent join (1)
+    /// or a deque or incoming list (0)]`.
     Steal,
     /// A steal request to another node, until the answer is installed:
     /// `[donor node, filaments, 0, 0]`.
