@@ -138,6 +138,21 @@ pub(crate) fn ship(sh: &Shared, job: JobRef) -> Taken {
     })
 }
 
+/// A job taken from processor `victim` for another node: shipped into
+/// `out`, or (not serializable) back to this node's injector. The victim
+/// may have nothing left, so its next join forks.
+fn give(sh: &Shared, victim: usize, job: JobRef, out: &mut Vec<PortableJob>) {
+    sh.workers[victim].want_fork();
+    match ship(sh, job) {
+        Taken::Shipped(pj) => out.push(pj),
+        Taken::Local(j) => {
+            sh.injector.push(j);
+            sh.notify_idle();
+        }
+        Taken::Consumed => {}
+    }
+}
+
 impl FjNode {
     /// The handle on `rt`'s node.
     pub(crate) fn of(rt: &Runtime) -> FjNode {
@@ -164,16 +179,7 @@ impl FjNode {
                 let i = (first + k) % p;
                 if let Some(j) = sh.workers[i].latent.claim(true) {
                     bump(&sh.fj.counters.latent_exported, 1);
-                    // One more real fork there, as after a deque's job.
-                    sh.workers[i].want_fork();
-                    match ship(&sh, j) {
-                        Taken::Shipped(pj) => out.push(pj),
-                        Taken::Local(j) => {
-                            sh.injector.push(j);
-                            sh.notify_idle();
-                        }
-                        Taken::Consumed => {}
-                    }
+                    give(&sh, i, j, &mut out);
                     break;
                 }
             }
@@ -200,16 +206,7 @@ impl FjNode {
                 match got {
                     Some(j) => {
                         dry = 0;
-                        // The victim may have nothing left: one more real fork.
-                        sh.workers[i].want_fork();
-                        match ship(&sh, j) {
-                            Taken::Shipped(pj) => out.push(pj),
-                            Taken::Local(j) => {
-                                sh.injector.push(j);
-                                sh.notify_idle();
-                            }
-                            Taken::Consumed => {}
-                        }
+                        give(&sh, i, j, &mut out);
                     }
                     None => dry += 1,
                 }
