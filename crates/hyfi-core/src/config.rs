@@ -208,7 +208,7 @@ impl Config {
     /// `hyfi-core`'s `fork/README.md`). A listed join costs about 9 ns
     /// more than a pruned one, and two are listed at a time. **Off by
     /// default**: on two CPUs it made an unbalanced search tree without a
-    /// pruned copy 4–13 % faster and fib with plain joins 0–5 % slower
+    /// pruned copy 3–22 % faster and fib with plain joins 0–8 % slower
     /// (BENCHMARKS.md, "Latent joins"); whether it pays where steals are
     /// many (16 processors) is not yet measured. The results are the same
     /// either way. On one processor of one node nothing is listed.
