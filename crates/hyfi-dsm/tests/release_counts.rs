@@ -349,11 +349,17 @@ fn ring_counts(nodes: usize) {
         // notices ride in the all-reduce, not in a `REL` to every node.
         // The other messages are requests for the row read (another node
         // wrote it since) and replies serving this node's row (one page
-        // each; which window a reply falls in depends on timing).
-        let rels = d.messages_sent - d.pages_fetched - d.pages_served;
-        assert_eq!(
-            rels, phases,
-            "node {me} of {nodes}: {} messages in {phases} phases: {d}",
+        // each; which window a reply falls in depends on timing). A reply
+        // counts as served just before it counts as a message, on the
+        // node's delivery thread; a snapshot taken between the two (the
+        // post-phase runs meanwhile) moves one message across the window's
+        // edge: +1 at its start, -1 at its end, so at most one either way
+        // (CI saw 7 for 6 under load). A `REL` to every node would be
+        // `phases * (nodes - 1)`, and one to a second node `2 * phases`.
+        let rels = d.messages_sent as i64 - d.pages_fetched as i64 - d.pages_served as i64;
+        assert!(
+            rels.abs_diff(phases as i64) <= 1,
+            "node {me} of {nodes}: {rels} RELs: {} messages in {phases} phases: {d}",
             d.messages_sent
         );
         assert_eq!(d.diffs_sent, phases, "node {me} of {nodes}: {d}");
