@@ -12,7 +12,7 @@ use std::any::Any;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 
-use super::latent::Listing;
+use super::latent::Listed;
 use super::unlikely_path;
 use crate::crossnode::RemoteFailure;
 use crate::job::{JobRef, StackJob};
@@ -64,35 +64,31 @@ where
     fn listed(self, ctx: &Ctx) -> (RA, RB) {
         let Pair(a, b) = self;
         let job_b = StackJob::new(b);
-        let listing = Listing::new(job_b.as_job_ref());
-        if !ctx.list(&listing) {
-            // SAFETY: never published: the job is ours.
-            let b = unsafe { (*job_b.func.get()).take() }.expect("hyfi: unlisted job taken");
-            ctx.count_filaments(2);
-            return (a(ctx), b(ctx));
-        }
-        ctx.count_filaments(1);
-        let ra = catch_unwind(AssertUnwindSafe(|| a(ctx)));
-        // The job points into this frame: unlist it (or wait for its
-        // claimer) even if `a` panicked.
-        if ctx.unlist(&listing) {
-            job_b.latch.wait();
-            return match ra {
-                Ok(ra) => (ra, job_b.into_result()),
-                Err(p) => {
-                    drop(job_b);
-                    resume_unwind(p)
+        // SAFETY (both takes below): the job was never published, or was
+        // unlisted unclaimed: nobody else has it.
+        let take_b = || unsafe { (*job_b.func.get()).take() }.expect("hyfi: own job already taken");
+        match ctx.run_first_listed(job_b.as_job_ref(), a) {
+            Listed::NotListed(a) => {
+                let b = take_b();
+                ctx.count_filaments(2);
+                (a(ctx), b(ctx))
+            }
+            Listed::Ran { ra, claimed: true } => {
+                job_b.latch.wait();
+                match ra {
+                    Ok(ra) => (ra, job_b.into_result()),
+                    Err(p) => {
+                        drop(job_b);
+                        resume_unwind(p)
+                    }
                 }
-            };
-        }
-        // SAFETY: unlisted unclaimed: nobody else has the job.
-        let b = unsafe { (*job_b.func.get()).take() }.expect("hyfi: own job already taken");
-        match ra {
-            Ok(ra) => {
+            }
+            Listed::Ran { ra, claimed: false } => {
+                let b = take_b();
+                let ra = ra.unwrap_or_else(|p| resume_unwind(p));
                 ctx.count_filaments(1);
                 (ra, ctx.call_inline(b))
             }
-            Err(p) => resume_unwind(p),
         }
     }
 }

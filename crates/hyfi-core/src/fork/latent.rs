@@ -76,6 +76,7 @@
 //!   every join forks, or [`Config::latent_joins`](crate::Config::latent_joins) off).
 
 use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::job::JobRef;
@@ -97,7 +98,9 @@ const PORTABLE: usize = 2;
 const TAGS: usize = 7;
 
 /// A processor's latent slots, read and claimed by other processors and by
-/// the node's steal answers.
+/// the node's steal answers. Aligned so that the owner's stores land on
+/// lines of their own, not on the worker's parker and pruning-word pointer
+/// beside them.
 #[repr(align(128))]
 pub(crate) struct LatentSlots {
     slots: [AtomicUsize; SLOTS],
@@ -137,15 +140,14 @@ impl LatentSlots {
         None
     }
 
-    /// Whether a slot holds a listing nobody claimed yet (with
-    /// `portable_only`, one that may leave the node): an idle processor's
-    /// reason to wake up.
-    pub(crate) fn any_listed(&self, portable_only: bool) -> bool {
+    /// Whether a slot holds a listing nobody claimed yet: an idle
+    /// processor's reason to wake up.
+    pub(crate) fn any_listed(&self) -> bool {
         self.slots
             .iter()
             .map(|s| s.load(Ordering::SeqCst))
             .take_while(|&v| v != 0)
-            .any(|v| v & CLAIMED == 0 && (!portable_only || v & PORTABLE != 0))
+            .any(|v| v & CLAIMED == 0)
     }
 }
 
@@ -177,15 +179,53 @@ impl Listing {
             note: Cell::new(Note::Withdrawn),
         }
     }
+
+    /// What its slot holds while it is listed and unclaimed: its address,
+    /// tagged [`PORTABLE`] if its job may leave the node.
+    fn slot_value(&self) -> usize {
+        let tag = if self.job.portable().is_some() {
+            PORTABLE
+        } else {
+            0
+        };
+        self as *const Listing as usize | tag
+    }
+}
+
+/// What [`Ctx::run_first_listed`] did with a join's first branch.
+pub(crate) enum Listed<A, RA> {
+    /// Every slot was taken: nothing ran, and the branch comes back.
+    NotListed(A),
+    /// The branch ran (its result, or its panic). `claimed`: a thief has
+    /// the second branch; wait for its job's latch before leaving the frame.
+    Ran {
+        ra: std::thread::Result<RA>,
+        claimed: bool,
+    },
 }
 
 impl Ctx {
-    /// This processor's slots.
-    #[inline(always)]
-    fn latent_slots(&self) -> &LatentSlots {
-        // SAFETY: `latent` points into this processor's `WorkerShared`, in
-        // the `Shared` this `Ctx` holds an `Arc` of; it never moves.
-        unsafe { &*self.latent }
+    /// A listed join's first part, for every kind of join: lists `job`
+    /// (its second branch, in the caller's frame), runs `a` catching its
+    /// panic, and unlists the job. The caller then runs the second branch
+    /// or, if it was claimed, waits for the job's latch.
+    #[inline]
+    pub(crate) fn run_first_listed<A, RA>(&self, job: JobRef, a: A) -> Listed<A, RA>
+    where
+        A: FnOnce(&Ctx) -> RA,
+    {
+        let listing = Listing::new(job);
+        if !self.list(&listing) {
+            return Listed::NotListed(a);
+        }
+        self.count_filaments(1);
+        let ra = catch_unwind(AssertUnwindSafe(|| a(self)));
+        // The job points into the caller's frame: unlist it (or learn of
+        // its claimer) even if `a` panicked.
+        Listed::Ran {
+            ra,
+            claimed: self.unlist(&listing),
+        }
     }
 
     /// Lists `l` in the next slot. `false` if all are taken (the join then
@@ -197,17 +237,12 @@ impl Ctx {
             self.latent_armed.set(false);
             return false;
         }
-        let tag = if l.job.portable().is_some() {
-            PORTABLE
-        } else {
-            0
-        };
         l.slot.set(i);
         l.note.set(Note::Listed);
         // Sequentially consistent, as the idle count read next: an idle
         // processor counts itself idle, then looks at the slots before it
         // sleeps (`sched`), so one of the two sees the other.
-        self.latent_slots().slots[i].store(l as *const Listing as usize | tag, Ordering::SeqCst);
+        self.ws().latent.slots[i].store(l.slot_value(), Ordering::SeqCst);
         self.latent_len.set(i + 1);
         let sh = &*self.shared;
         if sh.idle.load(Ordering::SeqCst) > 0 {
@@ -228,15 +263,9 @@ impl Ctx {
             Note::Claimed => true,
             Note::Listed => {
                 let i = l.slot.get();
-                let slot = &self.latent_slots().slots[i];
-                let v = l as *const Listing as usize
-                    | if l.job.portable().is_some() {
-                        PORTABLE
-                    } else {
-                        0
-                    };
+                let slot = &self.ws().latent.slots[i];
                 let claimed = slot
-                    .compare_exchange(v, 0, Ordering::Acquire, Ordering::Acquire)
+                    .compare_exchange(l.slot_value(), 0, Ordering::Acquire, Ordering::Acquire)
                     .is_err();
                 if claimed {
                     slot.store(0, Ordering::Relaxed);
@@ -254,7 +283,7 @@ impl Ctx {
         if self.latent_len.get() == 0 {
             return;
         }
-        let slots = &self.latent_slots().slots;
+        let slots = &self.ws().latent.slots;
         for s in &slots[..self.latent_len.get()] {
             let v = s.load(Ordering::Acquire);
             // SAFETY: slots below `latent_len` hold listings of the

@@ -58,7 +58,7 @@ mod latent;
 mod run;
 
 pub(crate) use join::Branches;
-pub(crate) use latent::{LatentSlots, Listing};
+pub(crate) use latent::{LatentSlots, Listed};
 #[cfg(test)]
 mod latent_test;
 #[cfg(test)]

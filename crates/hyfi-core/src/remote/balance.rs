@@ -183,34 +183,34 @@ impl FjNode {
                     break;
                 }
             }
-        }
-        if out.is_empty() && sh.fj.active(run) {
-            let p = sh.procs;
-            let ready: usize = (0..p)
-                .map(|i| sh.stealers[i].len() + sh.workers[i].incoming.len())
-                .sum();
-            let want = ready.div_ceil(2);
-            let mut i = sh.fj.take_from.fetch_add(1, Ordering::Relaxed) % p;
-            let mut dry = 0;
-            while out.len() < want && dry < p {
-                let got = match sh.workers[i].incoming.steal() {
-                    Steal::Success(j) => Some(j),
-                    _ => loop {
-                        match sh.stealers[i].steal() {
-                            Steal::Success(j) => break Some(j),
-                            Steal::Retry => continue,
-                            Steal::Empty => break None,
+            // Else half of the ready filaments (rounded up), round-robin.
+            if out.is_empty() {
+                let ready: usize = (0..p)
+                    .map(|i| sh.stealers[i].len() + sh.workers[i].incoming.len())
+                    .sum();
+                let want = ready.div_ceil(2);
+                let mut i = sh.fj.take_from.fetch_add(1, Ordering::Relaxed) % p;
+                let mut dry = 0;
+                while out.len() < want && dry < p {
+                    let got = match sh.workers[i].incoming.steal() {
+                        Steal::Success(j) => Some(j),
+                        _ => loop {
+                            match sh.stealers[i].steal() {
+                                Steal::Success(j) => break Some(j),
+                                Steal::Retry => continue,
+                                Steal::Empty => break None,
+                            }
+                        },
+                    };
+                    match got {
+                        Some(j) => {
+                            dry = 0;
+                            give(&sh, i, j, &mut out);
                         }
-                    },
-                };
-                match got {
-                    Some(j) => {
-                        dry = 0;
-                        give(&sh, i, j, &mut out);
+                        None => dry += 1,
                     }
-                    None => dry += 1,
+                    i = (i + 1) % p;
                 }
-                i = (i + 1) % p;
             }
         }
         if out.is_empty() {

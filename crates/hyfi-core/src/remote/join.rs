@@ -20,7 +20,7 @@ use super::balance::send_to_slot;
 use super::startup;
 use super::RemoteFn;
 use crate::crossnode::{CodecError, Encoded, Failure, RemoteFailure, RemoteVTable, Slot};
-use crate::fork::{Branches, Listing, Pruned};
+use crate::fork::{Branches, Listed, Pruned};
 use crate::job::{JobRef, JobVTable};
 use crate::latch::Latch;
 use crate::sched::Ctx;
@@ -197,45 +197,43 @@ where
             latch: Latch::new(),
             startup: Cell::new(None),
         };
-        let listing = Listing::new(job.as_job_ref());
-        if !ctx.list(&listing) {
-            // SAFETY: never published: the job is ours.
-            let b = unsafe { (*job.args.get()).take() }.expect("hyfi: unlisted job taken");
-            ctx.count_filaments(2);
-            return RemotePair { a, f, b }.plain(ctx);
-        }
+        // SAFETY (both takes below): the job was never published, or was
+        // unlisted unclaimed: nobody else has it.
+        let take_b = || unsafe { (*job.args.get()).take() }.expect("hyfi: own job already taken");
         // As `join_remote_then_pruned`: `b` may run as the pruned copy if
-        // `a` was quick.
-        let since = ctx.mark();
-        ctx.count_filaments(1);
-        let ra = catch_unwind(AssertUnwindSafe(|| a(ctx)));
-        let quick = f.pruned.is_some() && ctx.sibling_may_run_pruned((since.0, since.1 + 1));
-        // The job points into this frame: unlist it (or wait for its
-        // claimer, here or on another node) even if `a` panicked.
-        if ctx.unlist(&listing) {
-            job.latch.wait();
-            return match ra {
-                Ok(ra) => (ra, job.into_result()),
-                Err(p) => {
-                    drop(job);
-                    resume_unwind(p)
+        // `a` was quick (`run_first_listed` counts `a` before it runs it).
+        let (t, n) = ctx.mark();
+        match ctx.run_first_listed(job.as_job_ref(), a) {
+            Listed::NotListed(a) => {
+                let b = take_b();
+                ctx.count_filaments(2);
+                RemotePair { a, f, b }.plain(ctx)
+            }
+            Listed::Ran { ra, claimed: true } => {
+                // Claimed here or by another node: wait for its outcome.
+                job.latch.wait();
+                match ra {
+                    Ok(ra) => (ra, job.into_result()),
+                    Err(p) => {
+                        drop(job);
+                        resume_unwind(p)
+                    }
                 }
-            };
+            }
+            Listed::Ran { ra, claimed: false } => {
+                let quick = f.pruned.is_some() && ctx.sibling_may_run_pruned((t, n + 1));
+                let b = take_b();
+                let ra = ra.unwrap_or_else(|p| resume_unwind(p));
+                ctx.count_filaments(1);
+                if quick {
+                    return (
+                        ra,
+                        ctx.call_inline(|c| c.run_pruned(|p| f.call_pruned(p, b))),
+                    );
+                }
+                (ra, ctx.call_inline(|c| (f.f)(c, b)))
+            }
         }
-        // SAFETY: unlisted unclaimed: nobody else has the job.
-        let b = unsafe { (*job.args.get()).take() }.expect("hyfi: own job already taken");
-        let ra = match ra {
-            Ok(ra) => ra,
-            Err(p) => resume_unwind(p),
-        };
-        ctx.count_filaments(1);
-        if quick {
-            return (
-                ra,
-                ctx.call_inline(|c| c.run_pruned(|p| f.call_pruned(p, b))),
-            );
-        }
-        (ra, ctx.call_inline(|c| (f.f)(c, b)))
     }
 }
 

@@ -120,8 +120,6 @@ pub struct Ctx {
     pub(crate) startup: Cell<Option<crate::crossnode::Slot>>,
     /// Latent slots this processor's running stack fills (`fork::latent`).
     pub(crate) latent_len: Cell<usize>,
-    /// This processor's latent slots (in its `WorkerShared`).
-    pub(crate) latent: *const crate::fork::LatentSlots,
     /// Whether the next pruned join lists its second branch (`fork::latent`).
     pub(crate) latent_armed: Cell<bool>,
     /// Whether this processor lists joins at all (`fork::latent`).
@@ -188,7 +186,6 @@ impl Ctx {
             stats: LocalStats::default(),
             startup: Cell::new(None),
             latent_len: Cell::new(0),
-            latent: &shared.workers[proc].latent,
             latent_armed: Cell::new(false),
             // Alone on one node, nobody could claim a listed join (and
             // with pruning off every join forks).

@@ -233,7 +233,7 @@ impl Sched {
                         || !sh.injector.is_empty()
                         || sh.stealers.iter().any(|s| !s.is_empty())
                         || sh.workers.iter().any(|w| !w.incoming.is_empty())
-                        || (ctx.latent_on && sh.workers.iter().any(|w| w.latent.any_listed(false)))
+                        || (ctx.latent_on && sh.workers.iter().any(|w| w.latent.any_listed()))
                         || sh.fj.kick.load(Ordering::SeqCst) != kick
                         || sh.fj.host.as_ref().is_some_and(|h| h.pending())
                 },
