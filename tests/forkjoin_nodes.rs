@@ -123,13 +123,8 @@ fn same_everywhere(exe: &Path, args: &[&str]) {
 
 /// [`same_everywhere`] with `env` set for every node of every
 /// configuration but the one-node reference.
-fn same_everywhere_with(
-    exe: &Path,
-    args: &[&str],
-    env: &[(&str, &str)],
-) -> Vec<BTreeMap<String, f64>> {
+fn same_everywhere_with(exe: &Path, args: &[&str], env: &[(&str, &str)]) {
     let (want, one) = run_ok(exe, 1, 1, args);
-    let mut all = Vec::new();
     let total = one[0]["filaments"];
     let counted = |stats: &[BTreeMap<String, f64>]| stats.iter().all(|s| s["pruned"] == 0.0);
     assert!(
@@ -158,9 +153,7 @@ fn same_everywhere_with(
             moved_in >= (nodes - 1) as f64 && (nodes > 1 || moved_in == 0.0),
             "{args:?} on {nodes}x{procs}: start-up distribution gives every node work: {stats:?}"
         );
-        all.extend(stats);
     }
-    all
 }
 
 #[test]
@@ -241,35 +234,17 @@ fn the_unbalanced_integrand_is_shared_between_two_nodes() {
 fn latent_joins_give_the_same_answers_on_every_configuration() {
     // `HYFI_LATENT=1`: the shallowest pruned joins are listed, and idle
     // processors and other nodes' steal answers take their second
-    // branches. The answers and the filaments moved must not change; on
-    // two processors of a node an idle one claims listings at once, so
-    // the counters show the path was taken (counted over a few tries, a
-    // loaded machine may run a configuration on one CPU).
+    // branches. The answers and the filaments moved must not change. How
+    // many listings are claimed depends on timing (with the examples'
+    // pruned copies, often none on a loaded machine), so this asserts no
+    // count of them: the claim paths are tested deterministically in
+    // hyfi-core (`fork/latent_test.rs`: an idle processor's claim, and a
+    // listed `join_remote` shipped to another node).
     let _g = serial();
     let env = [("HYFI_LATENT", "1")];
-    let mut latent = 0.0;
-    for args in [
-        &["--n", "27"][..],
-        &["--func", "spiky", "--eps", "1e-8"][..],
-    ] {
-        let exe = if args[0] == "--n" {
-            &bins().fib
-        } else {
-            &bins().quad
-        };
-        for _ in 0..3 {
-            let s = same_everywhere_with(exe, args, &env);
-            latent += s
-                .iter()
-                .map(|st| st["latent_steals"] + st["latent_out"])
-                .sum::<f64>();
-            if latent >= 1.0 {
-                break;
-            }
-        }
-    }
-    assert!(latent >= 1.0, "no listed join was ever claimed");
-    // Off (the default), nothing is listed.
+    same_everywhere_with(&bins().fib, &["--n", "27"], &env);
+    same_everywhere_with(&bins().quad, &["--func", "spiky", "--eps", "1e-8"], &env);
+    // Off (the default), nothing is listed, so nothing is claimed.
     let (_, s) = run_ok(&bins().fib, 1, 2, &["--n", "27"]);
     assert_eq!(s[0]["latent_steals"], 0.0, "{s:?}");
 }
