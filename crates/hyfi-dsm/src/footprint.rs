@@ -89,9 +89,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! A plain-store view hands out no `&mut` to shared bytes at all: its rows
-//! are written through a [`RowWriter`] (`fill`, `set`), which borrows the
-//! view and so cannot outlive the filament either, plain stores or not:
+//! A write view's rows are written through a [`RowWriter`] (`fill`,
+//! `set`), which borrows the view and so cannot outlive the filament
+//! either, plain stores or not:
 //!
 //! ```compile_fail,E0521
 //! use hyfi::{Config, Control, PoolArray, Program, Runtime};
@@ -111,6 +111,71 @@
 //!
 //! and a `fill` closure cannot keep the writer's row either: it gets
 //! column numbers and returns values, never a reference into the row.
+//!
+//! The one `&mut` into shared bytes is the slice [`WriteRows::with_row`]
+//! and [`WriteRange::with_slice`] lend to a closure (the argument for it
+//! is on `plain::Loan`). It cannot leave the closure:
+//!
+//! ```compile_fail
+//! use hyfi::{Config, Control, PoolArray, Program, Runtime};
+//! let rt = Runtime::new(Config::new().procs(1).pin(false))?;
+//! let dsm = hyfi::Dsm::new(&rt)?;
+//! let m = dsm.matrix::<f64>(4, 4).zeroed()?;
+//! let mut prog = Program::new();
+//! prog.phase_with(
+//!     PoolArray::block(&rt, 0..4, 1),
+//!     |ctx, span| m.write_rows(ctx, span.rows()),
+//!     |_ctx, i, new| {
+//!         let row: &mut [f64] = new.with_row(i, |row| row); // error: the slice is the closure's
+//!         row[0] = 1.0;
+//!     },
+//!     |_| Control::Done,
+//! );
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! no two of them cover one row at once (the view is borrowed mutably):
+//!
+//! ```compile_fail,E0500
+//! use hyfi::{Config, Control, PoolArray, Program, Runtime};
+//! let rt = Runtime::new(Config::new().procs(1).pin(false))?;
+//! let dsm = hyfi::Dsm::new(&rt)?;
+//! let m = dsm.matrix::<f64>(4, 4).zeroed()?;
+//! let mut prog = Program::new();
+//! prog.phase_with(
+//!     PoolArray::block(&rt, 0..4, 1),
+//!     |ctx, span| m.write_rows(ctx, span.rows()),
+//!     |_ctx, i, new| {
+//!         let new = &mut *new;
+//!         new.with_row(i, |a| new.with_row(i, |b| a[0] = b[0])); // error: two `&mut`
+//!     },
+//!     |_| Control::Done,
+//! );
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! and the view's own accessors cannot reach the row meanwhile:
+//!
+//! ```compile_fail,E0502
+//! use hyfi::{Config, Control, PoolArray, Program, Runtime};
+//! let rt = Runtime::new(Config::new().procs(1).pin(false))?;
+//! let dsm = hyfi::Dsm::new(&rt)?;
+//! let m = dsm.matrix::<f64>(4, 4).zeroed()?;
+//! let mut prog = Program::new();
+//! prog.phase_with(
+//!     PoolArray::block(&rt, 0..4, 1),
+//!     |ctx, span| m.write_rows(ctx, span.rows()),
+//!     |_ctx, i, new| {
+//!         let new = &mut *new;
+//!         new.with_row(i, |row| row[0] = new.get(i, 1)); // error: the view is lent
+//!     },
+//!     |_| Control::Done,
+//! );
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! A checked access to a lent row (through the array, not the view) is
+//! not a borrow the compiler sees: in a plain-store view it panics.
 //!
 //! Nor can a write view's element be read as a plain reference (writes are
 //! atomic; only read views index as `&T`):
@@ -242,6 +307,9 @@ impl Segment {
                 // Read through the checked accessors first: not clean.
                 CHECKED => e << SHIFT | WRITTEN,
                 VIEWS | PLAIN => {
+                    if mode == PLAIN && crate::plain::lent_here(&self.plain, &span) {
+                        crate::plain::lent(self.seq, "write view over", span.start);
+                    }
                     let ft = hyfi_core::filthread::current_work();
                     return match self.plain.claim_view(span.clone(), ft, site, mode == PLAIN) {
                         crate::plain::Outcome::Plain => true,
@@ -277,6 +345,9 @@ impl Segment {
     /// epoch is not clean, and the elements must lie in no other
     /// filament's plain-store view (plain.rs).
     fn checked_in_plain_epoch(&self, what: &str, e: usize, n: usize) {
+        if crate::plain::lent_here(&self.plain, &(e..e + n.max(1))) {
+            crate::plain::lent(self.seq, what, e);
+        }
         if self
             .plain
             .checked_access(e..e + n.max(1), hyfi_core::filthread::current_work())
@@ -640,13 +711,18 @@ impl<T: Pod> std::ops::Index<usize> for ReadRange<'_, T> {
 /// Made by [`DsmMatrix::write_rows`](crate::DsmMatrix::write_rows).
 pub struct WriteRows<'a, T: Pod> {
     f: Frame,
+    lender: Lender<'a>,
     _a: PhantomData<(&'a T, *const ())>,
 }
 
 impl<'a, T: Pod> WriteRows<'a, T> {
     /// A view over `f`, made for this kind of view (see [`Frame::new`]).
-    pub(crate) fn new(f: Frame) -> Self {
-        WriteRows { f, _a: PhantomData }
+    pub(crate) fn new(f: Frame, lender: Lender<'a>) -> Self {
+        WriteRows {
+            f,
+            lender,
+            _a: PhantomData,
+        }
     }
 
     /// The rows of the footprint.
@@ -714,6 +790,140 @@ impl<'a, T: Pod> WriteRows<'a, T> {
         // element written as a unit (see `elem::store_run`).
         unsafe { elem::store_run(p0, src) }
     }
+
+    /// Row `i` (absolute index), all its columns, as a `&mut [T]` for `f`:
+    /// write the row as the sequential loop writes a slice of a `Vec`
+    /// (iterators, `zip`, `chunks_exact_mut`, other crates' slice
+    /// kernels), and the compiler vectorises it as it does that loop.
+    ///
+    /// In a plain-store view ([`WriteRows::plain_stores`]: from a phase's
+    /// second execution on, where no other filament touches the view's
+    /// rows) the slice is the shared row itself. The `&mut` also tells the
+    /// compiler that the row's stores leave everything else alone, which
+    /// [`RowWriter::update`] cannot: a Floyd–Warshall step whose closure
+    /// reads the pivot row through a lock guard (`|j, x| x.min(dik +
+    /// rk[j])`) runs at 2.1–3.0× the slice loop through `update` and at
+    /// 0.8–1.2× through `with_row` (BENCHMARKS.md, "Rows lent as slices").
+    /// Otherwise (a phase's first execution; footprints that overlap) `f`
+    /// gets a copy of the row, and the elements it changed are stored back
+    /// atomically when it returns: the same results at the price of two
+    /// copies of the row.
+    ///
+    /// While `f` runs, the row is `f`'s: the view is borrowed, and in a
+    /// plain-store view a checked access to the row (`DsmMatrix::get`,
+    /// `row_mut`, ...) or a new view over it panics, naming this method.
+    ///
+    /// ```
+    /// use hyfi::{Config, Control, PoolArray, Program, Runtime};
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+    /// let dsm = hyfi::Dsm::new(&rt)?;
+    /// let n = 64;
+    /// let x = dsm.matrix::<f64>(n, n).from_fn(|i, j| (i * n + j) as f64)?;
+    /// let p = dsm.matrix::<f64>(n, n).from_fn(|_, j| j as f64)?;
+    /// let mut prog = Program::new();
+    /// prog.phase_with(
+    ///     PoolArray::block(&rt, 0..n, 1),
+    ///     |ctx, span| (p.read_rows(ctx, span.rows()), x.write_rows(ctx, span.rows())),
+    ///     |_ctx, i, (p, x)| {
+    ///         let p = p.row(i);
+    ///         x.with_row(i, |row| {
+    ///             for (x, &y) in row.iter_mut().zip(p) {
+    ///                 *x += 0.5 * y;
+    ///             }
+    ///         });
+    ///     },
+    ///     |post| if post.iteration() < 3 { Control::Continue } else { Control::Done },
+    /// );
+    /// rt.start(&mut prog)?;
+    /// drop(prog);
+    /// // Four executions: the first lent copies, the next three the rows.
+    /// assert_eq!(x.get(3, 5), (3 * n + 5) as f64 + 4.0 * 0.5 * 5.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline(always)]
+    pub fn with_row<R>(&mut self, i: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+        let k = self.f.row_offset("write", i);
+        let p = self.f.ptr.cast::<T>().wrapping_add(k);
+        let first = self.lender.origin + i * self.f.stride;
+        // SAFETY: row `i` is inside the footprint (checked above), so its
+        // `cols` elements are valid for reads and writes while the view
+        // lives, and the view is borrowed mutably for the call.
+        unsafe { lend(p, self.f.cols, first, self.f.plain(), self.lender.plain, f) }
+    }
+}
+
+/// What a write view needs to lend its elements as a `&mut [T]`
+/// ([`WriteRows::with_row`], [`WriteRange::with_slice`]): the array's
+/// plain-store state, and where the array starts in its segment (the
+/// units of claims and loans). Plain references: the views a segment
+/// binds must stay values without drop glue (see [`Frame`]'s `live`).
+#[derive(Clone, Copy)]
+pub(crate) struct Lender<'a> {
+    pub(crate) plain: &'a crate::plain::PlainState,
+    pub(crate) origin: usize,
+}
+
+/// Lends the `len` elements at `p`, elements `first..first + len` of the
+/// array's segment, to `f` as a `&mut [T]`: the shared elements
+/// themselves in a plain-store view whose epoch allows it (the argument is
+/// on [`crate::plain::Loan`]), else a copy whose changed elements are
+/// stored back when `f` returns (plainly in a plain-store view, where no
+/// other thread touches them; else atomically, and only those `f` changed,
+/// so that another filament's stores into the rest of an overlapping
+/// footprint are not undone).
+///
+/// # Safety
+/// The elements are valid for reads and writes while the calling view
+/// lives, the view is borrowed mutably for the call, and `plain` is the
+/// view's mode.
+#[inline(always)]
+unsafe fn lend<T: Pod, R>(
+    p: *mut T,
+    len: usize,
+    first: usize,
+    plain: bool,
+    state: &crate::plain::PlainState,
+    f: impl FnOnce(&mut [T]) -> R,
+) -> R {
+    if plain && state.lendable() {
+        let _loan = crate::plain::Loan::new(state, first..first + len);
+        // SAFETY: valid (the caller's contract); nothing else reads or
+        // writes these elements while the slice lives (`Loan`).
+        f(std::slice::from_raw_parts_mut(p, len))
+    } else {
+        lend_copy(p, len, first, plain, state, f)
+    }
+}
+
+/// [`lend`] by copy.
+///
+/// # Safety
+/// As for [`lend`].
+#[inline(never)]
+unsafe fn lend_copy<T: Pod, R>(
+    p: *mut T,
+    len: usize,
+    first: usize,
+    plain: bool,
+    state: &crate::plain::PlainState,
+    f: impl FnOnce(&mut [T]) -> R,
+) -> R {
+    // In a plain-store epoch the elements are lent all the same: a checked
+    // access to them from `f` panics, as with the shared bytes.
+    let _loan = plain.then(|| crate::plain::Loan::new(state, first..first + len));
+    let mut buf = vec![T::zeroed(); 2 * len];
+    let (row, old) = buf.split_at_mut(len);
+    // SAFETY: valid for reads (the caller's contract), read as units.
+    elem::load_run(p, row);
+    old.copy_from_slice(row);
+    let r = f(row);
+    for (j, (new, old)) in row.iter().zip(old.iter()).enumerate() {
+        if bytemuck::bytes_of(new) != bytemuck::bytes_of(old) {
+            // SAFETY: valid for writes; plainly only in a plain-store view.
+            elem::store_as(p.add(j), *new, plain);
+        }
+    }
+    r
 }
 
 /// One row of a [`WriteRows`] view, borrowed from it for one filament.
@@ -870,13 +1080,18 @@ impl<T: Pod> RowWriter<'_, T> {
 /// [`DsmVec::write_range`](crate::DsmVec::write_range); as [`WriteRows`].
 pub struct WriteRange<'a, T: Pod> {
     f: Frame,
+    lender: Lender<'a>,
     _a: PhantomData<(&'a T, *const ())>,
 }
 
 impl<'a, T: Pod> WriteRange<'a, T> {
     /// A view over `f`, made for this kind of view (see [`Frame::new`]).
-    pub(crate) fn new(f: Frame) -> Self {
-        WriteRange { f, _a: PhantomData }
+    pub(crate) fn new(f: Frame, lender: Lender<'a>) -> Self {
+        WriteRange {
+            f,
+            lender,
+            _a: PhantomData,
+        }
     }
 
     /// The elements of the footprint.
@@ -1022,5 +1237,41 @@ impl<'a, T: Pod> WriteRange<'a, T> {
         // SAFETY: inside the footprint (both ends checked), writable; every
         // element written as a unit (see `elem::store_run`).
         unsafe { elem::store_run(p0, src) }
+    }
+
+    /// Elements `r` (absolute indices, inside the footprint) as a `&mut
+    /// [T]` for `f`: [`WriteRows::with_row`] for a vector, with the same
+    /// rules (the shared elements themselves in a plain-store view, else a
+    /// copy whose changed elements are stored back).
+    ///
+    /// ```
+    /// use hyfi::{Config, Control, PoolArray, Program, Runtime};
+    /// let rt = Runtime::new(Config::new().procs(1))?;
+    /// let dsm = hyfi::Dsm::new(&rt)?;
+    /// let v = dsm.vec::<f64>(1000).from_fn(|i| i as f64)?;
+    /// let mut prog = Program::new();
+    /// prog.phase_with(
+    ///     PoolArray::block(&rt, 0..1, 1),
+    ///     |ctx, _span| v.write_range(ctx, 0..1000),
+    ///     |_ctx, _, v| v.with_slice(0..1000, |s| s.iter_mut().for_each(|x| *x *= 2.0)),
+    ///     |_| Control::Done,
+    /// );
+    /// rt.start(&mut prog)?;
+    /// assert_eq!(v.get(999), 1998.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline(always)]
+    pub fn with_slice<R>(&mut self, r: Range<usize>, f: impl FnOnce(&mut [T]) -> R) -> R {
+        if r.start >= r.end {
+            return f(&mut []);
+        }
+        let _ = self.f.element("write", r.end - 1);
+        let k = self.f.element("write", r.start);
+        let p = self.f.ptr.cast::<T>().wrapping_add(k);
+        let first = self.lender.origin + r.start;
+        // SAFETY: both ends inside the footprint (checked above), so every
+        // element is valid for reads and writes while the view lives; the
+        // view is borrowed mutably for the call.
+        unsafe { lend(p, r.len(), first, self.f.plain(), self.lender.plain, f) }
     }
 }

@@ -91,6 +91,7 @@
 //! [`DsmVec::write_range`]: crate::DsmVec::write_range
 //! [`WriteRows::plain_stores`]: crate::WriteRows::plain_stores
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::panic::Location;
@@ -233,6 +234,11 @@ pub(crate) struct PlainState {
     /// The site noted last this epoch ([`site_key`]; 0: none), tested
     /// without the lock by [`PlainState::note_site`].
     noted: AtomicU64,
+    /// In this `PLAIN` epoch some path besides a chunk's own view may reach
+    /// its claim: two views of one chunk overlap, or a checked access was
+    /// made. A row is then lent by copy, not as the shared bytes
+    /// (see [`Loan`]).
+    shared_paths: AtomicBool,
 }
 
 /// A site as one number, for [`PlainState::note_site`]'s test without the
@@ -279,6 +285,11 @@ impl PlainState {
         }
         let hits = |c: &Claim| c.span.start < span.end && span.start < c.span.end;
         let overlap = t.claims.any_hit(&span, |c| !plain || c.ft != ft);
+        if plain && t.claims.any_hit(&span, |c| c.ft == ft) {
+            // Harmless for plain stores (one chunk's accesses are ordered),
+            // but the chunk's rows may no longer be lent as `&mut [T]`.
+            self.shared_paths.store(true, Relaxed);
+        }
         let after_checked = t.checked.iter().any(|c| hits(c) && c.ft != ft)
             || t.checked_rest
                 .as_ref()
@@ -301,6 +312,7 @@ impl PlainState {
     pub(crate) fn checked_access(&self, span: Range<usize>, ft: u64) -> bool {
         let mut t = self.lock();
         t.unclean = true;
+        self.shared_paths.store(true, Relaxed);
         let hit = t.claims.any_hit(&span, |c| c.ft != ft);
         if !hit {
             if t.checked.len() < MAX_CHECKED {
@@ -354,7 +366,119 @@ impl PlainState {
         t.checked.clear();
         t.checked_rest = None;
         t.unclean = false;
+        self.shared_paths.store(false, Relaxed);
     }
+
+    /// Whether a plain view's row may be lent as the shared bytes
+    /// themselves ([`Loan`]): no other path to a chunk's claim was made in
+    /// this epoch.
+    #[inline(always)]
+    pub(crate) fn lendable(&self) -> bool {
+        !self.shared_paths.load(Relaxed)
+    }
+}
+
+/// Elements of a plain-store view lent to a closure as `&mut [T]`
+/// (`WriteRows::with_row`, `WriteRange::with_slice`), for as long as the
+/// loan lives.
+///
+/// **Why a `&mut [T]` into shared bytes is sound here.** The compiler may
+/// assume that nothing but the `&mut` reads or writes its elements while it
+/// lives, on this thread as on others. Other threads: the elements lie in
+/// the view's claim in a `PLAIN` epoch, which no other chunk's view or
+/// checked access may overlap (those panic, above), and the page server
+/// copies no page a live plain view covers (core/plain.rs). This thread,
+/// other paths that existed before the loan: the view itself is borrowed
+/// mutably by the loan; another view of the same chunk overlapping the
+/// claim, or a checked access (which may have handed out a `ViewMut` that
+/// writes without further checks), sets [`PlainState::lendable`] false for
+/// the epoch, and the row is then lent by copy. Paths made while the loan
+/// lives: a checked access or a new write view of lent elements by the
+/// same filthread panics ([`lent_here`], called on the slow paths every
+/// such access takes in a `PLAIN` epoch). Loans are kept per thread and
+/// tagged with the filthread, which resumes on the thread it suspended on,
+/// so a filthread that suspends inside the closure keeps its loan and
+/// another filthread of the processor is not judged by it. The page
+/// server: it copies no page an active plain view covers, and a filthread
+/// that waits for a page while it lends keeps its views active through
+/// the wait (core/plain.rs, `park_plain`), so the lent bytes are not read
+/// even while the closure holding them is suspended.
+pub(crate) struct Loan {
+    key: usize,
+    ft: u64,
+    first: usize,
+}
+
+/// A loan: the array's state (as its key), the running filthread, and the
+/// elements lent.
+type LoanRecord = (usize, u64, Range<usize>);
+
+thread_local! {
+    /// The loans of the filthreads of this thread (usually none or one).
+    static LOANS: RefCell<Vec<LoanRecord>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Loan {
+    /// Lends elements `span` of the array whose state is `state`.
+    #[inline]
+    pub(crate) fn new(state: &PlainState, span: Range<usize>) -> Loan {
+        let (key, ft) = (state as *const PlainState as usize, filthread());
+        let first = span.start;
+        LOANS.with(|l| l.borrow_mut().push((key, ft, span)));
+        Loan { key, ft, first }
+    }
+}
+
+impl Drop for Loan {
+    /// Ends the loan (also when the closure panics).
+    #[inline]
+    fn drop(&mut self) {
+        LOANS.with(|l| {
+            let mut l = l.borrow_mut();
+            if let Some(k) = l
+                .iter()
+                .rposition(|(key, ft, s)| (*key, *ft, s.start) == (self.key, self.ft, self.first))
+            {
+                l.swap_remove(k);
+            }
+        });
+    }
+}
+
+/// Whether the running filthread lends any elements now.
+pub(crate) fn holds_loan() -> bool {
+    LOANS.with(|l| {
+        let l = l.borrow();
+        !l.is_empty() && {
+            let ft = filthread();
+            l.iter().any(|(_, f, _)| *f == ft)
+        }
+    })
+}
+
+/// Whether the running filthread has lent elements of `span` of the array
+/// whose state is `state`.
+pub(crate) fn lent_here(state: &PlainState, span: &Range<usize>) -> bool {
+    let key = state as *const PlainState as usize;
+    LOANS.with(|l| {
+        let l = l.borrow();
+        if l.is_empty() {
+            return false;
+        }
+        let ft = filthread();
+        l.iter()
+            .any(|(k, f, s)| *k == key && *f == ft && s.start < span.end && span.start < s.end)
+    })
+}
+
+#[cold]
+#[inline(never)]
+pub(crate) fn lent(seq: u64, what: &str, e: usize) -> ! {
+    panic!(
+        "hyfi-dsm: {what} element {e} of shared array #{seq}, which this filament holds as a \
+         `&mut` slice (WriteRows::with_row or WriteRange::with_slice) at this moment. Inside \
+         the closure, read and write those elements through the slice it was given"
+    )
 }
 
 /// Two sites are the same place in the source, in the same phase.

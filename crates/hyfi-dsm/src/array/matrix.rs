@@ -170,7 +170,7 @@ impl<T: Pod> DsmMatrix<T> {
     /// phase (a read view of it then panics).
     #[track_caller]
     pub fn write_rows<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> WriteRows<'a, T> {
-        WriteRows::new(self.rows_frame(ctx, r, true))
+        WriteRows::new(self.rows_frame(ctx, r, true), self.sh.lender())
     }
 
     #[track_caller]

@@ -99,6 +99,15 @@ impl<T: Pod> Shared<T> {
         Self::pages_of(self.origin + e, n)
     }
 
+    /// What the array's write views need to lend their elements as
+    /// slices (footprint.rs, `with_row`).
+    pub(crate) fn lender(&self) -> crate::footprint::Lender<'_> {
+        crate::footprint::Lender {
+            plain: &self.seg.plain,
+            origin: self.origin,
+        }
+    }
+
     /// Makes elements `e..e+n` readable here.
     #[inline(always)]
     pub(crate) fn check_read(&self, e: usize, n: usize) {

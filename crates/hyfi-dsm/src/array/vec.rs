@@ -110,7 +110,7 @@ impl<T: Pod> DsmVec<T> {
     /// filaments of one pool segment: see [`DsmMatrix::write_rows`].
     #[track_caller]
     pub fn write_range<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> WriteRange<'a, T> {
-        WriteRange::new(self.range_frame(ctx, r, true))
+        WriteRange::new(self.range_frame(ctx, r, true), self.sh.lender())
     }
 
     /// The footprint of a vector's view of `r` (rows of one element).

@@ -31,6 +31,16 @@
 //!   for a page: two homes whose filaments each need a page the other is
 //!   writing plainly (false sharing across nodes) serve each other, where
 //!   deferring requests to the phase's end would deadlock.
+//! - Except while it lends a row as a `&mut [T]` (`WriteRows::with_row`):
+//!   the compiler may assume that nothing else reads the lent bytes until
+//!   the closure holding them returns, suspended or not, so a filthread
+//!   that faults inside such a closure keeps its views active through the
+//!   wait. The exception costs a wait only where a request for one of its
+//!   pages comes meanwhile, and a cycle only where two nodes each fault,
+//!   inside such a closure, on a page that the other's lending views cover in the same
+//!   phase (false sharing of lent rows across nodes, with a checked
+//!   access inside the closure): take the rows a closure reads as views
+//!   in the segment's bind, before the loan, and no closure faults.
 //!
 //! An active period ends within the segment that began it, or at the
 //! segment's next page wait: within a phase a filthread waits for nothing
@@ -251,7 +261,16 @@ impl Core {
             }
             self.forget_ended(&mut inner);
             let mut parked = false;
-            for e in inner.entries.iter_mut().filter(|e| e.active && e.ft == ft) {
+            // A filthread that lends a row as `&mut [T]` keeps its views
+            // active while it waits: nothing may read lent bytes while the
+            // closure holding them lives, suspended or not (see the module
+            // docs for what that costs).
+            let lends = crate::plain::holds_loan();
+            for e in inner
+                .entries
+                .iter_mut()
+                .filter(|e| e.active && e.ft == ft && !lends)
+            {
                 e.active = false;
                 parked = true;
             }

@@ -1,0 +1,292 @@
+//! Rows lent as `&mut [T]` (`WriteRows::with_row`, `WriteRange::with_slice`):
+//! the shared row itself in a plain-store view, a copy otherwise, the same
+//! results either way, and every other path to a lent row refused.
+//!
+//! Results are checked against sequential computations and the DSM's
+//! counters, never timings.
+
+mod common;
+use common::{on_nodes, start, until};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use hyfi_core::link::InProcess;
+use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
+use hyfi_dsm::{Dsm, DsmStats, Placement};
+
+/// The graph's distances: 0 on the diagonal, an edge of weight 1–99 for
+/// one pair in five, infinity elsewhere.
+fn graph(n: usize) -> Vec<f64> {
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut d = vec![f64::INFINITY; n * n];
+    for i in 0..n {
+        for j in 0..n {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            if i == j {
+                d[i * n + j] = 0.0;
+            } else if s % 5 == 0 {
+                d[i * n + j] = 1.0 + (s >> 11) as f64 / (1u64 << 53) as f64 * 98.0;
+            }
+        }
+    }
+    d
+}
+
+/// Floyd–Warshall on a plain vector: the loop a user writes without hyfi.
+fn floyd_sequential(n: usize) -> Vec<f64> {
+    let mut d = graph(n);
+    let mut rk = vec![0.0; n];
+    for k in 0..n {
+        rk.copy_from_slice(&d[k * n..(k + 1) * n]);
+        for row in d.chunks_exact_mut(n) {
+            let dik = row[k];
+            for (x, &y) in row.iter_mut().zip(&rk) {
+                *x = x.min(dik + y);
+            }
+        }
+    }
+    d
+}
+
+/// Floyd–Warshall on one node of `link`'s job: one phase per `k`, one
+/// filament per row, each row lent as a slice; row `k + 1` broadcast
+/// after step `k` and copied by every node.
+fn floyd_node(link: Arc<InProcess>, n: usize, procs: usize) -> (Vec<f64>, DsmStats) {
+    let (rt, dsm) = start(&link, procs).unwrap();
+    let g = graph(n);
+    let d = dsm
+        .matrix::<f64>(n, n)
+        .placement(Placement::BlockRows(0..n))
+        .from_fn(|i, j| g[i * n + j])
+        .unwrap();
+    let rowk = RwLock::new(g[..n].to_vec());
+    let mut prog = Program::new();
+    prog.phase_with(
+        PoolArray::block(&rt, 0..n, 1),
+        |ctx, span| {
+            (
+                ctx.iteration() as usize,
+                d.write_rows(ctx, span.rows()),
+                rowk.read().unwrap(),
+            )
+        },
+        |_ctx, i, (k, w, rk)| {
+            let rk: &[f64] = rk;
+            w.with_row(i, |row| {
+                let dik = row[*k];
+                for (x, &y) in row.iter_mut().zip(rk) {
+                    *x = x.min(dik + y);
+                }
+            });
+        },
+        |post| {
+            let next = post.iteration() as usize + 1;
+            if next == n {
+                return Control::Done;
+            }
+            d.broadcast_rows(post, next..next + 1);
+            d.read_row(next, &mut rowk.write().unwrap());
+            Control::Continue
+        },
+    );
+    rt.start(&mut prog).unwrap();
+    drop(prog);
+    (d.to_vec(), dsm.stats())
+}
+
+#[test]
+fn floyd_warshall_through_lent_rows_gives_the_sequential_bits_on_every_configuration() {
+    let n = 40;
+    let want = floyd_sequential(n);
+    for (nodes, procs) in [(1, 1), (1, 2), (2, 1), (2, 2), (3, 1)] {
+        let out = on_nodes(nodes, move |l| floyd_node(l, n, procs));
+        for (node, (got, stats)) in out.iter().enumerate() {
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{nodes}x{procs}, node {node}: distances differ\n{stats}"
+            );
+            // The phase's first execution lends copies; every later one,
+            // whose views are disjoint, the rows themselves.
+            let t = &stats.total;
+            assert!(t.plain_views > 0, "{nodes}x{procs}, node {node}: {t}");
+            assert!(t.atomic_views > 0, "{nodes}x{procs}, node {node}: {t}");
+        }
+    }
+}
+
+/// `steps` executions of a phase over a 16 × 64 matrix on one node of
+/// `procs` processors in which each filament lends its row and doubles
+/// every element but the last. Each segment's write view covers `halo`
+/// rows beyond its own; where it does (views overlap, so rows are lent as
+/// copies), the closure also sets the last element to the execution's
+/// number through the array's checked accessor. Returns the matrix and
+/// the counters.
+fn doubling(procs: usize, steps: u64, halo: usize) -> (Vec<f64>, DsmStats) {
+    let rt = Runtime::new(Config::new().procs(procs).pin(false)).unwrap();
+    let dsm = Dsm::new(&rt).unwrap();
+    let (rows, n) = (16, 64);
+    let m = dsm
+        .matrix::<f64>(rows, n)
+        .from_fn(|i, j| (i * n + j) as f64)
+        .unwrap();
+    let mut prog = Program::new();
+    prog.phase_with(
+        PoolArray::block(&rt, 0..rows, 1),
+        |ctx, span| {
+            let r = span.rows();
+            m.write_rows(ctx, r.start.saturating_sub(halo)..(r.end + halo).min(rows))
+        },
+        |ctx, i, w| {
+            w.with_row(i, |row| {
+                if halo > 0 {
+                    // Only in a view that lends a copy: the last element
+                    // written beside the loan survives its return.
+                    m.set(i, n - 1, ctx.iteration() as f64);
+                }
+                for x in &mut row[..n - 1] {
+                    *x *= 2.0;
+                }
+            });
+        },
+        until(steps),
+    );
+    rt.start(&mut prog).unwrap();
+    drop(prog);
+    (m.to_vec(), dsm.stats())
+}
+
+#[test]
+fn lent_rows_are_the_rows_in_plain_views_and_copies_where_views_overlap() {
+    let (rows, n, steps) = (16, 64, 4u64);
+    for procs in [1, 2] {
+        // Disjoint views: plain from the second execution on.
+        let (got, st) = doubling(procs, steps, 0);
+        let want: Vec<f64> = (0..rows * n)
+            .map(|e| {
+                let x = e as f64;
+                if e % n == n - 1 {
+                    x
+                } else {
+                    x * (1u64 << steps) as f64
+                }
+            })
+            .collect();
+        assert_eq!(got, want, "procs {procs}, disjoint views");
+        assert!(st.total.plain_views > 0, "{}", st.total);
+        // Overlapping views: atomic, every row lent as a copy; the checked
+        // store made inside the closure into an element the closure leaves
+        // alone is not undone when the copy is stored back.
+        let (got, st) = doubling(procs, steps, 1);
+        for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            let w = if e % n == n - 1 {
+                (steps - 1) as f64
+            } else {
+                w
+            };
+            assert_eq!(g, w, "procs {procs}, overlapping views, element {e}");
+        }
+        assert_eq!(st.total.plain_views, 0, "{}", st.total);
+    }
+}
+
+#[test]
+fn a_checked_access_to_a_lent_row_is_refused() {
+    for procs in [1, 2] {
+        let rt = Runtime::new(Config::new().procs(procs).pin(false)).unwrap();
+        let dsm = Dsm::new(&rt).unwrap();
+        let (rows, n) = (8, 512);
+        let m = dsm.matrix::<f64>(rows, n).zeroed().unwrap();
+        let mut prog = Program::new();
+        prog.phase_with(
+            PoolArray::block(&rt, 0..rows, 1),
+            |ctx, span| m.write_rows(ctx, span.rows()),
+            |ctx, i, w| {
+                w.with_row(i, |row| {
+                    if i == 3 && ctx.iteration() == 2 {
+                        // The view is plain by now: this read would alias
+                        // the `&mut` the closure holds.
+                        row[1] = m.get(i, 0);
+                    }
+                    row[0] += 1.0;
+                });
+            },
+            until(4),
+        );
+        let err = rt.start(&mut prog).expect_err("the access must be refused");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("with_row") && msg.contains("element"),
+            "procs {procs}: {msg}"
+        );
+    }
+}
+
+#[test]
+fn a_checked_access_before_the_loan_makes_it_a_copy_with_the_same_results() {
+    // In a plain epoch, a filament reads its own row through the array's
+    // checked accessor and then lends it: the loan must not alias that
+    // path, so the row is lent as a copy, and the results are the same.
+    let (rows, n, steps) = (8, 256, 5u64);
+    let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+    let dsm = Dsm::new(&rt).unwrap();
+    let m = dsm
+        .matrix::<f64>(rows, n)
+        .from_fn(|i, j| (i + j) as f64)
+        .unwrap();
+    let read = AtomicBool::new(false);
+    let mut prog = Program::new();
+    prog.phase_with(
+        PoolArray::block(&rt, 0..rows, 1),
+        |ctx, span| m.write_rows(ctx, span.rows()),
+        |ctx, i, w| {
+            let before = if ctx.iteration() == 3 {
+                read.store(true, Ordering::Relaxed);
+                m.get(i, 1)
+            } else {
+                0.0
+            };
+            w.with_row(i, |row| {
+                for x in row.iter_mut() {
+                    *x += 1.0;
+                }
+                row[0] += before * 0.0;
+            });
+        },
+        until(steps),
+    );
+    rt.start(&mut prog).unwrap();
+    drop(prog);
+    assert!(read.load(Ordering::Relaxed));
+    let want: Vec<f64> = (0..rows * n)
+        .map(|e| ((e / n) + (e % n)) as f64 + steps as f64)
+        .collect();
+    assert_eq!(m.to_vec(), want);
+}
+
+#[test]
+fn a_vector_lends_its_range() {
+    let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+    let dsm = Dsm::new(&rt).unwrap();
+    let len = 10_000;
+    let v = dsm.vec::<u32>(len).from_fn(|i| i as u32).unwrap();
+    let mut prog = Program::new();
+    prog.phase_with(
+        PoolArray::block(&rt, 0..len, 1),
+        |ctx, span| v.write_range(ctx, span.rows()),
+        |_ctx, i, w| w.with_slice(i..i + 1, |s| s[0] = s[0] * 3 + 1),
+        until(3),
+    );
+    rt.start(&mut prog).unwrap();
+    drop(prog);
+    let want: Vec<u32> = (0..len as u32)
+        .map(|x| ((x * 3 + 1) * 3 + 1) * 3 + 1)
+        .collect();
+    assert_eq!(v.to_vec(), want);
+    assert!(dsm.stats().total.plain_views > 0);
+}
