@@ -1001,7 +1001,11 @@ impl<T: Pod> RowWriter<'_, T> {
     /// phase reads and rewrites (CG's `x += αp`, `r -= αq`), which
     /// vectorises as the slice loop does in a plain-store view, where
     /// `fill` with [`WriteRows::get`] inside loads every element
-    /// atomically:
+    /// atomically. Where `f` reads through memory the compiler cannot
+    /// tell apart from the row (a `Vec` behind a lock guard, a captured
+    /// reference), it reloads that per element and the loop stays scalar;
+    /// [`WriteRows::with_row`] lends the row as a `&mut [T]`, which it
+    /// can:
     ///
     /// ```
     /// use hyfi::{Config, Control, PoolArray, Program, Runtime};
