@@ -7,12 +7,13 @@
 
 mod common;
 use common::{on_nodes, start, until};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use hyfi_core::link::InProcess;
 use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
-use hyfi_dsm::{Dsm, DsmStats, Placement};
+use hyfi_dsm::{Dsm, DsmStats, DsmVec, Placement, PAGE};
 
 /// The graph's distances: 0 on the diagonal, an edge of weight 1–99 for
 /// one pair in five, infinity elsewhere.
@@ -289,4 +290,133 @@ fn a_vector_lends_its_range() {
         .collect();
     assert_eq!(v.to_vec(), want);
     assert!(dsm.stats().total.plain_views > 0);
+}
+
+/// Round + 1 in which node 0 holds its loan (the nodes are threads of
+/// this process, so they can signal each other outside the DSM).
+static LENDING: AtomicU64 = AtomicU64::new(0);
+/// Round + 1 whose loan node 0 has ended.
+static LENT_UNTIL: AtomicU64 = AtomicU64::new(0);
+
+/// Node 0, the home of `v`, lends the first quarter of `v`'s page `k` in
+/// round `k` (the shared bytes from the second round on) and, inside the
+/// closure, once node 1's request for that page waits for the loan's
+/// view, reads an element of `u`'s page `k`, homed at node 1 and not yet
+/// here: it faults, and waits for node 1 while it lends. Node 1 reads an
+/// element of `v`'s page `k` that nobody writes (false sharing across
+/// nodes) once node 0 lends. Node 1's request must wait for the loan to
+/// end (no read of lent bytes), node 0's fault must be served meanwhile
+/// (no deadlock), and every value must be right.
+fn fault_inside_loan_node(link: Arc<InProcess>, rounds: u64) -> (DsmStats, Vec<String>) {
+    let (rt, dsm) = start(&link, 1).unwrap();
+    let pp = PAGE / 8;
+    let v: DsmVec<u64> = dsm
+        .vec::<u64>(rounds as usize * pp)
+        .placement(Placement::Node(0))
+        .from_fn(|e| e as u64)
+        .unwrap();
+    let u: DsmVec<u64> = dsm
+        .vec::<u64>(rounds as usize * pp)
+        .placement(Placement::Node(1))
+        .from_fn(|e| 7 * e as u64)
+        .unwrap();
+    let me = rt.node();
+    let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let fail = |msg: String| bad.lock().unwrap().push(msg);
+    let mut pools = PoolArray::new(&rt, 1);
+    pools.pool(0).push(me);
+    let quarter = pp / 4;
+    let mut prog = Program::new();
+    prog.phase_with(
+        pools,
+        |ctx, _| {
+            let base = ctx.iteration() as usize * pp;
+            (me == 0).then(|| v.write_range(ctx, base..base + quarter))
+        },
+        |ctx, _, w| {
+            let k = ctx.iteration();
+            let base = k as usize * pp;
+            if let Some(w) = w {
+                let plain = w.plain_stores();
+                w.with_slice(base..base + quarter, |s| {
+                    for (d, x) in s.iter_mut().enumerate() {
+                        *x = 1_000_000 + (base + d) as u64;
+                    }
+                    if !plain {
+                        return;
+                    }
+                    let before = dsm.stats().total.requests_waited_plain;
+                    LENDING.store(k + 1, Ordering::SeqCst);
+                    let t = Instant::now();
+                    while dsm.stats().total.requests_waited_plain == before {
+                        if t.elapsed() > Duration::from_secs(20) {
+                            fail(format!("round {k}: no request waited for the loan"));
+                            break;
+                        }
+                        std::thread::yield_now();
+                    }
+                    // A fault while lending: node 1 must serve it.
+                    let e = base + pp / 2;
+                    let got = u.get(e);
+                    if got != 7 * e as u64 {
+                        fail(format!("round {k}: u[{e}] is {got}"));
+                    }
+                });
+                LENT_UNTIL.store(k + 1, Ordering::SeqCst);
+            } else {
+                let t = Instant::now();
+                while k > 0 && LENDING.load(Ordering::SeqCst) != k + 1 {
+                    if t.elapsed() > Duration::from_secs(20) {
+                        fail(format!("round {k}: node 0 never lent"));
+                        break;
+                    }
+                    std::thread::yield_now();
+                }
+                let mid = base + pp / 2;
+                let got = v.get(mid);
+                if got != mid as u64 {
+                    fail(format!("round {k}: v[{mid}] is {got}"));
+                }
+                // The page came after the loan ended, not while node 0
+                // waited for its own page inside the closure.
+                if k > 0 && LENT_UNTIL.load(Ordering::SeqCst) < k + 1 {
+                    fail(format!(
+                        "round {k}: the lent page was served during the loan"
+                    ));
+                }
+            }
+        },
+        until(rounds),
+    );
+    rt.start(&mut prog).unwrap();
+    drop(prog);
+    let mut bad = bad.into_inner().unwrap();
+    for (e, &x) in v.to_vec().iter().enumerate() {
+        let want = if e % pp < quarter {
+            1_000_000 + e as u64
+        } else {
+            e as u64
+        };
+        if x != want {
+            bad.push(format!("node {me}: v[{e}] is {x}, want {want}"));
+            break;
+        }
+    }
+    (dsm.stats(), bad)
+}
+
+#[test]
+fn a_fault_inside_a_loan_is_served_while_requests_for_the_lent_page_wait() {
+    let rounds = 6;
+    let out = on_nodes(2, move |l| fault_inside_loan_node(l, rounds));
+    for (_, bad) in &out {
+        assert!(bad.is_empty(), "{bad:?}\n{}\n{}", out[0].0, out[1].0);
+    }
+    let home = &out[0].0.total;
+    // Round 0 is atomic (no history, the loan a copy); in every later one
+    // node 1's request waited for the loan's view, and node 0 fetched the
+    // page of `u` it faulted on while lending.
+    assert_eq!(home.plain_views, rounds - 1, "{home}");
+    assert_eq!(home.requests_waited_plain, rounds - 1, "{home}");
+    assert!(home.pages_fetched >= rounds - 1, "{home}");
 }
