@@ -87,6 +87,13 @@
 //! requests for a home page that a live plain view covers are served once
 //! no plain view covering it is active; see there.
 //!
+//! **Rows lent as `&mut [T]`** (`WriteRows::with_row`,
+//! `WriteRange::with_slice`): a plain view may lend a row of its claim to
+//! a closure as the shared bytes themselves, which the compiler then
+//! treats as unaliased. What keeps every other access away from them while
+//! the closure lives, on this thread, on others and in the page server, is
+//! argued on the crate-private `Loan` (plain.rs).
+//!
 //! [`DsmMatrix::write_rows`]: crate::DsmMatrix::write_rows
 //! [`DsmVec::write_range`]: crate::DsmVec::write_range
 //! [`WriteRows::plain_stores`]: crate::WriteRows::plain_stores
