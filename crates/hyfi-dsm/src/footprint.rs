@@ -807,7 +807,7 @@ impl<'a, T: Pod> WriteRows<'a, T> {
     /// Otherwise (a phase's first execution; footprints that overlap) `f`
     /// gets a copy of the row, and the elements it changed are stored back
     /// atomically when it returns: the same results at the price of two
-    /// copies of the row.
+    /// copies of the row (counted in `DsmCounters::rows_lent_by_copy`).
     ///
     /// While `f` runs, the row is `f`'s: the view is borrowed, and in a
     /// plain-store view a checked access to the row (`DsmMatrix::get`,
@@ -848,7 +848,7 @@ impl<'a, T: Pod> WriteRows<'a, T> {
         // SAFETY: row `i` is inside the footprint (checked above), so its
         // `cols` elements are valid for reads and writes while the view
         // lives, and the view is borrowed mutably for the call.
-        unsafe { lend(p, self.f.cols, first, self.f.plain(), self.lender.plain, f) }
+        unsafe { lend(p, self.f.cols, first, self.f.plain(), &self.lender, f) }
     }
 }
 
@@ -861,6 +861,8 @@ impl<'a, T: Pod> WriteRows<'a, T> {
 pub(crate) struct Lender<'a> {
     pub(crate) plain: &'a crate::plain::PlainState,
     pub(crate) origin: usize,
+    /// For the count of rows lent as copies.
+    pub(crate) core: &'a Core,
 }
 
 /// Lends the `len` elements at `p`, elements `first..first + len` of the
@@ -882,16 +884,17 @@ unsafe fn lend<T: Pod, R>(
     len: usize,
     first: usize,
     plain: bool,
-    state: &crate::plain::PlainState,
+    lender: &Lender<'_>,
     f: impl FnOnce(&mut [T]) -> R,
 ) -> R {
+    let state = lender.plain;
     if plain && state.lendable() {
         let _loan = crate::plain::Loan::new(state, first..first + len);
         // SAFETY: valid (the caller's contract); nothing else reads or
         // writes these elements while the slice lives (`Loan`).
         f(std::slice::from_raw_parts_mut(p, len))
     } else {
-        lend_copy(p, len, first, plain, state, f)
+        lend_copy(p, len, first, plain, lender, f)
     }
 }
 
@@ -905,12 +908,13 @@ unsafe fn lend_copy<T: Pod, R>(
     len: usize,
     first: usize,
     plain: bool,
-    state: &crate::plain::PlainState,
+    lender: &Lender<'_>,
     f: impl FnOnce(&mut [T]) -> R,
 ) -> R {
+    lender.core.count_lent_copy();
     // In a plain-store epoch the elements are lent all the same: a checked
     // access to them from `f` panics, as with the shared bytes.
-    let _loan = plain.then(|| crate::plain::Loan::new(state, first..first + len));
+    let _loan = plain.then(|| crate::plain::Loan::new(lender.plain, first..first + len));
     let mut buf = vec![T::zeroed(); 2 * len];
     let (row, old) = buf.split_at_mut(len);
     // SAFETY: valid for reads (the caller's contract), read as units.
@@ -1276,6 +1280,6 @@ impl<'a, T: Pod> WriteRange<'a, T> {
         // SAFETY: both ends inside the footprint (checked above), so every
         // element is valid for reads and writes while the view lives; the
         // view is borrowed mutably for the call.
-        unsafe { lend(p, r.len(), first, self.f.plain(), self.lender.plain, f) }
+        unsafe { lend(p, r.len(), first, self.f.plain(), &self.lender, f) }
     }
 }

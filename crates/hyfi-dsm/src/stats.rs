@@ -89,6 +89,8 @@ counters! {
     atomic_views,
     /// Page requests that waited for plain-store views of the page to end.
     requests_waited_plain,
+    /// Rows (or vector ranges) lent to a closure as a copy rather than as the shared elements (`WriteRows::with_row` in a view that is not plain, or where another path to the row was taken first): each cost two copies of the row.
+    rows_lent_by_copy,
     /// Pages this node sent in broadcasts (`broadcast_rows`), as their home or passing them on along the tree, counted once per receiver.
     pages_broadcast,
     /// Broadcast messages received (each is installed, or finds its pages valid here already).
@@ -135,7 +137,8 @@ impl fmt::Display for DsmCounters {
              diffs sent {} ({} B) applied {}, unchanged {}, notices {}, invalidations {}, \
              pushed {} (as diffs {}) installed {} declined {} withheld {} gathered {}, \
              waiting {:.3} ms, releases {:.3} ms, {} messages ({} B), \
-             write views plain {} atomic {} (requests waited for plain stores {}), \
+             write views plain {} atomic {} (requests waited for plain stores {}, \
+             rows lent as copies {}), \
              broadcast sent {} received {} installed {} dropped {}, \
              pages carried by reductions {}",
             self.read_faults,
@@ -162,6 +165,7 @@ impl fmt::Display for DsmCounters {
             self.plain_views,
             self.atomic_views,
             self.requests_waited_plain,
+            self.rows_lent_by_copy,
             self.pages_broadcast,
             self.broadcasts_received,
             self.broadcasts_installed,

@@ -63,6 +63,7 @@ fn floyd_node(link: Arc<InProcess>, n: usize, procs: usize) -> (Vec<f64>, DsmSta
         .from_fn(|i, j| g[i * n + j])
         .unwrap();
     let rowk = RwLock::new(g[..n].to_vec());
+    let first_lends = AtomicU64::new(0);
     let mut prog = Program::new();
     prog.phase_with(
         PoolArray::block(&rt, 0..n, 1),
@@ -74,6 +75,9 @@ fn floyd_node(link: Arc<InProcess>, n: usize, procs: usize) -> (Vec<f64>, DsmSta
             )
         },
         |_ctx, i, (k, w, rk)| {
+            if *k == 0 {
+                first_lends.fetch_add(1, Ordering::Relaxed);
+            }
             let rk: &[f64] = rk;
             w.with_row(i, |row| {
                 let dik = row[*k];
@@ -94,7 +98,12 @@ fn floyd_node(link: Arc<InProcess>, n: usize, procs: usize) -> (Vec<f64>, DsmSta
     );
     rt.start(&mut prog).unwrap();
     drop(prog);
-    (d.to_vec(), dsm.stats())
+    let st = dsm.stats();
+    // The phase's first execution lends copies; every later one, whose
+    // views are disjoint, the rows themselves.
+    let first = first_lends.load(Ordering::Relaxed);
+    assert_eq!(st.total.rows_lent_by_copy, first, "{st}");
+    (d.to_vec(), st)
 }
 
 #[test]
@@ -112,8 +121,6 @@ fn floyd_warshall_through_lent_rows_gives_the_sequential_bits_on_every_configura
                 same,
                 "{nodes}x{procs}, node {node}: distances differ\n{stats}"
             );
-            // The phase's first execution lends copies; every later one,
-            // whose views are disjoint, the rows themselves.
             let t = &stats.total;
             assert!(t.plain_views > 0, "{nodes}x{procs}, node {node}: {t}");
             assert!(t.atomic_views > 0, "{nodes}x{procs}, node {node}: {t}");
@@ -180,6 +187,8 @@ fn lent_rows_are_the_rows_in_plain_views_and_copies_where_views_overlap() {
             .collect();
         assert_eq!(got, want, "procs {procs}, disjoint views");
         assert!(st.total.plain_views > 0, "{}", st.total);
+        // The first execution's rows only.
+        assert_eq!(st.total.rows_lent_by_copy, rows as u64, "{}", st.total);
         // Overlapping views: atomic, every row lent as a copy; the checked
         // store made inside the closure into an element the closure leaves
         // alone is not undone when the copy is stored back.
@@ -193,6 +202,12 @@ fn lent_rows_are_the_rows_in_plain_views_and_copies_where_views_overlap() {
             assert_eq!(g, w, "procs {procs}, overlapping views, element {e}");
         }
         assert_eq!(st.total.plain_views, 0, "{}", st.total);
+        assert_eq!(
+            st.total.rows_lent_by_copy,
+            rows as u64 * steps,
+            "{}",
+            st.total
+        );
     }
 }
 
@@ -264,6 +279,14 @@ fn a_checked_access_before_the_loan_makes_it_a_copy_with_the_same_results() {
     rt.start(&mut prog).unwrap();
     drop(prog);
     assert!(read.load(Ordering::Relaxed));
+    // Copies in the first execution (atomic), in the fourth (plain, but
+    // every row read through the array first) and in the fifth (atomic:
+    // the fourth was not clean); the rows themselves in the second and
+    // third.
+    let st = dsm.stats().total;
+    assert_eq!(st.rows_lent_by_copy, 3 * rows as u64, "{st}");
+    // Views: atomic in two executions, plain in three.
+    assert_eq!(2 * st.plain_views, 3 * st.atomic_views, "{st}");
     let want: Vec<f64> = (0..rows * n)
         .map(|e| ((e / n) + (e % n)) as f64 + steps as f64)
         .collect();

@@ -105,6 +105,7 @@ impl<T: Pod> Shared<T> {
         crate::footprint::Lender {
             plain: &self.seg.plain,
             origin: self.origin,
+            core: &self.core,
         }
     }
 

@@ -204,6 +204,14 @@ impl Core {
         n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
 
+    /// Counts a row lent as a copy (footprint.rs, `lend_copy`), on the
+    /// processor running it.
+    pub(crate) fn count_lent_copy(&self) {
+        let proc = hyfi_core::filthread::current_processor().unwrap_or(self.procs);
+        let n = &self.ctr(proc.min(self.procs)).rows_lent_by_copy;
+        n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
     fn ctr(&self, slot: usize) -> &AtomicCounters {
         &self.counters[slot]
     }
