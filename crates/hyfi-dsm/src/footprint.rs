@@ -804,10 +804,18 @@ impl<'a, T: Pod> WriteRows<'a, T> {
     /// reads the pivot row through a lock guard (`|j, x| x.min(dik +
     /// rk[j])`) runs at 2.1–3.0× the slice loop through `update` and at
     /// 0.8–1.2× through `with_row` (BENCHMARKS.md, "Rows lent as slices").
-    /// Otherwise (a phase's first execution; footprints that overlap) `f`
-    /// gets a copy of the row, and the elements it changed are stored back
-    /// atomically when it returns: the same results at the price of two
-    /// copies of the row (counted in `DsmCounters::rows_lent_by_copy`).
+    /// Otherwise (a phase's first execution; footprints that overlap; a
+    /// checked access to the array, or a second view overlapping this one,
+    /// earlier in the phase) `f` gets a copy of the row, and the elements
+    /// it changed are stored back when it returns (atomically outside a
+    /// plain-store view): the same results at the price of two copies of
+    /// the row (counted in `DsmCounters::rows_lent_by_copy`).
+    ///
+    /// Outside a plain-store view nothing refuses another path to the row
+    /// while `f` runs: a checked read of it sees the row as it was before
+    /// `f`, and a checked store into an element `f` also changes is
+    /// overwritten when the copy is stored back. Write the row only
+    /// through the slice.
     ///
     /// While `f` runs, the row is `f`'s: the view is borrowed, and in a
     /// plain-store view a checked access to the row (`DsmMatrix::get`,
@@ -889,7 +897,7 @@ unsafe fn lend<T: Pod, R>(
 ) -> R {
     let state = lender.plain;
     if plain && state.lendable() {
-        let _loan = crate::plain::Loan::new(state, first..first + len);
+        let _loan = crate::plain::Loan::new(state, first..first + len, true);
         // SAFETY: valid (the caller's contract); nothing else reads or
         // writes these elements while the slice lives (`Loan`).
         f(std::slice::from_raw_parts_mut(p, len))
@@ -914,7 +922,7 @@ unsafe fn lend_copy<T: Pod, R>(
     lender.core.count_lent_copy();
     // In a plain-store epoch the elements are lent all the same: a checked
     // access to them from `f` panics, as with the shared bytes.
-    let _loan = plain.then(|| crate::plain::Loan::new(lender.plain, first..first + len));
+    let _loan = plain.then(|| crate::plain::Loan::new(lender.plain, first..first + len, false));
     let mut buf = vec![T::zeroed(); 2 * len];
     let (row, old) = buf.split_at_mut(len);
     // SAFETY: valid for reads (the caller's contract), read as units.

@@ -411,14 +411,14 @@ impl PlainState {
 /// the wait (core/plain.rs, `park_plain`), so the lent bytes are not read
 /// even while the closure holding them is suspended.
 pub(crate) struct Loan {
-    key: usize,
-    ft: u64,
-    first: usize,
+    record: LoanRecord,
 }
 
-/// A loan: the array's state (as its key), the running filthread, and the
-/// elements lent.
-type LoanRecord = (usize, u64, Range<usize>);
+/// A loan: the array's state (as its key), the running filthread, the
+/// elements lent, and whether they are the shared elements themselves (a
+/// copy's loan only makes other paths to them panic, as the shared
+/// elements' does).
+type LoanRecord = (usize, u64, Range<usize>, bool);
 
 thread_local! {
     /// The loans of the filthreads of this thread (usually none or one).
@@ -426,39 +426,45 @@ thread_local! {
 }
 
 impl Loan {
-    /// Lends elements `span` of the array whose state is `state`.
+    /// Lends elements `span` of the array whose state is `state`: the
+    /// shared elements themselves (`direct`) or a copy of them.
     #[inline]
-    pub(crate) fn new(state: &PlainState, span: Range<usize>) -> Loan {
-        let (key, ft) = (state as *const PlainState as usize, filthread());
-        let first = span.start;
-        LOANS.with(|l| l.borrow_mut().push((key, ft, span)));
-        Loan { key, ft, first }
+    pub(crate) fn new(state: &PlainState, span: Range<usize>, direct: bool) -> Loan {
+        let record = (
+            state as *const PlainState as usize,
+            filthread(),
+            span,
+            direct,
+        );
+        LOANS.with(|l| l.borrow_mut().push(record.clone()));
+        Loan { record }
     }
 }
 
 impl Drop for Loan {
-    /// Ends the loan (also when the closure panics).
+    /// Ends the loan (also when the closure panics). Loans of one
+    /// filthread end in the reverse order they began, but another
+    /// filthread of the thread may end its own in between: the record is
+    /// found whole and removed in place, so the others keep their order.
     #[inline]
     fn drop(&mut self) {
         LOANS.with(|l| {
             let mut l = l.borrow_mut();
-            if let Some(k) = l
-                .iter()
-                .rposition(|(key, ft, s)| (*key, *ft, s.start) == (self.key, self.ft, self.first))
-            {
-                l.swap_remove(k);
+            if let Some(k) = l.iter().rposition(|r| *r == self.record) {
+                l.remove(k);
             }
         });
     }
 }
 
-/// Whether the running filthread lends any elements now.
+/// Whether the running filthread lends shared elements themselves now
+/// (a copy's loan needs no view kept active: nothing shared is lent).
 pub(crate) fn holds_loan() -> bool {
     LOANS.with(|l| {
         let l = l.borrow();
         !l.is_empty() && {
             let ft = filthread();
-            l.iter().any(|(_, f, _)| *f == ft)
+            l.iter().any(|(_, f, _, direct)| *f == ft && *direct)
         }
     })
 }
@@ -474,7 +480,7 @@ pub(crate) fn lent_here(state: &PlainState, span: &Range<usize>) -> bool {
         }
         let ft = filthread();
         l.iter()
-            .any(|(k, f, s)| *k == key && *f == ft && s.start < span.end && span.start < s.end)
+            .any(|(k, f, s, _)| *k == key && *f == ft && s.start < span.end && span.start < s.end)
     })
 }
 

@@ -35,12 +35,14 @@
 //!   the compiler may assume that nothing else reads the lent bytes until
 //!   the closure holding them returns, suspended or not, so a filthread
 //!   that faults inside such a closure keeps its views active through the
-//!   wait. The exception costs a wait only where a request for one of its
-//!   pages comes meanwhile, and a cycle only where two nodes each fault,
-//!   inside such a closure, on a page that the other's lending views cover in the same
-//!   phase (false sharing of lent rows across nodes, with a checked
-//!   access inside the closure): take the rows a closure reads as views
-//!   in the segment's bind, before the loan, and no closure faults.
+//!   wait (a loan of a copy lends nothing shared and keeps nothing
+//!   active). The exception costs a wait only where a request for one of
+//!   its pages comes meanwhile, and a cycle only where nodes each fault,
+//!   inside such a closure, on a page the next one's lending views cover,
+//!   around a cycle of two or more in the same phase (false sharing
+//!   across nodes, and a checked access or a view taken inside every
+//!   closure of the cycle): take the rows a closure reads as views in the
+//!   segment's bind, before the loan, and no closure faults.
 //!
 //! An active period ends within the segment that began it, or at the
 //! segment's next page wait: within a phase a filthread waits for nothing
