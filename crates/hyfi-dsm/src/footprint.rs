@@ -798,12 +798,19 @@ impl<'a, T: Pod> WriteRows<'a, T> {
     ///
     /// In a plain-store view ([`WriteRows::plain_stores`]: from a phase's
     /// second execution on, where no other filament touches the view's
-    /// rows) the slice is the shared row itself. The `&mut` also tells the
-    /// compiler that the row's stores leave everything else alone, which
-    /// [`RowWriter::update`] cannot: a Floyd–Warshall step whose closure
-    /// reads the pivot row through a lock guard (`|j, x| x.min(dik +
-    /// rk[j])`) runs at 2.1–3.0× the slice loop through `update` and at
-    /// 0.8–1.2× through `with_row` (BENCHMARKS.md, "Rows lent as slices").
+    /// rows) the slice is the shared row itself.
+    ///
+    /// **Read other data as slices too.** A loop that indexes data the
+    /// compiler reaches through memory per element (a `Vec` behind a lock
+    /// guard: `rk[j]` with `rk` a `RwLockReadGuard`) stays scalar, here as
+    /// through [`RowWriter::update`]: the row's stores might change the
+    /// `Vec`'s pointer and length, so they are loaded again for every
+    /// element. Take the slice once (`let rk: &[f64] = &rk;`), or `zip`
+    /// with it, which does. A user's Floyd–Warshall step ran at 2.5–4.5×
+    /// the slice loop indexing the guard, through `update` or `with_row`
+    /// alike, and at 0.9–1.6× with the slice taken once, through either
+    /// (BENCHMARKS.md, "Rows lent as slices").
+    ///
     /// Otherwise (a phase's first execution; footprints that overlap; a
     /// checked access to the array, or a second view overlapping this one,
     /// earlier in the phase) `f` gets a copy of the row, and the elements
@@ -1013,11 +1020,11 @@ impl<T: Pod> RowWriter<'_, T> {
     /// phase reads and rewrites (CG's `x += αp`, `r -= αq`), which
     /// vectorises as the slice loop does in a plain-store view, where
     /// `fill` with [`WriteRows::get`] inside loads every element
-    /// atomically. Where `f` reads through memory the compiler cannot
-    /// tell apart from the row (a `Vec` behind a lock guard, a captured
-    /// reference), it reloads that per element and the loop stays scalar;
-    /// [`WriteRows::with_row`] lends the row as a `&mut [T]`, which it
-    /// can:
+    /// atomically. Where `f` indexes data it reaches through memory (a
+    /// `Vec` behind a lock guard), the compiler reloads the data's pointer
+    /// per element and the loop stays scalar: take a slice of it before
+    /// the call (`let rk: &[f64] = &rk;`). [`WriteRows::with_row`] lends
+    /// the row itself as a `&mut [T]`, for loops written over slices:
     ///
     /// ```
     /// use hyfi::{Config, Control, PoolArray, Program, Runtime};
