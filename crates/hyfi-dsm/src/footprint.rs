@@ -307,9 +307,6 @@ impl Segment {
                 // Read through the checked accessors first: not clean.
                 CHECKED => e << SHIFT | WRITTEN,
                 VIEWS | PLAIN => {
-                    if mode == PLAIN && crate::plain::lent_here(&self.plain, &span) {
-                        crate::plain::lent(self.seq, "write view over", span.start);
-                    }
                     let ft = hyfi_core::filthread::current_work();
                     return match self.plain.claim_view(span.clone(), ft, site, mode == PLAIN) {
                         crate::plain::Outcome::Plain => true,
@@ -326,6 +323,9 @@ impl Segment {
                         }
                         crate::plain::Outcome::Conflict => {
                             crate::plain::conflict(self.seq, "write view over", span.start)
+                        }
+                        crate::plain::Outcome::Lent => {
+                            crate::plain::lent(self.seq, "write view over", span.start)
                         }
                     };
                 }
@@ -345,14 +345,14 @@ impl Segment {
     /// epoch is not clean, and the elements must lie in no other
     /// filament's plain-store view (plain.rs).
     fn checked_in_plain_epoch(&self, what: &str, e: usize, n: usize) {
-        if crate::plain::lent_here(&self.plain, &(e..e + n.max(1))) {
-            crate::plain::lent(self.seq, what, e);
-        }
-        if self
+        use crate::plain::Refused;
+        match self
             .plain
             .checked_access(e..e + n.max(1), hyfi_core::filthread::current_work())
         {
-            crate::plain::conflict(self.seq, what, e);
+            None => {}
+            Some(Refused::Conflict) => crate::plain::conflict(self.seq, what, e),
+            Some(Refused::Lent) => crate::plain::lent(self.seq, what, e),
         }
     }
 

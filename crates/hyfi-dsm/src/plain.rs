@@ -263,6 +263,17 @@ pub(crate) enum Outcome {
     Atomic { clean: bool },
     /// The span overlaps a claim of another chunk or filthread in a `PLAIN` epoch.
     Conflict,
+    /// The span overlaps elements the running filthread lends ([`Loan`]).
+    Lent,
+}
+
+/// Why [`PlainState::checked_access`] refuses an access.
+pub(crate) enum Refused {
+    /// It falls inside another filthread's claim (a race with its plain
+    /// stores).
+    Conflict,
+    /// It falls inside elements the running filthread lends ([`Loan`]).
+    Lent,
 }
 
 impl PlainState {
@@ -286,6 +297,9 @@ impl PlainState {
         site: Site,
         plain: bool,
     ) -> Outcome {
+        if plain && lent_here(self, &span) {
+            return Outcome::Lent;
+        }
         let mut t = self.lock();
         if !t.sites.iter().any(|&s| same(s, site)) {
             t.sites.push(site);
@@ -314,9 +328,11 @@ impl PlainState {
     }
 
     /// A checked access of elements `span` by chunk or filthread `ft` in a `PLAIN`
-    /// epoch: marks the epoch not clean; true if it falls inside another
-    /// filthread's claim (a race with its plain stores).
-    pub(crate) fn checked_access(&self, span: Range<usize>, ft: u64) -> bool {
+    /// epoch: marks the epoch not clean, or says why it is refused.
+    pub(crate) fn checked_access(&self, span: Range<usize>, ft: u64) -> Option<Refused> {
+        if lent_here(self, &span) {
+            return Some(Refused::Lent);
+        }
         let mut t = self.lock();
         t.unclean = true;
         self.shared_paths.store(true, Relaxed);
@@ -334,7 +350,7 @@ impl PlainState {
                 t.checked_rest = Some(all);
             }
         }
-        hit
+        hit.then_some(Refused::Conflict)
     }
 
     /// Notes a call site whose view came in an epoch already `WRITTEN`
@@ -401,7 +417,8 @@ impl PlainState {
 /// writes without further checks), sets [`PlainState::lendable`] false for
 /// the epoch, and the row is then lent by copy. Paths made while the loan
 /// lives: a checked access or a new write view of lent elements by the
-/// same filthread panics ([`lent_here`], called on the slow paths every
+/// same filthread panics (`PlainState::checked_access` and `claim_view`,
+/// which judge loans as they judge claims, on the slow paths every
 /// such access takes in a `PLAIN` epoch). Loans are kept per thread and
 /// tagged with the filthread, which resumes on the thread it suspended on,
 /// so a filthread that suspends inside the closure keeps its loan and
@@ -471,7 +488,7 @@ pub(crate) fn holds_loan() -> bool {
 
 /// Whether the running filthread has lent elements of `span` of the array
 /// whose state is `state`.
-pub(crate) fn lent_here(state: &PlainState, span: &Range<usize>) -> bool {
+fn lent_here(state: &PlainState, span: &Range<usize>) -> bool {
     let key = state as *const PlainState as usize;
     LOANS.with(|l| {
         let l = l.borrow();

@@ -6,10 +6,9 @@
 //! counters, never timings.
 
 mod common;
-use common::{on_nodes, start, until};
+use common::{on_nodes, start, until, wait_for};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
 
 use hyfi_core::link::InProcess;
 use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
@@ -251,6 +250,14 @@ fn every_other_path_to_a_lent_row_is_refused() {
     }
 }
 
+/// A `rows × n` matrix that started at `i + j` after `steps` executions
+/// that each added 1 to every element.
+fn counted_up(rows: usize, n: usize, steps: u64) -> Vec<f64> {
+    (0..rows * n)
+        .map(|e| ((e / n) + (e % n)) as f64 + steps as f64)
+        .collect()
+}
+
 #[test]
 fn a_second_view_over_a_chunks_rows_makes_its_loans_copies() {
     // From the fourth execution on, each segment also takes a second
@@ -282,10 +289,7 @@ fn a_second_view_over_a_chunks_rows_makes_its_loans_copies() {
     );
     rt.start(&mut prog).unwrap();
     drop(prog);
-    let want: Vec<f64> = (0..rows * n)
-        .map(|e| ((e / n) + (e % n)) as f64 + steps as f64)
-        .collect();
-    assert_eq!(m.to_vec(), want);
+    assert_eq!(m.to_vec(), counted_up(rows, n, steps));
     // Copies in the first execution (atomic) and the fourth; the second
     // view stores plainly beside the first (one chunk), so the epoch stays
     // clean and the fifth lends the rows again: every view but the
@@ -339,10 +343,7 @@ fn a_checked_access_before_the_loan_makes_it_a_copy_with_the_same_results() {
     assert_eq!(st.rows_lent_by_copy, 3 * rows as u64, "{st}");
     // Views: atomic in two executions, plain in three.
     assert_eq!(2 * st.plain_views, 3 * st.atomic_views, "{st}");
-    let want: Vec<f64> = (0..rows * n)
-        .map(|e| ((e / n) + (e % n)) as f64 + steps as f64)
-        .collect();
-    assert_eq!(m.to_vec(), want);
+    assert_eq!(m.to_vec(), counted_up(rows, n, steps));
 }
 
 #[test]
@@ -422,13 +423,8 @@ fn fault_inside_loan_node(link: Arc<InProcess>, rounds: u64) -> (DsmStats, Vec<S
                     }
                     let before = dsm.stats().total.requests_waited_plain;
                     LENDING.store(k + 1, Ordering::SeqCst);
-                    let t = Instant::now();
-                    while dsm.stats().total.requests_waited_plain == before {
-                        if t.elapsed() > Duration::from_secs(20) {
-                            fail(format!("round {k}: no request waited for the loan"));
-                            break;
-                        }
-                        std::thread::yield_now();
+                    if !wait_for(|| dsm.stats().total.requests_waited_plain != before) {
+                        fail(format!("round {k}: no request waited for the loan"));
                     }
                     // A fault while lending: node 1 must serve it.
                     let e = base + pp / 2;
@@ -439,13 +435,8 @@ fn fault_inside_loan_node(link: Arc<InProcess>, rounds: u64) -> (DsmStats, Vec<S
                 });
                 LENT_UNTIL.store(k + 1, Ordering::SeqCst);
             } else {
-                let t = Instant::now();
-                while k > 0 && LENDING.load(Ordering::SeqCst) != k + 1 {
-                    if t.elapsed() > Duration::from_secs(20) {
-                        fail(format!("round {k}: node 0 never lent"));
-                        break;
-                    }
-                    std::thread::yield_now();
+                if !wait_for(|| k == 0 || LENDING.load(Ordering::SeqCst) == k + 1) {
+                    fail(format!("round {k}: node 0 never lent"));
                 }
                 let mid = base + pp / 2;
                 let got = v.get(mid);

@@ -6,10 +6,9 @@
 //! `atomic_views`, `requests_waited_plain`), never timings.
 
 mod common;
-use common::{on_nodes, start, until};
+use common::{on_nodes, start, until, wait_for};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use hyfi_core::link::InProcess;
 use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
@@ -257,23 +256,13 @@ fn request_during_plain_node(link: Arc<InProcess>, rounds: u64) -> (DsmStats, Ve
                     // Hold the view until node 1's request waits for it.
                     let before = dsm.stats().total.requests_waited_plain;
                     HOLDING.store(k + 1, Ordering::SeqCst);
-                    let t = Instant::now();
-                    while dsm.stats().total.requests_waited_plain == before {
-                        if t.elapsed() > Duration::from_secs(20) {
-                            fail(format!("round {k}: no request waited for the view"));
-                            break;
-                        }
-                        std::thread::yield_now();
+                    if !wait_for(|| dsm.stats().total.requests_waited_plain != before) {
+                        fail(format!("round {k}: no request waited for the view"));
                     }
                 }
             } else {
-                let t = Instant::now();
-                while k > 0 && HOLDING.load(Ordering::SeqCst) != k + 1 {
-                    if t.elapsed() > Duration::from_secs(20) {
-                        fail(format!("round {k}: node 0 never held a plain view"));
-                        break;
-                    }
-                    std::thread::yield_now();
+                if !wait_for(|| k == 0 || HOLDING.load(Ordering::SeqCst) == k + 1) {
+                    fail(format!("round {k}: node 0 never held a plain view"));
                 }
                 let mid = base + pp / 2;
                 let got = v.get(mid);

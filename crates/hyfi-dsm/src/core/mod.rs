@@ -207,9 +207,9 @@ impl Core {
     /// Counts a row lent as a copy (footprint.rs, `lend_copy`), on the
     /// processor running it.
     pub(crate) fn count_lent_copy(&self) {
-        let proc = hyfi_core::filthread::current_processor().unwrap_or(self.procs);
-        let n = &self.ctr(proc.min(self.procs)).rows_lent_by_copy;
-        n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        self.ctr(self.slot())
+            .rows_lent_by_copy
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     fn ctr(&self, slot: usize) -> &AtomicCounters {

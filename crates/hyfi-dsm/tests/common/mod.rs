@@ -90,3 +90,16 @@ pub fn until(executions: u64) -> impl FnMut(&mut PostPhase<'_>) -> Control {
         }
     }
 }
+
+/// Waits, yielding, until `ready()` holds or 20 s have passed (a test's
+/// bound, never a timing it asserts); whether it held.
+pub fn wait_for(mut ready: impl FnMut() -> bool) -> bool {
+    let t = std::time::Instant::now();
+    while !ready() {
+        if t.elapsed() > std::time::Duration::from_secs(20) {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+    true
+}
