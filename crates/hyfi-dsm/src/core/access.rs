@@ -59,24 +59,35 @@ impl Core {
                             // SAFETY: a page of this segment, valid here.
                             m.twin = Some(unsafe { elem::twin(seg.page_ptr(p)) });
                         } else {
-                            m.faulted = true;
                             // Another node wrote this page in one of the
                             // last two releases: snapshot it, so that the
                             // release can push the home's own writes as a
                             // diff (core/README.md, "pages two nodes
-                            // write").
+                            // write"). Only at the page's first write
+                            // fault of the phase with no twin yet: then
+                            // it has not been writable here in this phase
+                            // (a `WRITE` page the server turned `READ` got
+                            // the server's snapshot), so no store into it,
+                            // plain or atomic, has been made or is in
+                            // flight. A later fault (after a serve) would
+                            // copy bytes a plain view may be storing into,
+                            // and a diff against that copy would miss the
+                            // home's earlier writes.
                             let epoch = self.completed.load(Ordering::Acquire);
-                            if m.twin.is_none()
+                            if !m.faulted
+                                && m.twin.is_none()
                                 && !m.copies.is_empty()
                                 && m.diffed != 0
                                 && m.diffed + 1 >= epoch
                             {
                                 // SAFETY: a page of this segment, homed and
-                                // valid here; nothing stores into it before
-                                // its state says WRITE (below).
+                                // valid here, not writable in this phase
+                                // until now (above): nothing stores into it
+                                // before its state says WRITE (below).
                                 m.twin = Some(unsafe { elem::twin(seg.page_ptr(p)) });
                                 m.own_twin = true;
                             }
+                            m.faulted = true;
                         }
                         self.dirty
                             .lock()
