@@ -139,7 +139,7 @@ impl Core {
             return Ok(());
         }
         self.install_broadcast(&frame, epoch, &mut pr);
-        self.proto_cv.notify_all();
+        self.proto_cv.ring(&pr);
         Ok(())
     }
 
@@ -235,11 +235,7 @@ impl Core {
             if left.is_zero() {
                 break;
             }
-            pr = self
-                .proto_cv
-                .wait_timeout(pr, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            pr = self.proto_cv.wait_timeout(pr, left);
         }
         true
     }

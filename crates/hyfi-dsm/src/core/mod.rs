@@ -10,7 +10,7 @@ mod release;
 mod server;
 
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use crossbeam_utils::CachePadded;
 use hyfi_core::filthread;
@@ -59,7 +59,7 @@ pub(crate) struct Core {
     /// release's poll before it sleeps.
     got: AtomicUsize,
     proto: Mutex<Proto>,
-    proto_cv: Condvar,
+    proto_cv: release::ProtoCondvar,
     failed: OnceLock<String>,
     /// Pages first written in this phase (global numbers).
     dirty: Mutex<Vec<u64>>,
@@ -114,8 +114,9 @@ impl Core {
                 bcast_due: Default::default(),
                 carried: Vec::new(),
                 noticed: Vec::new(),
+                sleepers: 0,
             }),
-            proto_cv: Condvar::new(),
+            proto_cv: release::ProtoCondvar::default(),
             failed: OnceLock::new(),
             dirty: Mutex::new(Vec::new()),
             fresh: Mutex::new(Vec::new()),
@@ -265,8 +266,8 @@ impl Core {
                 }
             }
         }
-        let _g = self.proto.lock().unwrap_or_else(|e| e.into_inner());
-        self.proto_cv.notify_all();
+        let pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
+        self.proto_cv.ring(&pr);
     }
 
     /// Sends `msg` to node `to`, encoded straight into the link's frame,
