@@ -217,6 +217,10 @@ struct Mail {
     failed: Option<String>,
     /// Peers whose program ended (they send no more collectives).
     left: Vec<usize>,
+    /// Threads asleep on the condition variable: `put` notifies it only
+    /// then (a notification is a `futex` system call, sleepers or not, and
+    /// every piece of every all-reduce comes through `put`).
+    sleepers: usize,
 }
 
 /// The seam's collectives for a transport that has no channel of its own:
@@ -263,13 +267,17 @@ impl Collectives {
 
     /// Changes the mail under its lock and wakes every waiter.
     fn put(&self, f: impl FnOnce(&mut Mail)) {
-        let waiters = {
+        let (waiters, sleepers) = {
             let mut m = self.lock();
             f(&mut m);
             self.generation.fetch_add(1, Ordering::Release);
-            std::mem::take(&mut m.waiters)
+            (std::mem::take(&mut m.waiters), m.sleepers)
         };
-        self.cv.notify_all();
+        // A sleeper counted itself under the lock before it slept, so one
+        // that is not counted here looks at the mail after this change.
+        if sleepers > 0 {
+            self.cv.notify_all();
+        }
         for w in waiters {
             w.wake();
         }
@@ -405,7 +413,9 @@ impl Channel for Collectives {
             if let Some(r) = self.take(&mut m, key) {
                 return r;
             }
+            m.sleepers += 1;
             m = self.cv.wait(m).unwrap_or_else(|e| e.into_inner());
+            m.sleepers -= 1;
         }
     }
 }

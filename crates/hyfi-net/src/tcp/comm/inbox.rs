@@ -101,7 +101,13 @@ impl Inbox {
             let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
             f(&mut s);
             self.generation.fetch_add(1, Ordering::Release);
-            self.cv.notify_all();
+            // Only a sleeper needs the notification, a `futex` system call
+            // whether or not anyone sleeps: every collective's piece and
+            // every SPMD step comes through here. A sleeper counts itself
+            // under this lock before it sleeps (`wait`).
+            if self.sleeping.load(Ordering::SeqCst) > 0 {
+                self.cv.notify_all();
+            }
             s.take_waiters()
         };
         // Woken outside the lock; each re-checks for its own message.
