@@ -242,6 +242,15 @@ impl Segment {
         }
     }
 
+    /// Whether this node reads the array as plain memory in `epoch` (a read
+    /// view was taken in it): then no filament of this node writes it in
+    /// `epoch` (each would panic before its store, footprint.rs), which the
+    /// page server uses to serve its pages without a snapshot
+    /// (core/server.rs).
+    pub(crate) fn read_only_in(&self, epoch: u64) -> bool {
+        self.access.load(Relaxed) == (epoch << SHIFT | READ_ONLY)
+    }
+
     /// Records that this node reads the array as plain memory in `epoch`.
     /// Panics if the array is written in `epoch`.
     #[inline]

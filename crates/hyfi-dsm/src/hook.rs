@@ -37,9 +37,7 @@ impl hyfi_core::PhaseEnd for Hook {
         // Reaped first: a registered view counts as live until then.
         self.0.reap_plain();
         crate::footprint::check_no_live_views(&self.0);
-        for seg in self.0.segs.read().unwrap_or_else(|e| e.into_inner()).iter() {
-            seg.end_access_epoch();
-        }
+        self.0.end_access_epoch();
     }
 }
 

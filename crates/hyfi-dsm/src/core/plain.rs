@@ -248,6 +248,18 @@ impl Core {
         }
     }
 
+    /// Resets every array's access mode at an access epoch's end (no
+    /// filament runs), under the registry's lock: the page server reads
+    /// an array's mode under it to serve a read-only array's page without
+    /// a snapshot (server.rs), which is sound only if the epoch cannot
+    /// end, and the next one's writes begin, while it serves.
+    pub(crate) fn end_access_epoch(&self) {
+        let _serving = self.plain_views.lock();
+        for seg in self.segs.read().unwrap_or_else(|e| e.into_inner()).iter() {
+            seg.end_access_epoch();
+        }
+    }
+
     /// Before the current filthread waits for a page: reaps, and
     /// deactivates its own plain views (see the module docs). Returns
     /// whether it had any, to reactivate after the wait.

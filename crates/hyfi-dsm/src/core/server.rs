@@ -50,6 +50,10 @@ impl Core {
             // Each page is copied once, straight into the reply's frame.
             let mut frame = PagesFrame::new(chunk.len());
             let mut plain = self.plain_views.lock();
+            // Read under the lock: an array's mode is reset, at its
+            // epoch's end, only under it (`Core::end_access_epoch`), and
+            // the next epoch begins after that.
+            let epoch = self.epoch.load(Ordering::SeqCst);
             for &gp in chunk {
                 let (seg, p) = self.find(gp).expect("checked when the request came");
                 if self.plain_holds(&mut plain, to, gp) {
@@ -64,13 +68,21 @@ impl Core {
                     // From now on the home's writes fault (and are
                     // pushed to `to` at the release).
                     seg.state[p].store(READ, Ordering::Release);
-                    if !m.faulted && m.twin.is_none() {
+                    if !m.faulted && m.twin.is_none() && !seg.read_only_in(epoch) {
                         // Writable without a fault until now: nobody
                         // else held it. A write that passed its state
                         // test before this serve may still land after
                         // the copy below, unseen; the release compares
                         // the page with this snapshot and pushes it if
-                        // it changed.
+                        // it changed. Not where a read view made the
+                        // array read-only on this node in its current
+                        // access epoch (matmul's B, an old grid): no
+                        // write of this epoch can come (each would panic
+                        // before its store), and one of a later epoch
+                        // finds the page `READ` and faults: the mode read
+                        // here is reset under the lock held here, before
+                        // the next epoch begins. A 4 KiB snapshot per
+                        // page served was most of a reply's cost.
                         // SAFETY: a page of a live segment homed here; no
                         // plain store is in flight (no active view covers it).
                         m.twin = Some(unsafe { elem::twin(seg.page_ptr(p)) });
