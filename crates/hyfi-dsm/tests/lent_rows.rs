@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use hyfi_core::link::InProcess;
 use hyfi_core::{Config, Control, PoolArray, Program, Runtime};
-use hyfi_dsm::{Dsm, DsmStats, DsmVec, Placement, PAGE};
+use hyfi_dsm::{Dsm, DsmMatrix, DsmStats, DsmVec, Placement, PAGE};
 
 /// The graph's distances: 0 on the diagonal, an edge of weight 1–99 for
 /// one pair in five, infinity elsewhere.
@@ -258,6 +258,18 @@ fn counted_up(rows: usize, n: usize, steps: u64) -> Vec<f64> {
         .collect()
 }
 
+/// One node of two processors, its DSM, and the `rows × n` matrix that
+/// [`counted_up`] describes after no step.
+fn counting_from_zero(rows: usize, n: usize) -> (Runtime, Dsm, DsmMatrix<f64>) {
+    let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+    let dsm = Dsm::new(&rt).unwrap();
+    let m = dsm
+        .matrix::<f64>(rows, n)
+        .from_fn(|i, j| (i + j) as f64)
+        .unwrap();
+    (rt, dsm, m)
+}
+
 #[test]
 fn a_second_view_over_a_chunks_rows_makes_its_loans_copies() {
     // From the fourth execution on, each segment also takes a second
@@ -265,12 +277,7 @@ fn a_second_view_over_a_chunks_rows_makes_its_loans_copies() {
     // are ordered), through which the chunk could reach a lent row: the
     // rows are lent as copies in that execution, with the same results.
     let (rows, n, steps) = (8, 256, 5u64);
-    let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
-    let dsm = Dsm::new(&rt).unwrap();
-    let m = dsm
-        .matrix::<f64>(rows, n)
-        .from_fn(|i, j| (i + j) as f64)
-        .unwrap();
+    let (rt, dsm, m) = counting_from_zero(rows, n);
     let mut prog = Program::new();
     prog.phase_with(
         PoolArray::block(&rt, 0..rows, 1),
@@ -305,12 +312,7 @@ fn a_checked_access_before_the_loan_makes_it_a_copy_with_the_same_results() {
     // checked accessor and then lends it: the loan must not alias that
     // path, so the row is lent as a copy, and the results are the same.
     let (rows, n, steps) = (8, 256, 5u64);
-    let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
-    let dsm = Dsm::new(&rt).unwrap();
-    let m = dsm
-        .matrix::<f64>(rows, n)
-        .from_fn(|i, j| (i + j) as f64)
-        .unwrap();
+    let (rt, dsm, m) = counting_from_zero(rows, n);
     let read = AtomicBool::new(false);
     let mut prog = Program::new();
     prog.phase_with(
