@@ -338,6 +338,12 @@ impl<T: bytemuck::Pod + Send + Sync> Reduction<T> {
     /// Replaces this pool's copy `v` by `f(v)` (in fork-join, this
     /// processor's).
     ///
+    /// The copy goes to `f` and back by value: for a value of many words
+    /// (an array of sums, a histogram) that is a copy of every byte per
+    /// call; keep a segment-local accumulator instead
+    /// ([`local_with`](Reduction::local_with)) and change it in place
+    /// ([`LocalWith::update`]).
+    ///
     /// `f` must not wait: it may not touch a shared array whose page is
     /// not here, join, or otherwise suspend its filthread, since another
     /// filthread of the processor could update the same copy meanwhile and
@@ -651,6 +657,45 @@ impl<T: bytemuck::Pod + Send + Sync, F: Fn(T, T) -> T> LocalWith<'_, T, F> {
     #[inline(always)]
     pub fn fold(&mut self, v: T) {
         self.acc = (self.combine)(self.acc, v);
+    }
+    /// Changes the accumulator in place, as folding a value into it would:
+    /// for a value of many words (a histogram, a k-means step's sums per
+    /// cluster), where each filament adds to one or two of its entries.
+    /// `fold` of a whole `T` per filament, or [`Reduction::update`] (which
+    /// takes and returns the chunk's copy by value), moves every byte of
+    /// `T` for each filament; this touches the entries `f` touches, as a
+    /// sequential loop's local array does.
+    ///
+    /// Its result must be what folding the filament's contribution with
+    /// `combine` would give (for a sum per entry: add to the entry), so
+    /// that the total does not depend on how the filaments were grouped.
+    ///
+    /// ```
+    /// use hyfi::{Config, Control, PoolArray, Program, Runtime};
+    ///
+    /// // A histogram of 64 bins, one filament per value.
+    /// let data: Vec<u8> = (0..10_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    /// let add = |mut a: [u64; 64], b: [u64; 64]| { a.iter_mut().zip(b).for_each(|(x, y)| *x += y); a };
+    /// let rt = Runtime::new(Config::new().procs(2).pin(false))?;
+    /// let hist = rt.reduction([0u64; 64]);
+    /// let mut counts = [0u64; 64];
+    /// let mut prog = Program::new();
+    /// prog.phase_with(
+    ///     PoolArray::block(&rt, 0..data.len(), 1),
+    ///     |ctx, _span| hist.local_with(ctx, [0; 64], add),
+    ///     |_ctx, i, hist| hist.update(|h| h[usize::from(data[i] / 4)] += 1),
+    ///     |post| { counts = post.reduce_with(&hist, add); Control::Done },
+    /// );
+    /// rt.start(&mut prog)?;
+    /// drop(prog);
+    /// let mut seq = [0u64; 64];
+    /// data.iter().for_each(|&v| seq[usize::from(v / 4)] += 1);
+    /// assert_eq!(counts, seq);
+    /// # Ok::<(), hyfi::Error>(())
+    /// ```
+    #[inline(always)]
+    pub fn update(&mut self, f: impl FnOnce(&mut T)) {
+        f(&mut self.acc);
     }
     /// The value accumulated so far (the identity at first).
     #[inline]

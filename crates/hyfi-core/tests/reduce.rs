@@ -1,6 +1,7 @@
 //! Reductions are reproducible however the pools of a processor interleave,
 //! `Reduction::update` cannot lose an update, and `Reduction::local_with`
-//! reduces a type of the user's own as a sequential scan does.
+//! reduces a type of the user's own as a sequential scan does (folded by
+//! value, or changed in place with `LocalWith::update`).
 //!
 //! Every filament here waits once (as one waiting for a shared page does)
 //! before it contributes; a "network" thread ends the waits in an order
@@ -511,5 +512,79 @@ fn runtime_reduce_combines_a_fork_join_runs_copies() {
         // set the start afresh, as in a phase.
         rt.set(&count, 0).unwrap();
         assert_eq!(rt.get(&count).unwrap(), 0);
+    }
+}
+
+/// The histogram of `hist_value(i)` over `0..n`, in 64 bins.
+fn histogram_seq(n: usize) -> [u64; 64] {
+    let mut h = [0u64; 64];
+    (0..n).for_each(|i| h[hist_value(i)] += i as u64 % 5 + 1);
+    h
+}
+
+fn hist_value(i: usize) -> usize {
+    (i.wrapping_mul(2_654_435_761) >> 7) % 64
+}
+
+fn add_bins(mut a: [u64; 64], b: [u64; 64]) -> [u64; 64] {
+    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+    a
+}
+
+/// A histogram kept in a segment-local accumulator changed in place
+/// (`LocalWith::update`), on one to three nodes of one or two processors
+/// (the in-process node seam), gives the sequential loop's counts in every
+/// sweep: each sweep's copies are reset by the post-phase code.
+#[test]
+fn local_with_update_builds_the_sequential_histogram_on_every_configuration() {
+    let n = 20_000;
+    let want = histogram_seq(n);
+    for nodes in [1, 2, 3] {
+        for procs in [1, 2] {
+            for pools in [1, 3] {
+                let links = hyfi_core::link::InProcess::connect(nodes);
+                let handles: Vec<_> = links
+                    .into_iter()
+                    .map(|link| {
+                        std::thread::spawn(move || {
+                            use hyfi_core::layer::RuntimeExt;
+                            let rt = Runtime::with_link(
+                                Config::new().procs(procs).pin(false),
+                                link as std::sync::Arc<dyn hyfi_core::NodeLink>,
+                            )
+                            .expect("runtime");
+                            let hist = rt.reduction([0u64; 64]);
+                            let mut got = Vec::new();
+                            let mut prog = Program::new();
+                            prog.phase_with(
+                                PoolArray::block(&rt, 0..n, pools),
+                                |ctx, _span| hist.local_with(ctx, [0; 64], add_bins),
+                                |_ctx, i, h| h.update(|h| h[hist_value(i)] += i as u64 % 5 + 1),
+                                |post| {
+                                    got.push(post.reduce_with(&hist, add_bins));
+                                    post.set(&hist, [0; 64]);
+                                    if got.len() == 3 {
+                                        Control::Done
+                                    } else {
+                                        Control::Continue
+                                    }
+                                },
+                            );
+                            rt.start(&mut prog).expect("program runs");
+                            drop(prog);
+                            got
+                        })
+                    })
+                    .collect();
+                for (node, h) in handles.into_iter().enumerate() {
+                    let got = h.join().expect("node thread");
+                    assert_eq!(
+                        got,
+                        vec![want; 3],
+                        "node {node} of {nodes}, {procs} processors, {pools} pools each"
+                    );
+                }
+            }
+        }
     }
 }
