@@ -106,8 +106,8 @@ pub use hyfi_core::{
 ///
 /// It reads no command-line option: `HYFI_NODES=2 ./program` runs a
 /// program on two local nodes, and `./program --nodes 2` runs it on one
-/// unless the program parses `--nodes` itself and passes the count to
-/// [`init_nodes`], as the examples do.
+/// (saying so on stderr) unless the program parses `--nodes` itself and
+/// passes the count to [`init_nodes`], as the examples do.
 ///
 /// The facade's entry points return the program's one error type,
 /// [`Error`]; the cluster layer's own error is its

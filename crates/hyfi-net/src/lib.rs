@@ -109,7 +109,18 @@ pub fn init_nodes(cfg: Config, nodes: Option<usize>) -> Result<Runtime, NetError
         (d, _) => d,
     };
     match detected {
-        bootstrap::Detected::Single => Ok(Runtime::new(cfg)?),
+        bootstrap::Detected::Single => {
+            if nodes.is_none() && names_nodes(std::env::args().skip(1)) {
+                // A user who ran `./program --nodes 2` and timed it as two
+                // nodes would be measuring one: say so once.
+                eprintln!(
+                    "hyfi: the command line has --nodes, which hyfi::init does not read: this \
+                     runs one node; set HYFI_NODES=N to start N local nodes, or parse the \
+                     option and pass the count to hyfi::init_nodes (as the examples do)"
+                );
+            }
+            Ok(Runtime::new(cfg)?)
+        }
         bootstrap::Detected::LaunchLocal { nodes } => {
             // The program's own settings too, before any node starts.
             cfg.check()?;
@@ -127,6 +138,12 @@ pub fn init_nodes(cfg: Config, nodes: Option<usize>) -> Result<Runtime, NetError
             })
         }
     }
+}
+
+/// Whether a program's arguments hold a `--nodes` option (`--nodes N` or
+/// `--nodes=N`), which only [`init_nodes`]' caller can have read.
+fn names_nodes(mut args: impl Iterator<Item = String>) -> bool {
+    args.any(|a| a == "--nodes" || a.starts_with("--nodes="))
 }
 
 /// Starts node `spec.rank` of a job.
@@ -315,4 +332,25 @@ pub(crate) fn since_start() -> u64 {
         .get_or_init(std::time::Instant::now)
         .elapsed()
         .as_nanos() as u64
+}
+
+#[cfg(test)]
+mod names_nodes_tests {
+    use super::names_nodes;
+
+    fn args(a: &[&str]) -> impl Iterator<Item = String> {
+        a.iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+
+    #[test]
+    fn a_nodes_option_is_seen_in_either_spelling_and_nothing_else_is() {
+        assert!(names_nodes(args(&["--nodes", "2"])));
+        assert!(names_nodes(args(&["--n", "64", "--nodes=4"])));
+        assert!(!names_nodes(args(&["--n", "64", "--procs", "2"])));
+        assert!(!names_nodes(args(&["--nodes-file", "x", "nodes"])));
+        assert!(!names_nodes(args(&[])));
+    }
 }
