@@ -38,11 +38,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::{Class, FrameError, Port, Service, ServiceId};
 use crate::node::LinkError;
+use crate::sleep::QuietCondvar;
 
 /// The seam's collectives' service: its number on the wire.
 pub const SERVICE: ServiceId = ServiceId::new(3, "the collectives");
@@ -217,10 +218,6 @@ struct Mail {
     failed: Option<String>,
     /// Peers whose program ended (they send no more collectives).
     left: Vec<usize>,
-    /// Threads asleep on the condition variable: `put` notifies it only
-    /// then (a notification is a `futex` system call, sleepers or not, and
-    /// every piece of every all-reduce comes through `put`).
-    sleepers: usize,
 }
 
 /// The seam's collectives for a transport that has no channel of its own:
@@ -232,7 +229,9 @@ pub struct Collectives {
     port: Arc<dyn Port>,
     seq: AtomicU64,
     mail: Mutex<Mail>,
-    cv: Condvar,
+    /// Every piece of every all-reduce comes through `put`: notified only
+    /// while a thread sleeps on it.
+    cv: QuietCondvar,
     generation: AtomicU64,
 }
 
@@ -256,7 +255,7 @@ impl Collectives {
             port,
             seq: AtomicU64::new(0),
             mail: Mutex::default(),
-            cv: Condvar::new(),
+            cv: QuietCondvar::new(),
             generation: AtomicU64::new(0),
         })
     }
@@ -267,16 +266,14 @@ impl Collectives {
 
     /// Changes the mail under its lock and wakes every waiter.
     fn put(&self, f: impl FnOnce(&mut Mail)) {
-        let (waiters, sleepers) = {
+        let (waiters, sleeping) = {
             let mut m = self.lock();
             f(&mut m);
             self.generation.fetch_add(1, Ordering::Release);
-            (std::mem::take(&mut m.waiters), m.sleepers)
+            (std::mem::take(&mut m.waiters), self.cv.sleeping(&m))
         };
-        // A sleeper counted itself under the lock before it slept, so one
-        // that is not counted here looks at the mail after this change.
-        if sleepers > 0 {
-            self.cv.notify_all();
+        if sleeping {
+            self.cv.notify_all_now();
         }
         for w in waiters {
             w.wake();
@@ -413,9 +410,7 @@ impl Channel for Collectives {
             if let Some(r) = self.take(&mut m, key) {
                 return r;
             }
-            m.sleepers += 1;
-            m = self.cv.wait(m).unwrap_or_else(|e| e.into_inner());
-            m.sleepers -= 1;
+            m = self.cv.wait(m);
         }
     }
 }

@@ -139,7 +139,7 @@ impl Core {
             return Ok(());
         }
         self.install_broadcast(&frame, epoch, &mut pr);
-        self.proto_cv.ring(&pr);
+        self.proto_cv.notify_all(&pr);
         Ok(())
     }
 

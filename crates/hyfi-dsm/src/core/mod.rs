@@ -59,7 +59,10 @@ pub(crate) struct Core {
     /// release's poll before it sleeps.
     got: AtomicUsize,
     proto: Mutex<Proto>,
-    proto_cv: release::ProtoCondvar,
+    /// Notified at each change of `proto` that a thread may wait for (a
+    /// `REL` applied, a broadcast, the next epoch): a system call only
+    /// while one sleeps on it.
+    proto_cv: hyfi_core::sleep::QuietCondvar,
     failed: OnceLock<String>,
     /// Pages first written in this phase (global numbers).
     dirty: Mutex<Vec<u64>>,
@@ -114,9 +117,8 @@ impl Core {
                 bcast_due: Default::default(),
                 carried: Vec::new(),
                 noticed: Vec::new(),
-                sleepers: 0,
             }),
-            proto_cv: release::ProtoCondvar::default(),
+            proto_cv: hyfi_core::sleep::QuietCondvar::new(),
             failed: OnceLock::new(),
             dirty: Mutex::new(Vec::new()),
             fresh: Mutex::new(Vec::new()),
@@ -267,7 +269,7 @@ impl Core {
             }
         }
         let pr = self.proto.lock().unwrap_or_else(|e| e.into_inner());
-        self.proto_cv.ring(&pr);
+        self.proto_cv.notify_all(&pr);
     }
 
     /// Sends `msg` to node `to`, encoded straight into the link's frame,

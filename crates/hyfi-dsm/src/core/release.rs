@@ -104,48 +104,6 @@ pub(super) struct Proto {
     /// the others' (first, pages): rows carried with a reduction are not
     /// installed if any of their pages is among them (`take_carried`).
     pub(super) noticed: Vec<(u64, u32)>,
-    /// Threads asleep on [`ProtoCondvar`] now: the protocol's changes ring it
-    /// only then.
-    pub(super) sleepers: usize,
-}
-
-/// The condition variable of [`Proto`]: a thread that waits for the
-/// protocol's state (the others' `REL`s, a broadcast) sleeps on it, and
-/// every change under the protocol's lock rings it, but only while a
-/// thread sleeps: a condition variable's notification is a `futex` system
-/// call whether or not anyone waits (Rust's `Condvar`), and a release
-/// made one to three of them for nobody (the `REL`s it applied, its next
-/// epoch) — a microsecond each on a virtual machine, on a step's critical
-/// path (LU 512 on 2×1: about a tenth of the release's time). The count
-/// is kept under the protocol's lock, which the sleeper holds until the
-/// wait releases it and the ringer holds while it looks, so no sleeper is
-/// missed.
-#[derive(Default)]
-pub(super) struct ProtoCondvar(std::sync::Condvar);
-
-impl ProtoCondvar {
-    /// Sleeps for at most `d` or until rung; returns the lock again.
-    pub(super) fn wait_timeout<'a>(
-        &self,
-        mut pr: std::sync::MutexGuard<'a, Proto>,
-        d: std::time::Duration,
-    ) -> std::sync::MutexGuard<'a, Proto> {
-        pr.sleepers += 1;
-        let mut pr = self
-            .0
-            .wait_timeout(pr, d)
-            .unwrap_or_else(|e| e.into_inner())
-            .0;
-        pr.sleepers -= 1;
-        pr
-    }
-
-    /// Wakes every sleeper, if any; `pr` is the protocol's state, locked.
-    pub(super) fn ring(&self, pr: &Proto) {
-        if pr.sleepers > 0 {
-            self.0.notify_all();
-        }
-    }
 }
 
 /// Pages a node wrote in a phase: all of them, those homed elsewhere, and
@@ -186,7 +144,7 @@ impl Core {
         let now = self.completed.load(Ordering::Acquire);
         if epoch == now && pr.releasing {
             self.apply_release(from, frame, &mut pr)?;
-            self.proto_cv.ring(&pr);
+            self.proto_cv.notify_all(&pr);
             Ok(())
         } else if epoch >= now {
             pr.early.push((from, epoch, frame));
@@ -1162,7 +1120,7 @@ impl Core {
             }
             // A reader waiting for a broadcast (`await_broadcast_of`) looks
             // again: its page may be installed, or no longer due.
-            self.proto_cv.ring(&pr);
+            self.proto_cv.notify_all(&pr);
             ready
         };
         for (from, _, pages) in ready {
