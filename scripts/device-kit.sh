@@ -43,9 +43,10 @@
 #   the same binary) and on Cx1 and 1xC with HYFI_LATENT=1 ("latent":
 #   latent joins, off by default until these rows say whether they pay).
 #   The one to run first when a change to
-#   the many-node path is to be checked; a trace of one case beside it
-#   (HYFI_TRACE=... lu --n 1024 --nodes C --procs 1, then
-#   scripts/trace-rounds.py here) says where a release's steps go.
+#   the many-node path is to be checked; with --trace it then traces LU
+#   1024 and fib on Cx1 into the runner's OUT (HYFI_TRACE; bring the
+#   files back and run scripts/trace-rounds.py on the LU one here): where a
+#   release's steps go.
 #
 # C is the largest power of two at most the CPUs (--cpus N to choose it
 # for a rehearsal on a smaller machine; --small takes the 2-CPU sizes).
@@ -53,7 +54,7 @@
 # each script prints; the CPU model is printed first.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-MAKE="" RUN="" PART="" RUNS=3 TABLE_RUNS=1 CPUS=$(nproc) SMALL=0 KIT_MPI=0
+MAKE="" RUN="" PART="" RUNS=3 TABLE_RUNS=1 CPUS=$(nproc) SMALL=0 KIT_MPI=0 TRACE=0
 die() { echo "device-kit.sh: $*" >&2; exit 1; }
 while (($#)); do
     case $1 in
@@ -65,6 +66,7 @@ while (($#)); do
     --cpus) CPUS=${2:?--cpus needs a count}; shift 2 ;;
     --small) SMALL=1; shift ;;
     --kit-mpi) KIT_MPI=1; shift ;;
+    --trace) TRACE=1; shift ;;
     -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
     esac
@@ -102,7 +104,9 @@ fi
 KIT=$(cd "$RUN" && pwd)
 # The device runner sets OUT (the folder whose files come back: 8 at most);
 # paper-tables.sh would take it for its raw outputs, a file per run, and
-# crowd out the caller's own. The scripts below make their own folders.
+# crowd out the caller's own. The scripts below make their own folders;
+# part 3's --trace writes its traces into it.
+BACK=${OUT:-}
 unset OUT
 [[ -x $KIT/bin/jacobi && -f $KIT/mpi/ompi-root.tgz ]] || die "$KIT is not a kit (make one with --make)"
 C=1
@@ -226,6 +230,24 @@ elif [[ $PART == 3 ]]; then
     for c in "${cases[@]}"; do
         printf '  %-18s %s\n' "${c%%|*}" "$(tr ' ' '\n' <<<"${T[${c%%|*}]}" | median)"
     done
+    if ((TRACE)); then
+        # Where LU's and fib's many-node time goes, for the analysis here
+        # (scripts/trace-rounds.py on the LU trace; the summary lines are
+        # printed by the runs themselves): merged traces of node 0's
+        # launcher, into the runner's OUT (or /tmp).
+        dir=${BACK:-/tmp}
+        ln=1024
+        ((SMALL)) && ln=256
+        for t in "lu-${C}x1.json|$KIT/bin/lu --n $ln --nodes $C --procs 1" \
+            "fib-${C}x1.json|$KIT/bin/fib --n $fib --no-seq --nodes $C --procs 1"; do
+            out=$(eval "HYFI_TRACE=$dir/${t%%|*} ${t#*|}" 2>&1) || die "trace ${t%%|*} failed: $(tail -3 <<<"$out")"
+            echo
+            echo "trace $dir/${t%%|*}:"
+            grep -E 'hyfi trace:|^(\[node 0\] )?hyfi[ :(]' <<<"$out" | head -24
+            # Tens of MB at 16 nodes: compressed for the trip back.
+            gzip -f "$dir/${t%%|*}" 2>/dev/null || true
+        done
+    fi
 else
     sizes=(--sizes 2048 --lu-n 2048)
     ((SMALL)) && sizes=(--sizes 514 --lu-n 256)
