@@ -156,7 +156,11 @@ where
 /// [`Runtime::start`](crate::Runtime::start).
 ///
 /// Filament and post-phase closures may borrow from the caller's stack:
-/// `start` returns only after they have all finished.
+/// `start` returns only after they have all finished. What they borrow
+/// must outlive the `Program` that holds them: declare it before
+/// `Program::new()` (a `let` after it is dropped first, and the compiler
+/// says it "does not live long enough"), or `drop(prog)` before using it
+/// mutably again.
 ///
 /// Post-phase code runs on a server thread, so its closure must be `Send`:
 /// one closure may capture a local `&mut`, but two post-phase closures
