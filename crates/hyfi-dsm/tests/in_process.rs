@@ -7,7 +7,7 @@
 //! workspace's `tests/dsm.rs`).
 
 mod common;
-use common::{on_nodes_ok, start, until};
+use common::{on_nodes_ok, one_per_node, start, until};
 use std::sync::{Arc, Mutex, RwLock};
 
 use hyfi_core::link::InProcess;
@@ -342,8 +342,7 @@ fn false_sharing_node(link: Arc<InProcess>, rounds: u64) -> Result<DsmStats, Str
         .map_err(|e| e.to_string())?;
     let me = rt.node();
     let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let mut one = PoolArray::new(&rt, 1);
-    one.pool(0).push(me);
+    let one = one_per_node(&rt);
     let mut readers = PoolArray::new(&rt, 1);
     if me == 1 {
         readers.pool(0).push(0);
@@ -656,10 +655,8 @@ fn both_write_node(
         .placement(Placement::Node(0))
         .from_fn(|_| 0)
         .map_err(|e| e.to_string())?;
-    let me = rt.node();
     let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let mut one = PoolArray::new(&rt, 1);
-    one.pool(0).push(me);
+    let one = one_per_node(&rt);
     let mut prog = Program::new();
     prog.phase(
         one.clone(),
@@ -742,7 +739,7 @@ fn column_writer_node(
     by_columns: bool,
 ) -> Result<DsmStats, String> {
     let (rt, dsm) = start(&link, 1)?;
-    let (me, nodes) = (rt.node(), rt.num_nodes());
+    let nodes = rt.num_nodes();
     let (rows, cols) = (64, PAGE / 8);
     let m = dsm
         .matrix::<u64>(rows, cols)
@@ -750,8 +747,7 @@ fn column_writer_node(
         .from_fn(|_, _| 0)
         .map_err(|e| e.to_string())?;
     let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let mut one = PoolArray::new(&rt, 1);
-    one.pool(0).push(me);
+    let one = one_per_node(&rt);
     let mut prog = Program::new();
     prog.phase(
         one.clone(),

@@ -6,7 +6,7 @@
 //! counters, never timings.
 
 mod common;
-use common::{on_nodes, start, until, wait_for};
+use common::{on_nodes, one_per_node, start, until, wait_for};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -401,8 +401,7 @@ fn fault_inside_loan_node(link: Arc<InProcess>, rounds: u64) -> (DsmStats, Vec<S
     let me = rt.node();
     let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let fail = |msg: String| bad.lock().unwrap().push(msg);
-    let mut pools = PoolArray::new(&rt, 1);
-    pools.pool(0).push(me);
+    let pools = one_per_node(&rt);
     let quarter = pp / 4;
     let mut prog = Program::new();
     prog.phase_with(

@@ -6,7 +6,7 @@
 //! `atomic_views`, `requests_waited_plain`), never timings.
 
 mod common;
-use common::{on_nodes, start, until, wait_for};
+use common::{on_nodes, one_per_node, start, until, wait_for};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -234,8 +234,7 @@ fn request_during_plain_node(link: Arc<InProcess>, rounds: u64) -> (DsmStats, Ve
         .unwrap();
     let me = rt.node();
     let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let mut pools = PoolArray::new(&rt, 1);
-    pools.pool(0).push(me);
+    let pools = one_per_node(&rt);
     let quarter = pp / 4;
     let fail = |msg: String| bad.lock().unwrap().push(msg);
     let mut prog = Program::new();

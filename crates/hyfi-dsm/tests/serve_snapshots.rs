@@ -9,12 +9,12 @@
 //! nodes against the rounds' plan, never timings.
 
 mod common;
-use common::{on_nodes, start, until, wait_for};
+use common::{on_nodes, one_per_node, start, until, wait_for};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use hyfi_core::link::InProcess;
-use hyfi_core::{PoolArray, Program};
+use hyfi_core::Program;
 use hyfi_dsm::{DsmStats, DsmVec, Placement, PAGE};
 
 /// Words of a page.
@@ -57,8 +57,7 @@ fn node(link: std::sync::Arc<InProcess>, cycles: usize) -> (DsmStats, Vec<String
     let me = rt.node();
     let bad: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let fail = |msg: String| bad.lock().unwrap().push(msg);
-    let mut pools = PoolArray::new(&rt, 1);
-    pools.pool(0).push(me);
+    let pools = one_per_node(&rt);
     let mut prog = Program::new();
     prog.phase_with(
         pools,

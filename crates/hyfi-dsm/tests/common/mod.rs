@@ -7,7 +7,7 @@ use hyfi_core::layer::RuntimeExt;
 use std::sync::Arc;
 
 use hyfi_core::link::InProcess;
-use hyfi_core::{Config, Control, NodeLink, PostPhase, Runtime};
+use hyfi_core::{Config, Control, NodeLink, PoolArray, PostPhase, Runtime};
 use hyfi_dsm::Dsm;
 
 /// One in-process node: a runtime of `procs` processors over `link`, and
@@ -78,6 +78,14 @@ pub fn larger(a: Top, b: Top) -> Top {
     } else {
         a
     }
+}
+
+/// One filament per node, numbered by its node, in processor 0's pool:
+/// the pools of a test whose nodes each play one part.
+pub fn one_per_node(rt: &Runtime) -> PoolArray<usize> {
+    let mut pools = PoolArray::new(rt, 1);
+    pools.pool(0).push(rt.node());
+    pools
 }
 
 /// A post-phase that ends the program after `executions` of its phase.
