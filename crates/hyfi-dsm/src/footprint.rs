@@ -339,7 +339,7 @@ impl Segment {
                     };
                 }
                 _ => {
-                    let plain = may_plain && self.plain.site_was_clean(site);
+                    let plain = may_plain && self.plain.site_is_steady(site);
                     e << SHIFT | if plain { PLAIN } else { VIEWS }
                 }
             };
@@ -712,9 +712,9 @@ impl<T: Pod> std::ops::Index<usize> for ReadRange<'_, T> {
 
 /// Rows of a shared matrix that this segment's filaments write: `set(i, j,
 /// v)`, `row_mut(i).fill(..)`, `write_row(i, col, &src)`. Stores are plain
-/// when the phase's footprints allow it (from the phase's second execution
-/// on, if every view of the array in it is disjoint and nothing else
-/// accesses the array: see the [`plain`](crate::plain) module and
+/// when the phase's footprints allow it (from the phase's third execution
+/// on, if the two before it took the same disjoint views of the array and
+/// nothing else accessed it: see the [`plain`](crate::plain) module and
 /// [`WriteRows::plain_stores`]), and relaxed atomics otherwise (plain
 /// moves on x86-64 and AArch64, which the compiler does not vectorise).
 /// Made by [`DsmMatrix::write_rows`](crate::DsmMatrix::write_rows).
@@ -806,7 +806,7 @@ impl<'a, T: Pod> WriteRows<'a, T> {
     /// kernels), and the compiler vectorises it as it does that loop.
     ///
     /// In a plain-store view ([`WriteRows::plain_stores`]: from a phase's
-    /// second execution on, where no other filament touches the view's
+    /// third execution on, where no other filament touches the view's
     /// rows) the slice is the shared row itself.
     ///
     /// **Read other data as slices too.** A loop that indexes data the
@@ -820,7 +820,7 @@ impl<'a, T: Pod> WriteRows<'a, T> {
     /// alike, and at 0.9–1.6× with the slice taken once, through either
     /// (BENCHMARKS.md, "Rows lent as slices").
     ///
-    /// Otherwise (a phase's first execution; footprints that overlap; a
+    /// Otherwise (a phase's first two executions; footprints that overlap; a
     /// checked access to the array, or a second view overlapping this one,
     /// earlier in the phase) `f` gets a copy of the row, and the elements
     /// it changed are stored back when it returns (atomically outside a

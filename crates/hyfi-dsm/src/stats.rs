@@ -85,7 +85,7 @@ counters! {
     bytes_sent,
     /// Write views that stored plainly (their stores vectorise; see the `plain` module).
     plain_views,
-    /// Write views that stored with relaxed atomics (a phase's first execution, or footprints that overlap or checked accesses beside them).
+    /// Write views that stored with relaxed atomics (a phase's first two executions, or footprints that overlap or checked accesses beside them).
     atomic_views,
     /// Page requests that waited for plain-store views of the page to end.
     requests_waited_plain,
