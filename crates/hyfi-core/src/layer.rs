@@ -224,10 +224,10 @@ pub trait CtxExt: sealed::Sealed {
     fn access_epoch(&self) -> u64;
 
     /// The phase the filament runs in, as one number that differs between
-    /// phases (of this program and of the programs run before it on this
-    /// runtime) and stays the same across a phase's executions: layers key
-    /// what they learn about a phase on it (hyfi-dsm: whether its write
-    /// views may store plainly). `u64::MAX` in fork-join mode, where a
+    /// phases (of this program and of every other `Program` made in the
+    /// process) and stays the same across a phase's executions, in every
+    /// start of its program: layers key what they learn about a phase on
+    /// it (hyfi-dsm: whether its write views may store plainly). `u64::MAX` in fork-join mode, where a
     /// filament may suspend in a join until another node's work is done
     /// (hyfi-dsm hands out plain-store views only within phases).
     fn phase_key(&self) -> u64;

@@ -260,6 +260,9 @@ fn covered(inner: &[Range<usize>], outer: &[Range<usize>]) -> bool {
     })
 }
 
+/// Call sites (per phase) whose history an array keeps at most.
+const MAX_HISTORY: usize = 1024;
+
 /// Checked accesses recorded per epoch at most. A phase that makes more
 /// in a plain epoch has changed its access pattern wholesale; the rest are
 /// kept as one span that no view may cover.
@@ -429,14 +432,23 @@ impl PlainState {
                     h.clean = clean;
                     h.spans.clone_from(&spans);
                 }
-                None => t.history.push((
-                    site,
-                    History {
-                        clean,
-                        spans: spans.clone(),
-                        steady: false,
-                    },
-                )),
+                None => {
+                    if t.history.len() >= MAX_HISTORY {
+                        // A program made anew for every start (a `Program`
+                        // per time step) brings new sites each time: the
+                        // oldest entry goes, at worst two atomic executions
+                        // again for a site still in use.
+                        t.history.remove(0);
+                    }
+                    t.history.push((
+                        site,
+                        History {
+                            clean,
+                            spans: spans.clone(),
+                            steady: false,
+                        },
+                    ));
+                }
             }
         }
         t.claims.clear();

@@ -817,3 +817,49 @@ fn views_that_shrink_become_plain_and_views_that_move_stay_atomic() {
         }
     }
 }
+
+/// A program started again and again, one execution of its phase per
+/// start (a time loop around `Runtime::start`), learns across the starts:
+/// its views store plainly from the third start on, as a phase repeated
+/// within one start does. A program made anew for each start has no
+/// history, so its views stay atomic. The matrix is the sequential one
+/// either way.
+#[test]
+fn a_program_started_again_keeps_what_its_phases_showed() {
+    let (rows, n, starts) = (16, 64, 5u64);
+    for again in [true, false] {
+        let rt = Runtime::new(Config::new().procs(2).pin(false)).unwrap();
+        let dsm = Dsm::new(&rt).unwrap();
+        let m = dsm.matrix::<f64>(rows, n).zeroed().unwrap();
+        let seen = Mutex::new(Vec::new());
+        let make = || {
+            let mut prog = Program::new();
+            prog.phase_with(
+                PoolArray::block(&rt, 0..rows, 1),
+                |ctx, span| m.write_rows(ctx, span.rows()),
+                |_ctx, i, w| {
+                    seen.lock().unwrap().push(w.plain_stores());
+                    w.row_mut(i)
+                        .fill(0..n, |j| w.get(i, j) + (i * n + j) as f64);
+                },
+                |_| Control::Done,
+            );
+            prog
+        };
+        let mut prog = make();
+        let mut plain_per_start = Vec::new();
+        for _ in 0..starts {
+            if !again {
+                prog = make();
+            }
+            rt.start(&mut prog).unwrap();
+            let s = std::mem::take(&mut *seen.lock().unwrap());
+            plain_per_start.push(s.iter().all(|&p| p) && !s.is_empty());
+        }
+        drop(prog);
+        let want: Vec<f64> = (0..rows * n).map(|e| (e as u64 * starts) as f64).collect();
+        assert_eq!(m.to_vec(), want, "again {again}");
+        let expect: Vec<bool> = (0..starts).map(|k| again && k > 1).collect();
+        assert_eq!(plain_per_start, expect, "again {again}");
+    }
+}

@@ -32,7 +32,7 @@ fn run_program(ctx: &Ctx, sched: &mut Sched, run: &'static ProgramRun) {
         let body: &'static dyn PhaseBody = phases[cur].body;
         ctx.iteration
             .set(run.iterations[cur].load(Ordering::SeqCst));
-        ctx.phase.set(run.program << 32 | cur as u64);
+        ctx.phase.set(run.key << 32 | cur as u64);
         if ctx.proc == 0 && !run.aborted() {
             // Every node must take the same steps: the link compares them
             // between nodes while this phase runs.

@@ -205,9 +205,23 @@ where
 /// assert_eq!(sums.into_inner().unwrap(), [4950, 45, 4950, 45, 4950, 45]);
 /// # Ok::<(), hyfi::Error>(())
 /// ```
-#[derive(Default)]
 pub struct Program<'a> {
     phases: Vec<Phase<'a>>,
+    /// Names this program's phases to the layers (`CtxExt::phase_key`)
+    /// in every start of it: what a layer learns about a phase (hyfi-dsm:
+    /// whether its write views may store plainly) holds when the same
+    /// program is started again, as a time loop around `start` does.
+    key: u64,
+}
+
+/// The next [`Program`]'s key (from 1; process-wide, so no two programs
+/// share one, on any runtime).
+static NEXT_KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+impl Default for Program<'_> {
+    fn default() -> Self {
+        Program::new()
+    }
 }
 
 /// One phase of a program: its body and the reductions its end reduces.
@@ -228,7 +242,17 @@ impl<'a> Phase<'a> {
 impl<'a> Program<'a> {
     /// An empty program.
     pub fn new() -> Self {
-        Program { phases: Vec::new() }
+        Program {
+            phases: Vec::new(),
+            // Phase keys hold the program's key above the phase's index
+            // (32 bits each); `u64::MAX` means fork-join mode.
+            key: NEXT_KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0x7fff_ffff,
+        }
+    }
+
+    /// The key of this program's phases (see the field).
+    pub(crate) fn key(&self) -> u64 {
+        self.key
     }
 
     /// Appends a phase: `pools` hold its filaments, `filament(ctx, index)` is

@@ -39,6 +39,9 @@ pub(crate) struct ProgramRun {
     /// Which program this is on the runtime (from 1): names its phases'
     /// SPMD steps.
     pub(crate) program: u64,
+    /// The `Program`'s own key, the same in every start of it: names its
+    /// phases to the layers (`CtxExt::phase_key`).
+    pub(crate) key: u64,
 }
 
 impl ProgramRun {
@@ -123,6 +126,7 @@ impl Runtime {
             error: Mutex::new(None),
             node: self.node(),
             program: program_no,
+            key: program.key(),
         };
         self.shared.dispatch(Command::Program(ProgramPtr {
             run: &run as *const ProgramRun as *const (),
