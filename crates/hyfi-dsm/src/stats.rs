@@ -189,7 +189,7 @@ pub struct DsmStats {
     /// By phase index of the program(s) run (index 0 is the first phase).
     pub per_phase: Vec<DsmCounters>,
     /// What the DSM advised this node, once, on its standard error: a
-    /// phase that writes mostly pages homed on other nodes, release after
+    /// phase that writes a third or more of its pages homed on other nodes, release after
     /// release (each costs a twin, a diff and a notice), and what to do.
     pub advice: Option<String>,
 }

@@ -168,6 +168,18 @@ impl<T: Pod> DsmMatrix<T> {
     /// every page of the rows is made writable here at once (fetched if
     /// missing, twins taken), and the array is marked written in this
     /// phase (a read view of it then panics).
+    ///
+    /// **Write what this node homes.** A page homed on another node costs
+    /// a fetch when the view is taken (even where the phase overwrites it
+    /// whole), a diff to its home at the release, and the home's pushes
+    /// of it back while this node holds a copy. Data that moves between
+    /// nodes moves most cheaply as reads: a phase in which each node
+    /// writes its own pages and a later one in which each reads from the
+    /// others what it needs (a user's bucket sort, each node writing its
+    /// keys into the other's buckets, moved five times the bytes that had
+    /// to move and took 2.1× `sort_unstable`'s time on 2×1; each node
+    /// reading its buckets' keys from the others moved what had to move
+    /// and took 0.8×: BENCHMARKS.md).
     #[track_caller]
     pub fn write_rows<'a>(&'a self, ctx: &Ctx, r: Range<usize>) -> WriteRows<'a, T> {
         WriteRows::new(self.rows_frame(ctx, r, true), self.sh.lender())

@@ -308,11 +308,11 @@ impl Core {
         }
     }
 
-    /// Counts a release that wrote mostly pages homed elsewhere, or that
+    /// Counts a release that wrote a third or more pages homed elsewhere, or that
     /// dropped the copy of a page this node and another wrote, and says
     /// once per node, on the third of either, what it costs and what to do.
     fn advise(&self, t: &mut super::PhaseTable, phase: usize, w: Written) {
-        // The wider advice first: a phase that writes mostly pages homed
+        // The wider advice first: a phase that writes many pages homed
         // elsewhere also shares pages with their homes.
         self.advise_offhome(t, phase, w);
         let Some((seq, page, home)) = w.shared else {
@@ -345,7 +345,11 @@ impl Core {
 
     /// The advice on pages homed elsewhere (see [`Core::advise`]).
     fn advise_offhome(&self, t: &mut super::PhaseTable, phase: usize, w: Written) {
-        if w.offhome < OFFHOME_PAGES || 2 * w.offhome < w.pages {
+        // A third or more: a user's bucket sort writing half its pages
+        // into the other node's buckets (a fetch, a diff and pushes back
+        // for each, five times the bytes that must move) was not advised
+        // at "most".
+        if w.offhome < OFFHOME_PAGES || 3 * w.offhome < w.pages {
             return;
         }
         if t.offhome.len() <= phase {
@@ -357,10 +361,10 @@ impl Core {
         }
         let advice = format!(
             "hyfi-dsm: node {}: phase {phase} wrote {} pages homed on other nodes (of the {} \
-             pages it wrote) in its last release, and mostly such pages in {OFFHOME_RELEASES} \
-             releases so far. Each costs a twin, \
-             a diff to its home and a write notice, and a page several nodes write is fetched \
-             again by each. Place the data where the filaments that write it run (the same \
+             pages it wrote) in its last release, and a third or more such pages in \
+             {OFFHOME_RELEASES} releases so far. Each costs a fetch if missing, a twin, a diff \
+             to its home and a write notice, and a page several nodes write is fetched again \
+             by each. Place the data where the filaments that write it run (the same \
              range in Placement::BlockRows as in PoolArray::block, or CyclicRows with \
              PoolArray::cyclic), or write what this node homes and read the rest; \
              Dsm::stats counts it (diffs sent, notices).",
