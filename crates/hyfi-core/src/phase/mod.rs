@@ -162,6 +162,13 @@ where
 /// says it "does not live long enough"), or `drop(prog)` before using it
 /// mutably again.
 ///
+/// A program may be started again (a time loop around `start`, with I/O
+/// between steps): start the same `Program` rather than a new one each
+/// time. Its phases keep what the layers learned about them in earlier
+/// starts (hyfi-dsm: write views whose footprints repeat store plainly
+/// from a phase's third execution, counted across starts); a new
+/// `Program` starts that over.
+///
 /// Post-phase code runs on a server thread, so its closure must be `Send`:
 /// one closure may capture a local `&mut`, but two post-phase closures
 /// cannot both borrow one variable mutably, and a `&Cell` is not `Send`.
