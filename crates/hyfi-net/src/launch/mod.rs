@@ -6,8 +6,10 @@
 //! does the same for any program. Either way a [`LocalLaunch`] does the work:
 //!
 //! - **Environment.** Node i gets `HYFI_RANK=i`, `HYFI_NODES=n`,
-//!   `HYFI_COORD=127.0.0.1:<port>` (a port free at launch time), a random
-//!   `HYFI_JOB` and `HYFI_TOKEN`, and `HYFI_PROCS` if asked for. Variables of
+//!   `HYFI_COORD=127.0.0.1:<port>`, a random `HYFI_JOB` and `HYFI_TOKEN`,
+//!   and `HYFI_PROCS` if asked for. The launcher listens at that port
+//!   itself and node 0 inherits the listener open (`HYFI_COORD_FD`), so
+//!   no other process can take the port in between. Variables of
 //!   other launchers (`OMPI_*`, `PMI_*`, `PMIX_*`, `SLURM_PROCID`,
 //!   `SLURM_NTASKS`) are removed so that a node run inside `mpirun` or `srun`
 //!   does not take itself for one of their ranks. Stdin is `/dev/null`.
@@ -228,7 +230,17 @@ impl LocalLaunch {
 
     /// Spawns the nodes and watches them until all are reaped.
     fn supervise(&self, signals: &mpsc::Receiver<Signal>) -> Result<LaunchOutcome, NetError> {
-        let port = free_port()?;
+        // Node 0's listener, bound here and handed to node 0 open: a port
+        // only found free here could be taken by another process (a
+        // connection's ephemeral port) before node 0 bound it, which failed
+        // the job with "Address already in use" on a busy machine.
+        let coord = std::net::TcpListener::bind("127.0.0.1:0")
+            .map_err(|e| NetError::io("listening on 127.0.0.1 for node 0", e))?;
+        let port = coord
+            .local_addr()
+            .map_err(|e| NetError::io("listening on 127.0.0.1 for node 0", e))?
+            .port();
+        let mut coord = Some(coord);
         let job = random_u64();
         let token = token_hex(&random_token());
         let stderr = Arc::new(output::Stderr::default());
@@ -273,12 +285,21 @@ impl LocalLaunch {
                 Err(_) => None,
             };
             let report_fd = report.as_ref().map(|fd| fd.as_raw_fd());
-            let mut cmd = self.command(rank, port, job, &token, render, report_fd);
+            let coord_fd = if rank == 0 {
+                coord.as_ref().map(|l| l.as_raw_fd())
+            } else {
+                None
+            };
+            let mut cmd = self.command(rank, port, job, &token, render, report_fd, coord_fd);
             let spawned = cmd.spawn();
             // The node has its copy; ours must go, or the reader never
             // sees the end of the pipe.
             drop(cmd);
             drop(report);
+            if rank == 0 {
+                // Node 0 has its copy of the listener (or failed to start).
+                coord = None;
+            }
             match spawned {
                 Ok(mut child) => {
                     if let Some(out) = child.stdout.take() {
@@ -394,16 +415,6 @@ fn spawn_failed(
         Some(libc::EACCES) | Some(libc::ENOEXEC) => NetError::NoProgram { what, code: 126 },
         _ => NetError::Launch(what),
     }
-}
-
-/// A TCP port free on 127.0.0.1 right now. Another process could take it
-/// before node 0 binds it; node 0 then fails with a clear bind error.
-fn free_port() -> Result<u16, NetError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| NetError::io("finding a free port on 127.0.0.1", e))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|e| NetError::io("finding a free port on 127.0.0.1", e))
 }
 
 /// Starts `nodes` copies of this program as the nodes of a local job, waits

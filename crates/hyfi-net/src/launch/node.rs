@@ -26,6 +26,7 @@ impl LocalLaunch {
         token: &str,
         progress: bool,
         report: Option<std::os::fd::RawFd>,
+        coord: Option<std::os::fd::RawFd>,
     ) -> Command {
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.args)
@@ -64,6 +65,10 @@ impl LocalLaunch {
             Some(fd) => cmd.env(crate::cause::REPORT_FD_ENV, fd.to_string()),
             None => cmd.env_remove(crate::cause::REPORT_FD_ENV),
         };
+        match coord {
+            Some(fd) => cmd.env(crate::tcp::mesh::COORD_FD_ENV, fd.to_string()),
+            None => cmd.env_remove(crate::tcp::mesh::COORD_FD_ENV),
+        };
         let parent = std::process::id();
         // SAFETY: the closure runs in the child between fork and exec, where
         // only async-signal-safe calls are allowed: prctl, getppid, fcntl and
@@ -90,6 +95,12 @@ impl LocalLaunch {
                 // The node's end of its cause pipe stays open across exec
                 // (every other descriptor of ours is closed on exec).
                 if let Some(fd) = report {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                // So does node 0's listener, which the launcher bound.
+                if let Some(fd) = coord {
                     if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
                         return Err(std::io::Error::last_os_error());
                     }

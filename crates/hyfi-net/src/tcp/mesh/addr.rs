@@ -4,6 +4,8 @@
 //! the others (see the module docs of [`crate::tcp::mesh`]).
 
 use std::net::{IpAddr, TcpListener, ToSocketAddrs};
+use std::os::fd::{FromRawFd, IntoRawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::bootstrap::Token;
 use crate::bootstrap::{JobSpec, Rendezvous};
@@ -52,6 +54,44 @@ fn bind_host(host: &str, port: u16) -> std::io::Result<TcpListener> {
     Err(last)
 }
 
+/// The descriptor of node 0's listener, bound by the local launcher at
+/// `HYFI_COORD` and inherited open (launch/node.rs).
+pub(crate) const COORD_FD_ENV: &str = "HYFI_COORD_FD";
+
+/// Whether this process took the inherited listener already (a second
+/// runtime in it binds the port itself, as without a launcher).
+static COORD_FD_TAKEN: AtomicBool = AtomicBool::new(false);
+
+/// The listener the launcher bound at `port` and this node inherited
+/// ([`COORD_FD_ENV`]), if there is one: a descriptor that is not open, not
+/// a socket, or bound elsewhere is left alone.
+fn inherited_listener(port: u16) -> Option<TcpListener> {
+    let fd = std::env::var(COORD_FD_ENV)
+        .ok()?
+        .parse::<i32>()
+        .ok()
+        .filter(|&fd| fd > 2)?;
+    if COORD_FD_TAKEN.swap(true, Ordering::Relaxed) {
+        return None;
+    }
+    // SAFETY: fcntl on a descriptor number has no memory effects; one
+    // that is not open fails with EBADF and is not used.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+        return None;
+    }
+    // SAFETY: the descriptor is open (above) and this process owns it: the
+    // launcher passed it to this node alone, and it is taken once. Anything
+    // but the listener the launcher meant is given back unclosed below.
+    let l = unsafe { TcpListener::from_raw_fd(fd) };
+    match l.local_addr() {
+        Ok(a) if a.port() == port => Some(l),
+        _ => {
+            let _ = l.into_raw_fd();
+            None
+        }
+    }
+}
+
 fn split_host_port(addr: &str) -> (&str, u16) {
     // bootstrap checked the syntax: host:port with a port in 1..=65535.
     match addr.rsplit_once(':') {
@@ -74,7 +114,11 @@ pub(super) fn bind_coordinator(
     match &spec.rendezvous {
         Rendezvous::Coord(addr) => {
             let (host, port) = split_host_port(addr);
-            let l = bind_host(host, port).map_err(|e| {
+            let bound = match inherited_listener(port) {
+                Some(l) => Ok(l),
+                None => bind_host(host, port),
+            };
+            let l = bound.map_err(|e| {
                 NetError::io(
                     format!(
                         "node 0: cannot listen at HYFI_COORD={addr}: HYFI_COORD must name node \

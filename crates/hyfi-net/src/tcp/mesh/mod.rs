@@ -51,6 +51,7 @@ mod coordinator;
 mod handshake;
 mod member;
 
+pub(crate) use addr::COORD_FD_ENV;
 pub use handshake::HandshakeError;
 
 use std::net::{TcpListener, TcpStream};
