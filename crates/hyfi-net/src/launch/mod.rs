@@ -290,7 +290,7 @@ impl LocalLaunch {
             } else {
                 None
             };
-            let mut cmd = self.command(rank, port, job, &token, render, report_fd, coord_fd);
+            let mut cmd = self.command(rank, (port, coord_fd), job, &token, render, report_fd);
             let spawned = cmd.spawn();
             // The node has its copy; ours must go, or the reader never
             // sees the end of the pipe.

@@ -16,17 +16,18 @@ use nix::unistd::Pid;
 use super::{LocalLaunch, GRACE, POLL};
 
 impl LocalLaunch {
-    /// The command that starts node `rank`; `progress`: whether its
-    /// progress lines are rendered (else it is told to write none).
+    /// The command that starts node `rank`; `coord`: node 0's port, and
+    /// for node 0 the launcher's listener on it, which it inherits;
+    /// `progress`: whether its progress lines are rendered (else it is
+    /// told to write none).
     pub(super) fn command(
         &self,
         rank: usize,
-        port: u16,
+        (port, coord): (u16, Option<std::os::fd::RawFd>),
         job: u64,
         token: &str,
         progress: bool,
         report: Option<std::os::fd::RawFd>,
-        coord: Option<std::os::fd::RawFd>,
     ) -> Command {
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.args)
