@@ -202,19 +202,24 @@ static REPORT_FD: AtomicI32 = AtomicI32::new(-1);
 /// Takes the pipe named by [`REPORT_FD_ENV`], if any, and keeps it from
 /// the programs this node may start. Called at start-up.
 pub(crate) fn open_report_pipe() {
-    let Some(fd) = std::env::var(REPORT_FD_ENV)
-        .ok()
-        .and_then(|v| v.parse::<i32>().ok())
-        .filter(|&fd| fd > 2)
-    else {
-        return;
-    };
-    // SAFETY: fcntl on a descriptor number has no memory effects; a number
-    // that is not open fails with EBADF, and is then not used.
-    let ok = unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == 0;
-    if ok {
+    if let Some(fd) = inherited_fd(REPORT_FD_ENV) {
         REPORT_FD.store(fd, Ordering::Relaxed);
     }
+}
+
+/// The descriptor the local launcher left open for this node under the
+/// variable `var` (the cause pipe, node 0's listener), made close-on-exec
+/// so that the programs this node starts do not inherit it: `None` if the
+/// variable names none above 2, or one that is not open.
+pub(crate) fn inherited_fd(var: &str) -> Option<i32> {
+    let fd = std::env::var(var)
+        .ok()?
+        .parse::<i32>()
+        .ok()
+        .filter(|&fd| fd > 2)?;
+    // SAFETY: fcntl on a descriptor number has no memory effects; a number
+    // that is not open fails with EBADF, and is then not used.
+    (unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == 0).then_some(fd)
 }
 
 /// Tells the launcher (if any) this node's cause: its own failure, or what

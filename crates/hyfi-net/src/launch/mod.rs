@@ -285,21 +285,16 @@ impl LocalLaunch {
                 Err(_) => None,
             };
             let report_fd = report.as_ref().map(|fd| fd.as_raw_fd());
-            let coord_fd = if rank == 0 {
-                coord.as_ref().map(|l| l.as_raw_fd())
-            } else {
-                None
-            };
+            // Node 0 inherits the listener.
+            let listener = if rank == 0 { coord.take() } else { None };
+            let coord_fd = listener.as_ref().map(|l| l.as_raw_fd());
             let mut cmd = self.command(rank, (port, coord_fd), job, &token, render, report_fd);
             let spawned = cmd.spawn();
-            // The node has its copy; ours must go, or the reader never
+            // The node has its copies; ours must go, or the reader never
             // sees the end of the pipe.
             drop(cmd);
             drop(report);
-            if rank == 0 {
-                // Node 0 has its copy of the listener (or failed to start).
-                coord = None;
-            }
+            drop(listener);
             match spawned {
                 Ok(mut child) => {
                     if let Some(out) = child.stdout.take() {

@@ -66,19 +66,10 @@ static COORD_FD_TAKEN: AtomicBool = AtomicBool::new(false);
 /// ([`COORD_FD_ENV`]), if there is one: a descriptor that is not open, not
 /// a socket, or bound elsewhere is left alone.
 fn inherited_listener(port: u16) -> Option<TcpListener> {
-    let fd = std::env::var(COORD_FD_ENV)
-        .ok()?
-        .parse::<i32>()
-        .ok()
-        .filter(|&fd| fd > 2)?;
     if COORD_FD_TAKEN.swap(true, Ordering::Relaxed) {
         return None;
     }
-    // SAFETY: fcntl on a descriptor number has no memory effects; one
-    // that is not open fails with EBADF and is not used.
-    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
-        return None;
-    }
+    let fd = crate::cause::inherited_fd(COORD_FD_ENV)?;
     // SAFETY: the descriptor is open (above) and this process owns it: the
     // launcher passed it to this node alone, and it is taken once. Anything
     // but the listener the launcher meant is given back unclosed below.
